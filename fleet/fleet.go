@@ -1,0 +1,227 @@
+// Package fleet holds the plain data types that the control plane (membership)
+// and the data plane (router) share: instances, routing configuration and the
+// immutable snapshot of a whole fleet, with the validation of their ranges.
+package fleet
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+)
+
+// Strategy names a routing strategy, spelled as SageMaker spells it.
+type Strategy string
+
+// The routing strategies.
+const (
+	Random           Strategy = "RANDOM"
+	LeastOutstanding Strategy = "LEAST_OUTSTANDING_REQUESTS"
+	PrefixAware      Strategy = "PREFIX_AWARE"
+)
+
+// Valid reports whether s is one of the known strategies.
+func (s Strategy) Valid() bool {
+	switch s {
+	case Random, LeastOutstanding, PrefixAware:
+		return true
+	}
+	return false
+}
+
+// Ranges of the prefix-aware settings (SageMaker's documented bounds).
+const (
+	MinPrefixLength          = 1024
+	MaxPrefixLength          = 65536
+	MinConcurrencyThreshold  = 1
+	MaxConcurrencyThreshold  = 1024
+	DefaultPrefixLength      = 4096
+	DefaultConcurrencyThresh = 10
+)
+
+// ErrInvalidConfig is wrapped by every validation error of a RoutingConfig.
+var ErrInvalidConfig = errors.New("fleet: invalid routing config")
+
+// PrefixAwareConfig is SageMaker's PrefixAwareRoutingConfig.
+type PrefixAwareConfig struct {
+	// PrefixLength is how much of a prompt forms the routing key: bytes of
+	// the raw body on invoke paths, Unicode code points of message text on
+	// OpenAI paths. Zero means DefaultPrefixLength.
+	PrefixLength int `json:"PrefixLength,omitempty"`
+	// ConcurrencyThreshold is the number of in-flight requests an instance
+	// takes before new requests spill to the next candidate. Zero means
+	// DefaultConcurrencyThresh.
+	ConcurrencyThreshold int `json:"ConcurrencyThreshold,omitempty"`
+}
+
+// RoutingConfig is one endpoint's routing configuration, in the JSON shape of
+// SageMaker's RoutingConfig. The zero value means PREFIX_AWARE with defaults.
+type RoutingConfig struct {
+	RoutingStrategy          Strategy           `json:"RoutingStrategy"`
+	PrefixAwareRoutingConfig *PrefixAwareConfig `json:"PrefixAwareRoutingConfig,omitempty"`
+}
+
+// DefaultRoutingConfig is the configuration of an endpoint that has none.
+func DefaultRoutingConfig() RoutingConfig {
+	return RoutingConfig{
+		RoutingStrategy: PrefixAware,
+		PrefixAwareRoutingConfig: &PrefixAwareConfig{
+			PrefixLength:         DefaultPrefixLength,
+			ConcurrencyThreshold: DefaultConcurrencyThresh,
+		},
+	}
+}
+
+// Validate checks the strategy and the ranges of the prefix-aware settings.
+// Zero values are accepted and mean the defaults (see Normalize).
+func (c RoutingConfig) Validate() error {
+	if c.RoutingStrategy != "" && !c.RoutingStrategy.Valid() {
+		return fmt.Errorf("%w: RoutingStrategy %q is not one of RANDOM, LEAST_OUTSTANDING_REQUESTS, PREFIX_AWARE", ErrInvalidConfig, c.RoutingStrategy)
+	}
+	if p := c.PrefixAwareRoutingConfig; p != nil {
+		if p.PrefixLength != 0 && (p.PrefixLength < MinPrefixLength || p.PrefixLength > MaxPrefixLength) {
+			return fmt.Errorf("%w: PrefixLength %d is outside %d..%d", ErrInvalidConfig, p.PrefixLength, MinPrefixLength, MaxPrefixLength)
+		}
+		if p.ConcurrencyThreshold != 0 && (p.ConcurrencyThreshold < MinConcurrencyThreshold || p.ConcurrencyThreshold > MaxConcurrencyThreshold) {
+			return fmt.Errorf("%w: ConcurrencyThreshold %d is outside %d..%d", ErrInvalidConfig, p.ConcurrencyThreshold, MinConcurrencyThreshold, MaxConcurrencyThreshold)
+		}
+	}
+	return nil
+}
+
+// Normalize returns c with every zero value replaced by its default. It does
+// not validate.
+func (c RoutingConfig) Normalize() RoutingConfig {
+	out := DefaultRoutingConfig()
+	if c.RoutingStrategy != "" {
+		out.RoutingStrategy = c.RoutingStrategy
+	}
+	if p := c.PrefixAwareRoutingConfig; p != nil {
+		if p.PrefixLength != 0 {
+			out.PrefixAwareRoutingConfig.PrefixLength = p.PrefixLength
+		}
+		if p.ConcurrencyThreshold != 0 {
+			out.PrefixAwareRoutingConfig.ConcurrencyThreshold = p.ConcurrencyThreshold
+		}
+	}
+	return out
+}
+
+// PrefixLength returns the effective prefix length of c.
+func (c RoutingConfig) PrefixLength() int {
+	return c.Normalize().PrefixAwareRoutingConfig.PrefixLength
+}
+
+// ConcurrencyThreshold returns the effective concurrency threshold of c.
+func (c RoutingConfig) ConcurrencyThreshold() int {
+	return c.Normalize().PrefixAwareRoutingConfig.ConcurrencyThreshold
+}
+
+// Instance is one model-server instance as registered in etcd.
+type Instance struct {
+	ID           string            `json:"id"`
+	Addr         string            `json:"addr"` // base URL, e.g. http://10.0.0.7:8000
+	Adapters     []string          `json:"adapters,omitempty"`
+	MaxAdapters  int               `json:"maxAdapters,omitempty"`
+	Weight       int               `json:"weight,omitempty"` // 0 means 1
+	Labels       map[string]string `json:"labels,omitempty"`
+	Draining     bool              `json:"draining"`
+	RegisteredAt time.Time         `json:"registeredAt"`
+}
+
+// MaxIDLength bounds instance ids (they become etcd key segments and metric labels).
+const MaxIDLength = 128
+
+// EffectiveWeight returns the weight used for hashing: at least 1.
+func (in Instance) EffectiveWeight() int {
+	if in.Weight < 1 {
+		return 1
+	}
+	return in.Weight
+}
+
+// HasAdapter reports whether the instance has the named adapter loaded.
+func (in Instance) HasAdapter(name string) bool {
+	for _, a := range in.Adapters {
+		if a == name {
+			return true
+		}
+	}
+	return false
+}
+
+// Validate checks the fields a router relies on.
+func (in Instance) Validate() error {
+	if in.ID == "" || len(in.ID) > MaxIDLength {
+		return fmt.Errorf("fleet: instance id must be 1..%d characters, got %q", MaxIDLength, in.ID)
+	}
+	for _, r := range in.ID {
+		if r <= ' ' || r > '~' || r == '/' {
+			return fmt.Errorf("fleet: instance id %q must be printable ASCII without spaces or '/'", in.ID)
+		}
+	}
+	if in.Addr == "" {
+		return fmt.Errorf("fleet: instance %q has no addr", in.ID)
+	}
+	if in.Weight < 0 {
+		return fmt.Errorf("fleet: instance %q has negative weight %d", in.ID, in.Weight)
+	}
+	return nil
+}
+
+// Endpoint is one endpoint's instances and routing configuration.
+type Endpoint struct {
+	Name string
+	// Config is already validated and normalized.
+	Config RoutingConfig
+	// Instances are sorted by ID, draining ones included (routers skip them).
+	Instances []Instance
+}
+
+// Snapshot is an immutable view of the whole fleet. Build one with
+// NewSnapshot and never modify it afterwards: it is shared by every request.
+type Snapshot struct {
+	// Endpoints by name.
+	Endpoints map[string]*Endpoint
+	// Revision is the etcd revision the snapshot reflects (0 for static fleets).
+	Revision int64
+	// Replicas is the number of router replicas registered (at least 1).
+	Replicas int
+	// BuiltAt is when the snapshot was built.
+	BuiltAt time.Time
+}
+
+// NewSnapshot builds a snapshot, copying and sorting the given endpoints'
+// instances by id so that every replica sees the same order.
+func NewSnapshot(endpoints []Endpoint, revision int64, replicas int, now time.Time) *Snapshot {
+	if replicas < 1 {
+		replicas = 1
+	}
+	s := &Snapshot{Endpoints: make(map[string]*Endpoint, len(endpoints)), Revision: revision, Replicas: replicas, BuiltAt: now}
+	for _, ep := range endpoints {
+		insts := append([]Instance(nil), ep.Instances...)
+		sort.Slice(insts, func(i, j int) bool { return insts[i].ID < insts[j].ID })
+		s.Endpoints[ep.Name] = &Endpoint{Name: ep.Name, Config: ep.Config.Normalize(), Instances: insts}
+	}
+	return s
+}
+
+// Endpoint returns the named endpoint, or nil.
+func (s *Snapshot) Endpoint(name string) *Endpoint {
+	if s == nil {
+		return nil
+	}
+	return s.Endpoints[name]
+}
+
+// InstanceCount returns the number of instances (draining included) over all endpoints.
+func (s *Snapshot) InstanceCount() int {
+	n := 0
+	if s == nil {
+		return 0
+	}
+	for _, ep := range s.Endpoints {
+		n += len(ep.Instances)
+	}
+	return n
+}
