@@ -1,0 +1,42 @@
+# prefixrouter — the two commands a fresh machine needs are `make demo` and `make test`.
+GO      ?= go
+PKGS    ?= ./...
+BIN     ?= bin/prefixrouter
+# The full test run must stay under 15 minutes on a 2-core machine.
+TEST_TIMEOUT ?= 14m
+
+.PHONY: all build test test-short vet bench demo chaos chaos-long clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN) ./cmd/prefixrouter
+
+vet:
+	$(GO) vet $(PKGS)
+
+# The test command CI runs (see README.md and .ci/run).
+test: vet
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
+
+test-short:
+	$(GO) test -short -count=1 $(PKGS)
+
+# Micro-benchmarks of the hot path (ring lookup, key extraction, the whole pick).
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem -count 5 ./ring ./lora ./overload ./router
+
+# The main job: embedded etcd, 7 simulated model servers, 2 router replicas,
+# three workloads under three strategies; prints the comparison and writes a report.
+demo:
+	$(GO) run ./cmd/prefixrouter demo
+
+# Scale and fault scenarios (short), and the long soak version.
+chaos:
+	$(GO) run ./cmd/prefixrouter chaos
+
+chaos-long:
+	$(GO) run ./cmd/prefixrouter chaos --long
+
+clean:
+	rm -rf bin demo-report chaos-report

@@ -1,0 +1,97 @@
+// Command prefixrouter is a distributed, prefix-aware request router for
+// fleets of LLM model servers. One binary, several subcommands; this package
+// only wires flags to the library packages.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+)
+
+// exitError carries a process exit code (2 for invalid input, like flag errors).
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+func usageErr(format string, args ...any) error {
+	return &exitError{code: 2, err: fmt.Errorf(format, args...)}
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	root := newRootCmd()
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return
+	}
+	fmt.Fprintln(os.Stderr, "prefixrouter:", err)
+	var ee *exitError
+	if errors.As(err, &ee) {
+		os.Exit(ee.code)
+	}
+	if strings.Contains(err.Error(), "flag") || strings.HasPrefix(err.Error(), "unknown command") {
+		os.Exit(2)
+	}
+	os.Exit(1)
+}
+
+func newRootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "prefixrouter",
+		Short: "Prefix-aware request router for fleets of LLM model servers",
+		Long: `prefixrouter sends LLM requests that share a prompt prefix to the same model-server
+instance, so that the instance's KV prefix cache stays warm, while circuit breakers and a
+per-instance concurrency threshold spread overflow. Instances register in etcd under a lease;
+stateless router replicas watch etcd and agree on every choice.
+
+Every flag can also be set through the environment as PREFIXROUTER_<FLAG_NAME>, e.g.
+PREFIXROUTER_ETCD_ENDPOINTS=http://10.0.0.1:2379 for --etcd-endpoints. A flag given on the
+command line wins over the environment.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			return applyEnv(cmd.Flags())
+		},
+	}
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageErr("%w", err) })
+	root.AddCommand(commands()...)
+	return root
+}
+
+// envName maps a flag name to its environment variable: --etcd-endpoints →
+// PREFIXROUTER_ETCD_ENDPOINTS.
+func envName(flag string) string {
+	return "PREFIXROUTER_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
+}
+
+// applyEnv sets every flag not given on the command line from its
+// environment variable, if present.
+func applyEnv(fs *pflag.FlagSet) error {
+	var firstErr error
+	fs.VisitAll(func(f *pflag.Flag) {
+		if f.Changed || firstErr != nil {
+			return
+		}
+		v, ok := os.LookupEnv(envName(f.Name))
+		if !ok {
+			return
+		}
+		if err := fs.Set(f.Name, v); err != nil {
+			firstErr = usageErr("invalid %s=%q: %w", envName(f.Name), v, err)
+		}
+	})
+	return firstErr
+}
