@@ -1,0 +1,267 @@
+// Package ring implements deterministic weighted consistent hashing (rendezvous hashing) over instance ids.
+package ring
+
+import (
+	"sort"
+	"strconv"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// Member is one ring member: an instance id and its weight. A Weight below 1
+// counts as 1.
+type Member struct {
+	ID     string
+	Weight int
+}
+
+// Option configures New.
+type Option func(*options)
+
+type options struct {
+	hash func(string) uint64
+}
+
+// WithHash replaces the function that hashes member ids (default
+// xxhash.Sum64String). Tests use it to force collisions and ties; every
+// replica of a fleet must use the same function.
+func WithHash(h func(string) uint64) Option {
+	return func(o *options) {
+		if h != nil {
+			o.hash = h
+		}
+	}
+}
+
+// Ring is an immutable rendezvous-hash (highest random weight) structure over
+// weighted members. A key's owner is the member with the highest score
+// mix(key ^ seed); a member of weight w has w virtual seeds and scores the
+// best of them, so it owns about w/W of the keys. Scores depend only on the
+// key and the member's own id, which is why removing a member moves only its
+// keys and adding one moves keys only to it. Build one with New and share it:
+// its methods are safe for concurrent use and never allocate.
+type Ring struct {
+	members []Member // sorted by ID, unique; weights normalized to >= 1
+	// seeds[off[i]:off[i+1]] are member i's virtual seeds. When every
+	// weight is equal (after dividing by their GCD) each member has exactly
+	// one seed and off is nil: the fast path.
+	seeds []uint64
+	off   []int32
+}
+
+// New builds a ring from members. It copies them and sorts them by ID, so the
+// same members in any order build an identical ring. When an ID appears more
+// than once the first occurrence (in the order given) is kept and the others
+// are ignored; fleet snapshots never contain duplicates, so this only guards
+// against misuse. Weights are divided by their greatest common divisor, so
+// {2,2,4} hashes exactly like {1,1,2}; lookups cost O(sum of normalized
+// weights).
+func New(members []Member, opts ...Option) *Ring {
+	o := options{hash: xxhash.Sum64String}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	ms := make([]Member, len(members))
+	copy(ms, members)
+	// A stable sort keeps input order among equal ids, so "keep first"
+	// below means first as given.
+	sort.SliceStable(ms, func(i, j int) bool { return ms[i].ID < ms[j].ID })
+	uniq := ms[:0]
+	for _, m := range ms {
+		if len(uniq) > 0 && uniq[len(uniq)-1].ID == m.ID {
+			continue
+		}
+		if m.Weight < 1 {
+			m.Weight = 1
+		}
+		uniq = append(uniq, m)
+	}
+	ms = uniq[:len(uniq):len(uniq)]
+
+	g := 0
+	for _, m := range ms {
+		g = gcd(g, m.Weight)
+	}
+	r := &Ring{members: ms}
+	if len(ms) == 0 {
+		return r
+	}
+	uniform := true
+	total := 0
+	for _, m := range ms {
+		w := m.Weight / g
+		total += w
+		if w != 1 {
+			uniform = false
+		}
+	}
+	r.seeds = make([]uint64, 0, total)
+	if !uniform {
+		r.off = make([]int32, 0, len(ms)+1)
+	}
+	for _, m := range ms {
+		if !uniform {
+			r.off = append(r.off, int32(len(r.seeds)))
+		}
+		r.seeds = append(r.seeds, o.hash(m.ID))
+		for j := 1; j < m.Weight/g; j++ {
+			// Extra seeds derive from the id alone so a weight change
+			// adds or removes virtual seeds without touching the others.
+			r.seeds = append(r.seeds, o.hash(m.ID+"#"+strconv.Itoa(j)))
+		}
+	}
+	if !uniform {
+		r.off = append(r.off, int32(len(r.seeds)))
+	}
+	return r
+}
+
+// Len returns the number of members.
+func (r *Ring) Len() int { return len(r.members) }
+
+// Members returns the members sorted by ID, weights normalized to at least 1.
+// Member indexes returned by Primary, Candidates and Index index this slice.
+// Callers must not modify it.
+func (r *Ring) Members() []Member { return r.members }
+
+// Index returns the index of the member with the given id, or -1.
+func (r *Ring) Index(id string) int {
+	i := sort.Search(len(r.members), func(i int) bool { return r.members[i].ID >= id })
+	if i < len(r.members) && r.members[i].ID == id {
+		return i
+	}
+	return -1
+}
+
+// Primary returns the index of the member that owns key, or -1 when the ring
+// is empty.
+func (r *Ring) Primary(key uint64) int {
+	if len(r.members) == 0 {
+		return -1
+	}
+	best, bestScore := 0, uint64(0)
+	if r.off == nil {
+		for i, s := range r.seeds {
+			// Strictly greater: ties go to the lowest index, deterministically.
+			if sc := mix(key ^ s); sc > bestScore || i == 0 {
+				best, bestScore = i, sc
+			}
+		}
+		return best
+	}
+	for i := range r.members {
+		if sc := r.scoreWeighted(key, i); sc > bestScore || i == 0 {
+			best, bestScore = i, sc
+		}
+	}
+	return best
+}
+
+// topStack bounds the number of candidates Candidates ranks with a stack
+// buffer; larger requests use a slower selection that needs no memory.
+const topStack = 16
+
+// Candidates appends to dst up to max distinct member indexes in key's spill
+// order: the primary first, then the member with the next highest score, and
+// so on. The order depends only on the key and the members, so replicas with
+// the same members agree; removing a member only deletes it from every order,
+// adding one only inserts it. It does not allocate when dst has room.
+func (r *Ring) Candidates(key uint64, max int, dst []int) []int {
+	n := len(r.members)
+	if max > n {
+		max = n
+	}
+	if max <= 0 {
+		return dst
+	}
+	if max == 1 {
+		return append(dst, r.Primary(key))
+	}
+	if max > topStack {
+		return r.candidatesSelect(key, max, dst)
+	}
+	base := len(dst)
+	var scores [topStack]uint64
+	k := 0 // number ranked so far, held in dst[base:base+k] and scores[:k]
+	for i := 0; i < n; i++ {
+		sc := r.score(key, i)
+		if k == max && sc <= scores[k-1] {
+			// Not better than the worst kept (ties keep the lower index).
+			continue
+		}
+		// Find the insertion point: after every kept entry scoring >= sc,
+		// which keeps lower indexes first among ties.
+		p := k
+		for p > 0 && scores[p-1] < sc {
+			p--
+		}
+		if k < max {
+			dst = append(dst, 0)
+			k++
+		}
+		copy(scores[p+1:k], scores[p:k-1])
+		copy(dst[base+p+1:base+k], dst[base+p:base+k-1])
+		scores[p] = sc
+		dst[base+p] = i
+	}
+	return dst
+}
+
+// candidatesSelect ranks by repeated selection: each round picks the best
+// (score, index) strictly below the previous pick in spill order. O(n*max),
+// no memory; used only for long candidate lists.
+func (r *Ring) candidatesSelect(key uint64, max int, dst []int) []int {
+	n := len(r.members)
+	prevScore, prevIdx := uint64(0), -1
+	for k := 0; k < max; k++ {
+		best, bestScore := -1, uint64(0)
+		for i := 0; i < n; i++ {
+			sc := r.score(key, i)
+			if prevIdx >= 0 && !(sc < prevScore || (sc == prevScore && i > prevIdx)) {
+				continue // already picked or ranked before the previous pick
+			}
+			if best < 0 || sc > bestScore {
+				best, bestScore = i, sc
+			}
+		}
+		dst = append(dst, best)
+		prevScore, prevIdx = bestScore, best
+	}
+	return dst
+}
+
+// score is member i's score for key.
+func (r *Ring) score(key uint64, i int) uint64 {
+	if r.off == nil {
+		return mix(key ^ r.seeds[i])
+	}
+	return r.scoreWeighted(key, i)
+}
+
+func (r *Ring) scoreWeighted(key uint64, i int) uint64 {
+	var best uint64
+	for _, s := range r.seeds[r.off[i]:r.off[i+1]] {
+		if sc := mix(key ^ s); sc > best {
+			best = sc
+		}
+	}
+	return best
+}
+
+// mix is the 64-bit finalizer of MurmurHash3 (fmix64): a bijection with full
+// avalanche, so scores of different members for one key are independent.
+func mix(h uint64) uint64 {
+	h ^= h >> 33
+	h *= 0xff51afd7ed558ccd
+	h ^= h >> 33
+	h *= 0xc4ceb9fe1a85ec53
+	h ^= h >> 33
+	return h
+}
+
+func gcd(a, b int) int {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
+}
