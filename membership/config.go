@@ -1,0 +1,78 @@
+package membership
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/prefixrouter/prefixrouter/fleet"
+)
+
+// ParseRoutingConfig decodes SageMaker's RoutingConfig JSON strictly
+// (unknown fields and trailing data are errors, since they are most likely
+// typos) and validates it. Every error wraps fleet.ErrInvalidConfig. The
+// result is not normalized: zero values still mean the defaults.
+func ParseRoutingConfig(data []byte) (fleet.RoutingConfig, error) {
+	var c fleet.RoutingConfig
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		return fleet.RoutingConfig{}, fmt.Errorf("%w: %v", fleet.ErrInvalidConfig, err)
+	}
+	if dec.More() {
+		return fleet.RoutingConfig{}, fmt.Errorf("%w: trailing data after the JSON object", fleet.ErrInvalidConfig)
+	}
+	if err := c.Validate(); err != nil {
+		return fleet.RoutingConfig{}, err
+	}
+	return c, nil
+}
+
+// PutConfig validates c and writes it, normalized, as the endpoint's routing
+// config. An invalid c is not written and the error wraps
+// fleet.ErrInvalidConfig (the CLI exits 2 on it). Every router watching the
+// layout applies the change on its next snapshot.
+func PutConfig(ctx context.Context, cli *clientv3.Client, l Layout, endpoint string, c fleet.RoutingConfig) error {
+	if err := ValidateName("endpoint", endpoint); err != nil {
+		return err
+	}
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	data, err := json.Marshal(c.Normalize())
+	if err != nil {
+		return fmt.Errorf("membership: encode routing config: %w", err)
+	}
+	key := l.ConfigKey(endpoint)
+	if _, err := cli.Put(ctx, key, string(data)); err != nil {
+		return fmt.Errorf("membership: put %s: %w", key, err)
+	}
+	return nil
+}
+
+// GetConfig reads the endpoint's routing config, normalized. When the key
+// does not exist it returns fleet.DefaultRoutingConfig() and set == false.
+// A stored value that does not parse or validate is returned as an error
+// wrapping fleet.ErrInvalidConfig (routers ignore such a value and keep
+// the previous one).
+func GetConfig(ctx context.Context, cli *clientv3.Client, l Layout, endpoint string) (c fleet.RoutingConfig, set bool, err error) {
+	if err := ValidateName("endpoint", endpoint); err != nil {
+		return fleet.RoutingConfig{}, false, err
+	}
+	key := l.ConfigKey(endpoint)
+	resp, err := cli.Get(ctx, key)
+	if err != nil {
+		return fleet.RoutingConfig{}, false, fmt.Errorf("membership: get %s: %w", key, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return fleet.DefaultRoutingConfig(), false, nil
+	}
+	c, err = ParseRoutingConfig(resp.Kvs[0].Value)
+	if err != nil {
+		return fleet.RoutingConfig{}, true, fmt.Errorf("membership: stored value of %s: %w", key, err)
+	}
+	return c.Normalize(), true, nil
+}

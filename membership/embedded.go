@@ -1,0 +1,197 @@
+package membership
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+)
+
+// DefaultClientURL is where an embedded etcd serves clients unless told
+// otherwise: etcd's own default, so that other tools find it.
+const DefaultClientURL = "http://127.0.0.1:2379"
+
+// embeddedStartTimeout bounds how long StartEmbedded waits for the member to
+// become ready (elect itself and apply its first entries).
+const embeddedStartTimeout = 30 * time.Second
+
+// Embedded is a single-member etcd running inside this process. It is meant
+// for the demo, a single-box deployment and tests; production uses a real
+// etcd cluster.
+type Embedded struct {
+	etcd      *embed.Etcd
+	closing   *atomic.Bool
+	closeOnce sync.Once
+	dir       string
+	clientURL string
+	opts      embeddedOptions
+}
+
+// EmbeddedOption tunes StartEmbedded.
+type EmbeddedOption func(*embeddedOptions)
+
+type embeddedOptions struct {
+	peerURL  string
+	logLevel string
+	tickMs   uint
+	electMs  uint
+	compact  string
+}
+
+// WithPeerURL sets the peer URL. The default, http://127.0.0.1:0, binds an
+// ephemeral loopback port so that several embedded members never clash; a
+// single member never dials its peers.
+func WithPeerURL(u string) EmbeddedOption { return func(o *embeddedOptions) { o.peerURL = u } }
+
+// WithLogLevel sets etcd's zap log level ("debug", "info", "warn", "error");
+// the default is "error" so that the embedding process stays quiet.
+func WithLogLevel(level string) EmbeddedOption {
+	return func(o *embeddedOptions) { o.logLevel = level }
+}
+
+// WithFastTicks shortens etcd's heartbeat and election timeouts. Tests use
+// it so that a member elects itself quickly and the minimum lease TTL (1.5
+// election timeouts, rounded up to whole seconds) drops to 1 s.
+func WithFastTicks() EmbeddedOption {
+	return func(o *embeddedOptions) { o.tickMs, o.electMs = 10, 100 }
+}
+
+// WithAutoCompactionRetention enables etcd's periodic auto-compaction, e.g.
+// "1h" keeps one hour of history. The default keeps all history (etcd's
+// default), which is fine for the small, slowly changing keyspace here.
+func WithAutoCompactionRetention(retention string) EmbeddedOption {
+	return func(o *embeddedOptions) { o.compact = retention }
+}
+
+// StartEmbedded starts a single-member etcd with its data in dir (created if
+// missing; an existing data dir is reused, keeping its keys), serving clients
+// on clientURL (DefaultClientURL when empty; a port of 0 picks a free port,
+// see ClientURL). It returns once the member serves requests.
+func StartEmbedded(dir, clientURL string, opts ...EmbeddedOption) (*Embedded, error) {
+	o := embeddedOptions{peerURL: "http://127.0.0.1:0", logLevel: "error"}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if clientURL == "" {
+		clientURL = DefaultClientURL
+	}
+	if dir == "" {
+		return nil, errors.New("membership: embedded etcd needs a data directory")
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("membership: embedded etcd data dir: %w", err)
+	}
+	cu, err := url.Parse(clientURL)
+	if err != nil || cu.Host == "" {
+		return nil, fmt.Errorf("membership: embedded etcd client URL %q: want e.g. http://127.0.0.1:2379", clientURL)
+	}
+	pu, err := url.Parse(o.peerURL)
+	if err != nil || pu.Host == "" {
+		return nil, fmt.Errorf("membership: embedded etcd peer URL %q: want e.g. http://127.0.0.1:2380", o.peerURL)
+	}
+	cfg := embed.NewConfig()
+	cfg.Name = "prefixrouter"
+	cfg.Dir = dir
+	cfg.ListenClientUrls = []url.URL{*cu}
+	cfg.AdvertiseClientUrls = []url.URL{*cu}
+	cfg.ListenPeerUrls = []url.URL{*pu}
+	cfg.AdvertisePeerUrls = []url.URL{*pu}
+	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	closing := new(atomic.Bool)
+	level, err := zapcore.ParseLevel(o.logLevel)
+	if err != nil {
+		return nil, fmt.Errorf("membership: embedded etcd log level: %w", err)
+	}
+	cfg.LogLevel = o.logLevel
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.New(&quietCore{
+		Core:    zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.Lock(os.Stderr), level),
+		closing: closing,
+	}))
+	// The HTTP/JSON gateway is not used by anything here.
+	cfg.EnableGRPCGateway = false
+	if o.tickMs > 0 {
+		cfg.TickMs, cfg.ElectionMs = o.tickMs, o.electMs
+	}
+	if o.compact != "" {
+		cfg.AutoCompactionMode = "periodic"
+		cfg.AutoCompactionRetention = o.compact
+	}
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("membership: start embedded etcd: %w", err)
+	}
+	select {
+	case <-e.Server.ReadyNotify():
+	case err := <-e.Err():
+		e.Close()
+		return nil, fmt.Errorf("membership: embedded etcd failed: %w", err)
+	case <-time.After(embeddedStartTimeout):
+		e.Server.Stop()
+		e.Close()
+		return nil, fmt.Errorf("membership: embedded etcd not ready after %v", embeddedStartTimeout)
+	}
+	// With port 0 the listener chose the port: report the real address.
+	actual := *cu
+	if len(e.Clients) > 0 {
+		actual.Host = e.Clients[0].Addr().String()
+	}
+	return &Embedded{etcd: e, closing: closing, dir: dir, clientURL: actual.String(), opts: o}, nil
+}
+
+// ClientURL returns the URL clients reach the member at, with the real port.
+func (e *Embedded) ClientURL() string { return e.clientURL }
+
+// Endpoints returns ClientURL as a list, the shape ClientConfig wants.
+func (e *Embedded) Endpoints() []string { return []string{e.clientURL} }
+
+// Dir returns the data directory.
+func (e *Embedded) Dir() string { return e.dir }
+
+// Restart stops nothing: it starts a new member on the same data directory
+// and client URL as e, which must have been closed. Tests use it to bring
+// etcd back after an outage with its keys intact.
+func (e *Embedded) Restart() (*Embedded, error) {
+	o := e.opts
+	opts := []EmbeddedOption{func(x *embeddedOptions) { *x = o }}
+	return StartEmbedded(e.dir, e.clientURL, opts...)
+}
+
+// Close stops the member and waits until it has stopped. It is safe to call
+// more than once.
+func (e *Embedded) Close() error {
+	e.closeOnce.Do(func() {
+		e.closing.Store(true)
+		e.etcd.Close()
+	})
+	return nil
+}
+
+// quietCore drops the errors etcd logs while it shuts down on purpose
+// ("server closed", "use of closed network connection") and one benign
+// error of a fresh single member, so that the embedding process logs only
+// what an operator should act on.
+type quietCore struct {
+	zapcore.Core
+	closing *atomic.Bool
+}
+
+func (c *quietCore) With(f []zapcore.Field) zapcore.Core {
+	return &quietCore{Core: c.Core.With(f), closing: c.closing}
+}
+
+func (c *quietCore) Check(ent zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.CheckedEntry {
+	if c.closing.Load() || ent.Message == "failed to update storage version" {
+		return ce
+	}
+	if c.Enabled(ent.Level) {
+		return ce.AddCore(ent, c)
+	}
+	return ce
+}

@@ -1,0 +1,105 @@
+package membership
+
+import (
+	"fmt"
+	"strings"
+)
+
+// DefaultPrefix is the root of the etcd layout (v1) unless --etcd-prefix
+// says otherwise.
+const DefaultPrefix = "/prefixrouter/v1"
+
+// Layout names the keys of the etcd layout (v1) under one root prefix:
+//
+//	<prefix>/endpoints/<endpoint>/instances/<instance-id>   lease-bound fleet.Instance JSON
+//	<prefix>/endpoints/<endpoint>/config                     fleet.RoutingConfig JSON
+//	<prefix>/routers/<replica-id>                            lease-bound RouterInfo JSON
+type Layout struct {
+	// Prefix is the root; a trailing slash is ignored. Empty (or "/")
+	// means DefaultPrefix.
+	Prefix string
+}
+
+func (l Layout) root() string {
+	if p := strings.TrimRight(l.Prefix, "/"); p != "" {
+		return p
+	}
+	return DefaultPrefix
+}
+
+// Root returns the prefix that every key of the layout starts with, with a
+// trailing slash.
+func (l Layout) Root() string { return l.root() + "/" }
+
+// EndpointsPrefix returns the prefix of all endpoints' keys.
+func (l Layout) EndpointsPrefix() string { return l.root() + "/endpoints/" }
+
+// InstancesPrefix returns the prefix of one endpoint's instance keys.
+func (l Layout) InstancesPrefix(endpoint string) string {
+	return l.EndpointsPrefix() + endpoint + "/instances/"
+}
+
+// InstanceKey returns the key of one instance record.
+func (l Layout) InstanceKey(endpoint, id string) string { return l.InstancesPrefix(endpoint) + id }
+
+// ConfigKey returns the key of an endpoint's routing config.
+func (l Layout) ConfigKey(endpoint string) string {
+	return l.EndpointsPrefix() + endpoint + "/config"
+}
+
+// RoutersPrefix returns the prefix of router replica keys.
+func (l Layout) RoutersPrefix() string { return l.root() + "/routers/" }
+
+// RouterKey returns the key of one router replica.
+func (l Layout) RouterKey(replicaID string) string { return l.RoutersPrefix() + replicaID }
+
+// keyKind classifies a key of the layout.
+type keyKind int
+
+const (
+	kindOther keyKind = iota
+	kindInstance
+	kindConfig
+	kindRouter
+)
+
+// parseKey splits a key into its kind and names. Keys that do not fit the
+// layout are kindOther and ignored by the watcher.
+func (l Layout) parseKey(key string) (kind keyKind, endpoint, id string) {
+	if rest, ok := strings.CutPrefix(key, l.RoutersPrefix()); ok {
+		if rest == "" || strings.Contains(rest, "/") {
+			return kindOther, "", ""
+		}
+		return kindRouter, "", rest
+	}
+	rest, ok := strings.CutPrefix(key, l.EndpointsPrefix())
+	if !ok {
+		return kindOther, "", ""
+	}
+	parts := strings.Split(rest, "/")
+	switch {
+	case len(parts) == 2 && parts[1] == "config" && parts[0] != "":
+		return kindConfig, parts[0], ""
+	case len(parts) == 3 && parts[1] == "instances" && parts[0] != "" && parts[2] != "":
+		return kindInstance, parts[0], parts[2]
+	}
+	return kindOther, "", ""
+}
+
+// MaxNameLength bounds endpoint and replica names (they become key segments
+// and metric labels).
+const MaxNameLength = 128
+
+// ValidateName checks an endpoint or router replica name: 1..MaxNameLength
+// printable ASCII characters without spaces or '/'.
+func ValidateName(kind, name string) error {
+	if name == "" || len(name) > MaxNameLength {
+		return fmt.Errorf("membership: %s name must be 1..%d characters, got %q", kind, MaxNameLength, name)
+	}
+	for _, r := range name {
+		if r <= ' ' || r > '~' || r == '/' {
+			return fmt.Errorf("membership: %s name %q must be printable ASCII without spaces or '/'", kind, name)
+		}
+	}
+	return nil
+}
