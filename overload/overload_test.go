@@ -1,0 +1,365 @@
+package overload
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sony/gobreaker/v2"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestIsFailure(t *testing.T) {
+	dial := &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
+	tests := []struct {
+		name     string
+		err      error
+		failure  bool
+		excluded bool
+	}{
+		{"success", nil, false, false},
+		{"200", Status(200), false, false},
+		{"404", Status(404), false, false},
+		{"429", Status(429), false, false},
+		{"500", Status(500), true, false},
+		{"501", Status(501), false, false},
+		{"502", Status(502), true, false},
+		{"503", Status(503), true, false},
+		{"505", Status(505), false, false},
+		{"dial", dial, true, false},
+		{"timeout", context.DeadlineExceeded, true, false},
+		{"client canceled", context.Canceled, false, true},
+		{"client canceled wrapped", fmt.Errorf("copy: %w", context.Canceled), false, true},
+		{"client gone", ErrClientGone, false, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := IsFailure(tc.err); got != tc.failure {
+				t.Errorf("IsFailure(%v) = %v, want %v", tc.err, got, tc.failure)
+			}
+			if got := IsExcluded(tc.err); got != tc.excluded {
+				t.Errorf("IsExcluded(%v) = %v, want %v", tc.err, got, tc.excluded)
+			}
+		})
+	}
+}
+
+func TestReplicaShare(t *testing.T) {
+	tests := []struct{ t, r, want int }{
+		{10, 1, 10}, {10, 2, 5}, {10, 3, 4}, {10, 10, 1}, {10, 20, 1}, {1, 5, 1}, {0, 1, 1}, {7, 0, 7},
+	}
+	for _, tc := range tests {
+		got := ReplicaShare(tc.t, tc.r)
+		if got != tc.want {
+			t.Errorf("ReplicaShare(%d,%d) = %d, want %d", tc.t, tc.r, got, tc.want)
+		}
+		r := max(tc.r, 1)
+		if tc.t >= 1 && r*got > tc.t+r-1 {
+			t.Errorf("bound violated: %d*%d > %d+%d-1", r, got, tc.t, r)
+		}
+	}
+}
+
+func TestBreakerSettings(t *testing.T) {
+	tests := []struct {
+		in      BreakerSettings
+		want    BreakerSettings
+		wantErr bool
+	}{
+		{BreakerSettings{}, BreakerSettings{DefaultConsecutiveFailures, DefaultOpenTimeout, DefaultHalfOpenMaxRequests}, false},
+		{BreakerSettings{2, time.Second, 3}, BreakerSettings{2, time.Second, 3}, false},
+		{BreakerSettings{OpenTimeout: -1}, BreakerSettings{DefaultConsecutiveFailures, -1, DefaultHalfOpenMaxRequests}, true},
+	}
+	for _, tc := range tests {
+		if got := tc.in.Normalize(); got != tc.want {
+			t.Errorf("Normalize(%+v) = %+v, want %+v", tc.in, got, tc.want)
+		}
+		if err := tc.in.Validate(); (err != nil) != tc.wantErr {
+			t.Errorf("Validate(%+v) = %v, wantErr %v", tc.in, err, tc.wantErr)
+		}
+	}
+}
+
+func TestTryAcquireThreshold(t *testing.T) {
+	tests := []struct {
+		threshold, replicas int
+		external            int64
+		admitted            int
+	}{
+		{threshold: 4, replicas: 1, external: -1, admitted: 4},
+		{threshold: 4, replicas: 2, external: -1, admitted: 2},
+		{threshold: 4, replicas: 3, external: -1, admitted: 2},
+		{threshold: 4, replicas: 8, external: -1, admitted: 1},
+		{threshold: 4, replicas: 2, external: 1, admitted: 3}, // known load replaces the share
+		{threshold: 4, replicas: 1, external: 4, admitted: 0},
+	}
+	for _, tc := range tests {
+		t.Run(fmt.Sprintf("T%d_R%d_ext%d", tc.threshold, tc.replicas, tc.external), func(t *testing.T) {
+			s := NewState("a", BreakerSettings{})
+			s.SetExternalLoad(tc.external)
+			var dones []Done
+			for range tc.threshold + 5 {
+				if d, ok := s.TryAcquire(tc.threshold, tc.replicas); ok {
+					dones = append(dones, d)
+				}
+			}
+			if len(dones) != tc.admitted {
+				t.Fatalf("admitted %d, want %d", len(dones), tc.admitted)
+			}
+			if s.HasRoom(tc.threshold, tc.replicas) {
+				t.Fatal("HasRoom after filling")
+			}
+			for _, d := range dones {
+				d(nil)
+				d(nil) // second call ignored
+			}
+			if n := s.InFlight(); n != 0 {
+				t.Fatalf("in flight %d after release", n)
+			}
+		})
+	}
+}
+
+func TestTryAcquireConcurrentNeverOvershoots(t *testing.T) {
+	s := NewState("a", BreakerSettings{})
+	const threshold = 8
+	var peak, cur atomic.Int64
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 2000 {
+				d, ok := s.TryAcquire(threshold, 1)
+				if !ok {
+					continue
+				}
+				n := cur.Add(1)
+				for {
+					p := peak.Load()
+					if n <= p || peak.CompareAndSwap(p, n) {
+						break
+					}
+				}
+				cur.Add(-1)
+				d(nil)
+			}
+		}()
+	}
+	wg.Wait()
+	if p := peak.Load(); p > threshold {
+		t.Fatalf("peak %d above threshold %d", p, threshold)
+	}
+	if n := s.InFlight(); n != 0 {
+		t.Fatalf("in flight %d", n)
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func TestBreakerOpensAndRecovers(t *testing.T) {
+	s := NewState("a", BreakerSettings{ConsecutiveFailures: 3, OpenTimeout: 50 * time.Millisecond})
+	dial := &net.OpError{Op: "dial", Err: errors.New("refused")}
+	for i := range 3 {
+		d, ok := s.Acquire()
+		if !ok {
+			t.Fatalf("attempt %d rejected before the breaker opened", i)
+		}
+		d(dial)
+	}
+	if !s.Open() || s.BreakerState() != gobreaker.StateOpen {
+		t.Fatalf("breaker not open after 3 failures: %v", s.BreakerState())
+	}
+	if _, ok := s.Acquire(); ok {
+		t.Fatal("open breaker admitted")
+	}
+	if _, ok := s.TryAcquire(10, 1); ok {
+		t.Fatal("open breaker admitted under threshold")
+	}
+	waitFor(t, "open timeout", func() bool { return !s.Open() })
+	probe, ok := s.Acquire()
+	if !ok {
+		t.Fatal("half-open breaker rejected the probe")
+	}
+	if _, ok := s.Acquire(); ok {
+		t.Fatal("half-open breaker admitted a second probe")
+	}
+	probe(nil)
+	if st := s.BreakerState(); st != gobreaker.StateClosed {
+		t.Fatalf("breaker %v after a successful probe, want closed", st)
+	}
+	if n := s.InFlight(); n != 0 {
+		t.Fatalf("in flight %d", n)
+	}
+}
+
+func TestClientCancelIsNotAFailure(t *testing.T) {
+	s := NewState("a", BreakerSettings{ConsecutiveFailures: 2, OpenTimeout: time.Hour})
+	for range 10 {
+		d, ok := s.Acquire()
+		if !ok {
+			t.Fatal("rejected")
+		}
+		d(fmt.Errorf("proxy: %w", context.Canceled))
+	}
+	if st := s.BreakerState(); st != gobreaker.StateClosed {
+		t.Fatalf("breaker %v after client cancels", st)
+	}
+	// 4xx and 501 are the client's fault too.
+	for _, code := range []int{400, 404, 413, 501, 505} {
+		d, _ := s.Acquire()
+		d(Status(code))
+	}
+	if st := s.BreakerState(); st != gobreaker.StateClosed {
+		t.Fatalf("breaker %v after client errors", st)
+	}
+	for range 2 {
+		d, _ := s.Acquire()
+		d(Status(503))
+	}
+	if st := s.BreakerState(); st != gobreaker.StateOpen {
+		t.Fatalf("breaker %v after two 503s, want open", st)
+	}
+}
+
+func TestTrackerSyncKeepsState(t *testing.T) {
+	tr := NewTracker(BreakerSettings{})
+	m := tr.Sync([]string{"a", "b"})
+	a := m["a"]
+	d, _ := a.Acquire()
+	m2 := tr.Sync([]string{"a", "c"})
+	if m2["a"] != a || a.InFlight() != 1 {
+		t.Fatal("instance a lost its state across Sync")
+	}
+	if tr.Get("b") != nil {
+		t.Fatal("b not dropped")
+	}
+	if tr.Get("c") == nil || tr.Get("c").InFlight() != 0 {
+		t.Fatal("c missing or not fresh")
+	}
+	if len(m) != 2 {
+		t.Fatal("Sync modified a published map")
+	}
+	d(nil)
+	if a.InFlight() != 0 {
+		t.Fatal("leak")
+	}
+}
+
+const vllmMetrics = `# HELP vllm:num_requests_running Number of requests running.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="m"} 3.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="m"} 2.0
+vllm:num_requests_waiting{model_name="n"} 1.0
+# TYPE other counter
+other_total 99
+`
+
+func TestParseLoad(t *testing.T) {
+	tests := []struct {
+		name    string
+		in      string
+		want    int64
+		wantErr bool
+	}{
+		{"vllm", vllmMetrics, 6, false},
+		{"absent", "other_total 1\n", 0, true},
+		{"garbage", "vllm:num_requests_running{ 3\n", 0, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := ParseLoad(strings.NewReader(tc.in), DefaultLoadMetrics)
+			if (err != nil) != tc.wantErr || got != tc.want {
+				t.Fatalf("ParseLoad = %d, %v; want %d, err %v", got, err, tc.want, tc.wantErr)
+			}
+		})
+	}
+}
+
+func TestPoller(t *testing.T) {
+	var fail atomic.Bool
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if fail.Load() {
+			http.Error(w, "down", http.StatusInternalServerError)
+			return
+		}
+		fmt.Fprint(w, vllmMetrics)
+	}))
+	defer srv.Close()
+	s := NewState("a", BreakerSettings{})
+	own, _ := s.Acquire() // one of the 6 reported requests is ours
+	p, err := NewPoller(PollerOptions{Interval: 5 * time.Millisecond, Targets: func() []Target {
+		return []Target{{URL: srv.URL + "/metrics", State: s}}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	waitFor(t, "external load 5", func() bool { return s.ExternalLoad() == 5 })
+	if got := s.Load(); got != 6 {
+		t.Fatalf("Load = %d, want 6", got)
+	}
+	fail.Store(true)
+	waitFor(t, "external load unknown", func() bool { return s.ExternalLoad() == -1 })
+	own(nil)
+}
+
+func TestNewPollerValidates(t *testing.T) {
+	if _, err := NewPoller(PollerOptions{Targets: func() []Target { return nil }}); err == nil {
+		t.Fatal("zero interval accepted")
+	}
+	if _, err := NewPoller(PollerOptions{Interval: time.Second}); err == nil {
+		t.Fatal("nil Targets accepted")
+	}
+}
+
+func BenchmarkTryAcquire(b *testing.B) {
+	s := NewState("a", BreakerSettings{})
+	b.ReportAllocs()
+	for b.Loop() {
+		d, ok := s.TryAcquire(10, 1)
+		if !ok {
+			b.Fatal("rejected")
+		}
+		d(nil)
+	}
+}
+
+func BenchmarkTryAcquireParallel(b *testing.B) {
+	tr := NewTracker(BreakerSettings{})
+	ids := make([]string, 16)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("i%d", i)
+	}
+	tr.Sync(ids)
+	b.ReportAllocs()
+	var n atomic.Int64
+	b.RunParallel(func(pb *testing.PB) {
+		s := tr.Get(ids[int(n.Add(1))%len(ids)])
+		for pb.Next() {
+			if d, ok := s.TryAcquire(1024, 1); ok {
+				d(nil)
+			}
+		}
+	})
+}
