@@ -1,0 +1,11 @@
+package sim
+
+import "errors"
+
+// Sentinel errors, classified with errors.Is.
+var (
+	// ErrUnknownProfile is returned for a profile name that is not built in.
+	ErrUnknownProfile = errors.New("sim: unknown profile")
+	// ErrInvalidConfig wraps every Config validation failure.
+	ErrInvalidConfig = errors.New("sim: invalid config")
+)
