@@ -47,6 +47,7 @@ type Ring struct {
 	// one seed and off is nil: the fast path.
 	seeds []uint64
 	off   []int32
+	owner []int32 // owner[j] is the member of seeds[j]; nil when off is nil
 }
 
 // New builds a ring from members. It copies them and sorts them by ID, so the
@@ -112,6 +113,12 @@ func New(members []Member, opts ...Option) *Ring {
 	}
 	if !uniform {
 		r.off = append(r.off, int32(len(r.seeds)))
+		r.owner = make([]int32, len(r.seeds))
+		for i := range ms {
+			for j := r.off[i]; j < r.off[i+1]; j++ {
+				r.owner[j] = int32(i)
+			}
+		}
 	}
 	return r
 }
@@ -136,23 +143,20 @@ func (r *Ring) Index(id string) int {
 // Primary returns the index of the member that owns key, or -1 when the ring
 // is empty.
 func (r *Ring) Primary(key uint64) int {
-	if len(r.members) == 0 {
+	if len(r.seeds) == 0 {
 		return -1
 	}
-	best, bestScore := 0, uint64(0)
-	if r.off == nil {
-		for i, s := range r.seeds {
-			// Strictly greater: ties go to the lowest index, deterministically.
-			if sc := mix(key ^ s); sc > bestScore || i == 0 {
-				best, bestScore = i, sc
-			}
-		}
-		return best
-	}
-	for i := range r.members {
-		if sc := r.scoreWeighted(key, i); sc > bestScore || i == 0 {
+	// A member's score is the best of its seeds, so the best seed overall
+	// belongs to the best member. Seeds are laid out in member order and
+	// ties keep the first, so ties go to the lowest member index.
+	best, bestScore := 0, mix(key^r.seeds[0])
+	for i := 1; i < len(r.seeds); i++ {
+		if sc := mix(key ^ r.seeds[i]); sc > bestScore {
 			best, bestScore = i, sc
 		}
+	}
+	if r.owner != nil {
+		return int(r.owner[best])
 	}
 	return best
 }
@@ -182,15 +186,21 @@ func (r *Ring) Candidates(key uint64, max int, dst []int) []int {
 	}
 	base := len(dst)
 	var scores [topStack]uint64
-	k := 0 // number ranked so far, held in dst[base:base+k] and scores[:k]
+	k := 0           // number ranked so far, held in dst[base:base+k] and scores[:k]
+	var worst uint64 // scores[k-1] once k == max
 	for i := 0; i < n; i++ {
-		sc := r.score(key, i)
-		if k == max && sc <= scores[k-1] {
+		var sc uint64
+		if r.off == nil {
+			sc = mix(key ^ r.seeds[i])
+		} else {
+			sc = r.scoreWeighted(key, i)
+		}
+		if k == max && sc <= worst {
 			// Not better than the worst kept (ties keep the lower index).
 			continue
 		}
-		// Find the insertion point: after every kept entry scoring >= sc,
-		// which keeps lower indexes first among ties.
+		// Insert after every kept entry scoring >= sc, which keeps lower
+		// indexes first among ties.
 		p := k
 		for p > 0 && scores[p-1] < sc {
 			p--
@@ -199,10 +209,11 @@ func (r *Ring) Candidates(key uint64, max int, dst []int) []int {
 			dst = append(dst, 0)
 			k++
 		}
-		copy(scores[p+1:k], scores[p:k-1])
-		copy(dst[base+p+1:base+k], dst[base+p:base+k-1])
-		scores[p] = sc
-		dst[base+p] = i
+		for j := k - 1; j > p; j-- {
+			scores[j], dst[base+j] = scores[j-1], dst[base+j-1]
+		}
+		scores[p], dst[base+p] = sc, i
+		worst = scores[k-1]
 	}
 	return dst
 }
