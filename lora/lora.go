@@ -1,0 +1,164 @@
+package lora
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+
+	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/ring"
+)
+
+var (
+	// ErrUnknownModel is returned (wrapped with the name) for a model that no
+	// instance of the endpoint serves.
+	ErrUnknownModel = errors.New("lora: unknown model")
+	// ErrNoInstance is returned (wrapped) when the endpoint, or the model's
+	// set, has no non-draining instance.
+	ErrNoInstance = errors.New("lora: no instance available")
+)
+
+// Table maps model names to sticky instance sets for one endpoint snapshot.
+// It is immutable after New and safe for concurrent use.
+type Table struct {
+	ep   *fleet.Endpoint
+	opts []ring.Option
+	// base is the set of every non-draining instance, nil when there is none.
+	base *entry
+	// named holds adapters and declared base models with a non-draining
+	// instance; complete after New, never written afterwards.
+	named map[string]*entry
+	// parked holds names that only draining instances report or declare.
+	parked map[string]bool
+	// declared is whether any instance declares Labels["model"].
+	declared bool
+	models   []string
+}
+
+// entry is one model's set, built on first use.
+type entry struct {
+	insts []*fleet.Instance // members, in endpoint order
+	once  sync.Once
+	set   *Set
+}
+
+// Set is one model's sticky instance set and its ring.
+type Set struct {
+	ring  *ring.Ring
+	insts []*fleet.Instance // indexed by ring member index
+}
+
+// New builds the table of one endpoint snapshot. It builds no ring: each is
+// built on the first Set call for its model. opts are passed to ring.New.
+// ep must not be modified afterwards; a nil ep is an endpoint without
+// instances.
+func New(ep *fleet.Endpoint, opts ...ring.Option) *Table {
+	if ep == nil {
+		ep = &fleet.Endpoint{}
+	}
+	t := &Table{ep: ep, opts: opts, named: map[string]*entry{}, parked: map[string]bool{}}
+	var all []*fleet.Instance
+	add := func(name string, in *fleet.Instance) {
+		e := t.named[name]
+		if e == nil {
+			e = &entry{}
+			t.named[name] = e
+		}
+		// An instance both declaring and reporting a name joins once.
+		if n := len(e.insts); n == 0 || e.insts[n-1] != in {
+			e.insts = append(e.insts, in)
+		}
+	}
+	for i := range ep.Instances {
+		in := &ep.Instances[i]
+		model, hasModel := in.Labels["model"]
+		hasModel = hasModel && model != ""
+		if hasModel {
+			t.declared = true
+		}
+		if in.Draining {
+			if hasModel {
+				t.parked[model] = true
+			}
+			for _, a := range in.Adapters {
+				t.parked[a] = true
+			}
+			continue
+		}
+		all = append(all, in)
+		if hasModel {
+			add(model, in)
+		}
+		for _, a := range in.Adapters {
+			if a != "" {
+				add(a, in)
+			}
+		}
+	}
+	if len(all) > 0 {
+		t.base = &entry{insts: all}
+	}
+	for name := range t.named {
+		delete(t.parked, name)
+		t.models = append(t.models, name)
+	}
+	sort.Strings(t.models)
+	return t
+}
+
+// Endpoint returns the endpoint the table was built from.
+func (t *Table) Endpoint() *fleet.Endpoint { return t.ep }
+
+// Models returns the sorted names of the base models instances declare and
+// the adapters they report, draining instances excluded. Callers must not
+// modify it.
+func (t *Table) Models() []string { return t.models }
+
+// Set returns the sticky set serving model, building its ring on first use.
+// See the package documentation for how a name is resolved.
+func (t *Table) Set(model string) (*Set, error) {
+	if t.base == nil {
+		return nil, fmt.Errorf("%w: endpoint %q has no instance that is not draining", ErrNoInstance, t.ep.Name)
+	}
+	e := t.base
+	if model != "" {
+		if named := t.named[model]; named != nil {
+			e = named
+		} else if t.parked[model] {
+			return nil, fmt.Errorf("%w: every instance serving model %q is draining", ErrNoInstance, model)
+		} else if t.declared {
+			return nil, fmt.Errorf("%w: %q", ErrUnknownModel, model)
+		}
+	}
+	e.once.Do(func() { e.set = newSet(e.insts, t.opts) })
+	return e.set, nil
+}
+
+func newSet(insts []*fleet.Instance, opts []ring.Option) *Set {
+	ms := make([]ring.Member, len(insts))
+	byID := make(map[string]*fleet.Instance, len(insts))
+	for i, in := range insts {
+		ms[i] = ring.Member{ID: in.ID, Weight: in.EffectiveWeight()}
+		if _, dup := byID[in.ID]; !dup { // the ring keeps the first of duplicates too
+			byID[in.ID] = in
+		}
+	}
+	r := ring.New(ms, opts...)
+	s := &Set{ring: r, insts: make([]*fleet.Instance, r.Len())}
+	for i, m := range r.Members() {
+		s.insts[i] = byID[m.ID]
+	}
+	return s
+}
+
+// Ring returns the set's ring; its member indexes are the set's instance
+// indexes.
+func (s *Set) Ring() *ring.Ring { return s.ring }
+
+// Instance returns the instance of ring member i: a pointer into the
+// endpoint's Instances, shared and not to be modified.
+func (s *Set) Instance(i int) *fleet.Instance { return s.insts[i] }
+
+// Len returns the number of instances in the set.
+func (s *Set) Len() int { return len(s.insts) }
