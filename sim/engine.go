@@ -294,11 +294,11 @@ func (e *engine) run(in <-chan engineMsg, quit <-chan struct{}, scale float64) {
 // metrics are one server's Prometheus collectors under vLLM's names
 // (vllm/v1/metrics/loggers.py), each with vLLM's model_name label.
 type metrics struct {
-	reg                                   *prometheus.Registry
-	running, waiting, usage               prometheus.Gauge
+	reg                                    *prometheus.Registry
+	running, waiting, usage                prometheus.Gauge
 	queries, hits, promptTokens, genTokens prometheus.Counter
-	success, aborted                      prometheus.Counter
-	ttft, e2e                             prometheus.Histogram
+	success, aborted                       prometheus.Counter
+	ttft, e2e                              prometheus.Histogram
 }
 
 func newMetrics(model string, capacityTokens int) *metrics {
