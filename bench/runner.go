@@ -320,6 +320,7 @@ func (r *runner) phase(ctx context.Context, n int, dur time.Duration, measured b
 				return
 			}
 		}
+		at := due
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -332,6 +333,9 @@ func (r *runner) phase(ctx context.Context, n int, dur time.Duration, measured b
 				case <-ctx.Done():
 					return
 				}
+				// A turn is due once its arrival has come and the previous
+				// turn has completed; only the wait beyond that is a delay.
+				at = later(at, time.Now())
 				select {
 				case r.sem <- struct{}{}:
 				case <-ctx.Done():
@@ -339,7 +343,7 @@ func (r *runner) phase(ctx context.Context, n int, dur time.Duration, measured b
 				}
 			}
 			defer func() { <-r.sem }()
-			r.send(ctx, target, req, due, measured, oc, op)
+			r.send(ctx, target, req, at, measured, oc, op)
 		}()
 	}
 }
@@ -377,6 +381,13 @@ func (r *runner) send(ctx context.Context, target string, req Request, due time.
 	r.mu.Lock()
 	r.samples = append(r.samples, s)
 	r.mu.Unlock()
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

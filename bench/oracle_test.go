@@ -1,0 +1,86 @@
+package bench
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/prefixrouter/prefixrouter/sim"
+)
+
+func TestOracle(t *testing.T) {
+	blk := func(c byte, n int) string { return strings.Repeat(string(c), n*sim.BlockChars) }
+	a2 := blk('a', 2)                          // 2 full blocks
+	a2b1 := a2 + blk('b', 1)                   // shares a2's 2 blocks
+	a2c := a2 + "c" + blk('c', 1)[1:] + "tail" // 3 full blocks + 4 chars
+	type obs struct {
+		adapter, salt, text string
+		measure             bool
+		cached, prompt      int
+	}
+	tests := []struct {
+		name         string
+		stream       []obs
+		hit          float64
+		promptTotal  int64
+		distinctBlks int64
+	}{
+		{"cold then shared prefix", []obs{
+			{"", "", a2, true, 0, 32},
+			{"", "", a2b1, true, 32, 48},
+			{"", "", a2b1, true, 48, 48},
+		}, 80.0 / 128, 128, 3},
+		{"partial block is not cached", []obs{
+			{"", "", a2c, true, 0, 49},
+			{"", "", a2c, true, 48, 49},
+		}, 48.0 / 98, 98, 3},
+		{"salt and adapter separate caches", []obs{
+			{"", "t1", a2, true, 0, 32},
+			{"", "t2", a2, true, 0, 32},
+			{"lora", "t1", a2, true, 0, 32},
+			{"lora", "t1", a2, true, 32, 32},
+		}, 32.0 / 128, 128, 6},
+		{"warmup fills but does not count", []obs{
+			{"", "", a2, false, 0, 32},
+			{"", "", a2b1, true, 32, 48},
+		}, 32.0 / 48, 48, 3},
+		{"a different first block shares nothing", []obs{
+			{"", "", a2b1, true, 0, 48},
+			{"", "", "x" + a2b1[1:], true, 0, 48},
+		}, 0, 96, 6},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o := NewOracle()
+			for i, s := range tt.stream {
+				c, p := o.Observe(s.adapter, s.salt, s.text, s.measure)
+				if c != s.cached || p != s.prompt {
+					t.Fatalf("observation %d: cached %d of %d, want %d of %d", i, c, p, s.cached, s.prompt)
+				}
+			}
+			if o.HitRate() != tt.hit || o.PromptTokens != tt.promptTotal {
+				t.Fatalf("hit rate %v over %d tokens, want %v over %d", o.HitRate(), o.PromptTokens, tt.hit, tt.promptTotal)
+			}
+			if o.DistinctTokens() != tt.distinctBlks*sim.BlockTokens {
+				t.Fatalf("distinct %d tokens, want %d blocks", o.DistinctTokens(), tt.distinctBlks)
+			}
+		})
+	}
+}
+
+func TestOracleOnRenderedChat(t *testing.T) {
+	// Two requests of one document with different questions share the
+	// rendered document's full blocks and nothing after them.
+	doc := Text(1, "document", 1000, 0)
+	q1, q2 := Text(1, "q", 40, 1), Text(1, "q", 40, 2)
+	p1 := sim.RenderChat([]sim.Message{{Role: "system", Content: doc}, {Role: "user", Content: q1}})
+	p2 := sim.RenderChat([]sim.Message{{Role: "system", Content: doc}, {Role: "user", Content: q2}})
+	o := NewOracle()
+	o.Observe("", "", p1, false)
+	c, _ := o.Observe("", "", p2, true)
+	// Shared characters: "<|system|>\n" (11) + doc (4000) + "\n<|user|>\n" (10) + the
+	// 16-hex tags differ at once; 4021 characters is 62 full blocks.
+	shared := len("<|system|>\n") + len(doc) + len("\n<|user|>\n")
+	if want := shared / sim.BlockChars * sim.BlockTokens; c != want {
+		t.Fatalf("cached %d, want %d", c, want)
+	}
+}
