@@ -1,0 +1,287 @@
+package router
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/prefixrouter/prefixrouter/lora"
+)
+
+// Short error codes (the OpenAI "code" and X-Prefixrouter-Error).
+const (
+	codeInvalidJSON     = "invalid_json"
+	codeInvalidTenant   = "invalid_tenant_id"
+	codeBadBody         = "invalid_request"
+	codeTooLarge        = "request_too_large"
+	codeUnknownEndpoint = "endpoint_not_found"
+	codeUnknownModel    = "model_not_found"
+	codeNoInstance      = "no_instance_available"
+	codeNotLoaded       = "fleet_not_loaded"
+	codeUpstream        = "upstream_error"
+)
+
+// Upstream paths (see the issue: every invoke path maps to /invocations).
+const (
+	upInvocations = "/invocations"
+	upChat        = "/v1/chat/completions"
+	upCompletions = "/v1/completions"
+)
+
+func (r *Router) routes() *http.ServeMux {
+	mux := http.NewServeMux()
+	data := func(kind apiKind, upstream string, scoped bool) http.HandlerFunc {
+		return func(w http.ResponseWriter, req *http.Request) {
+			ep := r.opts.DefaultEndpoint
+			if scoped {
+				ep = req.PathValue("endpoint")
+			}
+			r.serve(w, req, kind, upstream, ep)
+		}
+	}
+	mux.HandleFunc("POST /endpoints/{endpoint}/invocations", data(kindInvoke, upInvocations, true))
+	mux.HandleFunc("POST /endpoints/{endpoint}/invocations-response-stream", data(kindInvoke, upInvocations, true))
+	mux.HandleFunc("POST /invocations", data(kindInvoke, upInvocations, false))
+	mux.HandleFunc("POST /v1/chat/completions", data(kindChat, upChat, false))
+	mux.HandleFunc("POST /v1/completions", data(kindCompletions, upCompletions, false))
+	mux.HandleFunc("POST /endpoints/{endpoint}/openai/v1/chat/completions", data(kindChat, upChat, true))
+	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, req *http.Request) {
+		r.models(w, r.opts.DefaultEndpoint)
+	})
+	mux.HandleFunc("GET /endpoints/{endpoint}/openai/v1/models", func(w http.ResponseWriter, req *http.Request) {
+		r.models(w, req.PathValue("endpoint"))
+	})
+	live := func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = io.WriteString(w, "ok\n")
+	}
+	mux.HandleFunc("GET /ping", live)
+	mux.HandleFunc("GET /healthz", live)
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if err := r.Ready(); err != nil {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = io.WriteString(w, err.Error()+"\n")
+			return
+		}
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	return mux
+}
+
+// Ready reports whether the router can route: a snapshot is loaded, it has at
+// least one instance that is not draining, and Options.Ready agrees.
+func (r *Router) Ready() error {
+	v := r.view.Load()
+	switch {
+	case v == nil:
+		return errors.New("router: no fleet snapshot loaded")
+	case !v.ready:
+		return errors.New("router: the fleet has no instance that is not draining")
+	}
+	if r.opts.Ready != nil {
+		return r.opts.Ready()
+	}
+	return nil
+}
+
+type modelList struct {
+	Object string       `json:"object"`
+	Data   []modelEntry `json:"data"`
+}
+
+type modelEntry struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+}
+
+// models answers GET /v1/models: the base models and adapters the endpoint's
+// instances declare, in OpenAI's list shape.
+func (r *Router) models(w http.ResponseWriter, endpoint string) {
+	v := r.view.Load()
+	if v == nil {
+		writeError(w, kindChat, http.StatusServiceUnavailable, codeNotLoaded, "no fleet snapshot loaded yet")
+		return
+	}
+	ev := v.endpoints[endpoint]
+	if ev == nil {
+		writeError(w, kindChat, http.StatusNotFound, codeUnknownEndpoint, fmt.Sprintf("endpoint %q not found", endpoint))
+		return
+	}
+	list := modelList{Object: "list", Data: []modelEntry{}}
+	for _, m := range ev.table.Models() {
+		list.Data = append(list.Data, modelEntry{ID: m, Object: "model", OwnedBy: "prefixrouter"})
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(list)
+}
+
+// reqError is a client-facing rejection before any pick.
+type reqError struct {
+	status int
+	code   string
+	msg    string
+}
+
+func (e *reqError) Error() string { return e.msg }
+
+// routeRequest is what a request contributes to routing.
+type routeRequest struct {
+	tenant string
+	model  string
+	key    uint64
+}
+
+// parseRequest extracts tenant, model and routing key from a request whose
+// body has been read.
+func parseRequest(kind apiKind, h http.Header, body []byte, prefixLen int) (routeRequest, *reqError) {
+	var rr routeRequest
+	if kind == kindInvoke {
+		if vals, ok := h[HeaderTenant]; ok {
+			if len(vals) != 1 || !validTenant(vals[0]) {
+				return rr, &reqError{http.StatusBadRequest, codeInvalidTenant, "X-Amzn-SageMaker-Prefix-Aware-Id must be 1 to 64 printable ASCII characters"}
+			}
+			rr.tenant = vals[0]
+		}
+		rr.model = h.Get(HeaderTargetModel)
+		rr.key = routingKey(rr.tenant, rr.model, invokePrefix(body, prefixLen))
+		return rr, nil
+	}
+	o, err := parseOpenAI(body, kind == kindChat, prefixLen)
+	if err != nil {
+		return rr, &reqError{http.StatusBadRequest, codeInvalidJSON, "invalid request body: " + err.Error()}
+	}
+	if o.hasTenant && !validTenant(o.tenant) {
+		return rr, &reqError{http.StatusBadRequest, codeInvalidTenant, "prompt_cache_key must be 1 to 64 printable ASCII characters"}
+	}
+	rr.tenant, rr.model = o.tenant, o.model
+	rr.key = routingKey(rr.tenant, rr.model, o.prefix)
+	return rr, nil
+}
+
+// readBody reads the whole body, up to limit bytes.
+func readBody(w http.ResponseWriter, req *http.Request, limit int64) ([]byte, *reqError) {
+	if req.ContentLength > limit {
+		return nil, &reqError{http.StatusRequestEntityTooLarge, codeTooLarge, fmt.Sprintf("request body of %d bytes exceeds the limit of %d bytes", req.ContentLength, limit)}
+	}
+	var buf bytes.Buffer
+	if req.ContentLength > 0 {
+		buf.Grow(int(req.ContentLength) + bytes.MinRead)
+	}
+	_, err := buf.ReadFrom(http.MaxBytesReader(w, req.Body, limit))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, &reqError{http.StatusRequestEntityTooLarge, codeTooLarge, fmt.Sprintf("request body exceeds the limit of %d bytes", limit)}
+		}
+		return nil, &reqError{http.StatusBadRequest, codeBadBody, "reading the request body: " + err.Error()}
+	}
+	return buf.Bytes(), nil
+}
+
+// reject answers a router-made error and counts it.
+func (r *Router) reject(w http.ResponseWriter, kind apiKind, endpoint, strategy string, e *reqError) {
+	writeError(w, kind, e.status, e.code, e.msg)
+	r.metrics.requests.WithLabelValues(endpoint, strategy, decisionNone, r.metrics.code(e.status)).Inc()
+}
+
+// serve routes one data-plane request.
+func (r *Router) serve(w http.ResponseWriter, req *http.Request, kind apiKind, upstreamPath, endpoint string) {
+	v := r.view.Load()
+	if v == nil {
+		r.reject(w, kind, "unknown", "", &reqError{http.StatusServiceUnavailable, codeNotLoaded, "no fleet snapshot loaded yet"})
+		return
+	}
+	ev := v.endpoints[endpoint]
+	if ev == nil {
+		// The label is not the client's string: unknown names must not
+		// create metric series.
+		r.reject(w, kind, "unknown", "", &reqError{http.StatusNotFound, codeUnknownEndpoint, fmt.Sprintf("endpoint %q not found", endpoint)})
+		return
+	}
+	strategy := string(ev.strategy)
+	body, rerr := readBody(w, req, r.opts.MaxBodyBytes)
+	if rerr != nil {
+		r.reject(w, kind, endpoint, strategy, rerr)
+		return
+	}
+	rr, rerr := parseRequest(kind, req.Header, body, ev.prefixLen)
+	if rerr != nil {
+		r.reject(w, kind, endpoint, strategy, rerr)
+		return
+	}
+	start := time.Now()
+	set, err := ev.table.Set(rr.model)
+	if err != nil {
+		if errors.Is(err, lora.ErrUnknownModel) {
+			r.reject(w, kind, endpoint, strategy, &reqError{http.StatusNotFound, codeUnknownModel, fmt.Sprintf("model %q is not served by endpoint %q", rr.model, endpoint)})
+		} else {
+			r.reject(w, kind, endpoint, strategy, &reqError{http.StatusServiceUnavailable, codeNoInstance, err.Error()})
+		}
+		return
+	}
+	p, ok := r.pick(ev, set, rr.key, v.snap.Replicas, bitset{})
+	r.metrics.pickSeconds.WithLabelValues(strategy).Observe(time.Since(start).Seconds())
+	if !ok {
+		r.reject(w, kind, endpoint, strategy, &reqError{http.StatusServiceUnavailable, codeNoInstance, fmt.Sprintf("no instance of endpoint %q can take the request (all circuit breakers open)", endpoint)})
+		return
+	}
+	a := &attempt{
+		r: r, kind: kind, endpoint: endpoint, ev: ev, set: set, key: rr.key,
+		replicas: v.snap.Replicas, upstreamPath: upstreamPath, cur: p,
+	}
+	r.proxy.serve(w, req, body, a)
+}
+
+// Choose returns the instance the request would go to with no load: the ring
+// primary of its key within its model's set, whatever the endpoint's
+// strategy (chaos and agreement tests compare it across replicas). The body
+// is read and restored. The path decides how the key is extracted: paths
+// ending in chat/completions or /v1/completions are OpenAI, others invoke.
+func (r *Router) Choose(endpoint string, req *http.Request) (string, error) {
+	v := r.view.Load()
+	if v == nil {
+		return "", fmt.Errorf("%w: no fleet snapshot loaded", ErrNoInstance)
+	}
+	ev := v.endpoints[endpoint]
+	if ev == nil {
+		return "", fmt.Errorf("router: endpoint %q not found", endpoint)
+	}
+	kind := kindInvoke
+	switch {
+	case strings.HasSuffix(req.URL.Path, "/chat/completions"):
+		kind = kindChat
+	case strings.HasSuffix(req.URL.Path, "/v1/completions"):
+		kind = kindCompletions
+	}
+	var body []byte
+	if req.Body != nil {
+		b, err := io.ReadAll(io.LimitReader(req.Body, r.opts.MaxBodyBytes+1))
+		if err != nil {
+			return "", fmt.Errorf("router: read body: %w", err)
+		}
+		_ = req.Body.Close()
+		req.Body = io.NopCloser(bytes.NewReader(b))
+		body = b
+	}
+	rr, rerr := parseRequest(kind, req.Header, body, ev.prefixLen)
+	if rerr != nil {
+		return "", fmt.Errorf("router: %s", rerr.msg)
+	}
+	set, err := ev.table.Set(rr.model)
+	if err != nil {
+		return "", err
+	}
+	i := set.Ring().Primary(rr.key)
+	if i < 0 {
+		return "", ErrNoInstance
+	}
+	return set.Instance(i).ID, nil
+}

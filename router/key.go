@@ -1,0 +1,423 @@
+package router
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"unicode/utf8"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// Boundary markers written into the prefix digest. They are bytes that never
+// occur in UTF-8 text, so no prompt text can forge a boundary: "ab"+"c" and
+// "a"+"bc" hash differently. They do not count towards PrefixLength.
+const (
+	markRole  = 0xFF // before each chat message, around its role
+	markPart  = 0xFE // between text parts of one message / strings of a prompt list
+	markToken = 0xFD // before each non-string prompt element (token ids)
+)
+
+// MaxTenantIDLength bounds the tenant id (SageMaker's limit).
+const MaxTenantIDLength = 64
+
+// validTenant reports whether id is 1..64 printable ASCII characters.
+func validTenant(id string) bool {
+	if len(id) == 0 || len(id) > MaxTenantIDLength {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] < 0x20 || id[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+// routingKey is hash(tenant, model, prefix digest), each field length-framed
+// so that no two different (tenant, model) pairs share a byte stream.
+func routingKey(tenant, model string, prefix uint64) uint64 {
+	var d xxhash.Digest
+	d.Reset()
+	var n [8]byte
+	binary.LittleEndian.PutUint64(n[:], uint64(len(tenant)))
+	_, _ = d.Write(n[:])
+	_, _ = d.WriteString(tenant)
+	binary.LittleEndian.PutUint64(n[:], uint64(len(model)))
+	_, _ = d.Write(n[:])
+	_, _ = d.WriteString(model)
+	binary.LittleEndian.PutUint64(n[:], prefix)
+	_, _ = d.Write(n[:])
+	return d.Sum64()
+}
+
+// invokePrefix is the digest of the first prefixLen bytes of a raw body.
+func invokePrefix(body []byte, prefixLen int) uint64 {
+	if len(body) > prefixLen {
+		body = body[:prefixLen]
+	}
+	return xxhash.Sum64(body)
+}
+
+// prefixHasher streams decoded prompt text into a digest until prefixLen
+// code points have been written, without building the prefix string.
+type prefixHasher struct {
+	d    xxhash.Digest
+	left int // code points still to hash
+}
+
+func (h *prefixHasher) reset(prefixLen int) {
+	h.d.Reset()
+	h.left = prefixLen
+}
+
+func (h *prefixHasher) mark(m byte, label []byte) {
+	if h.left <= 0 {
+		return
+	}
+	var b [1]byte
+	b[0] = m
+	_, _ = h.d.Write(b[:])
+	if label != nil {
+		_, _ = h.d.Write(label)
+		_, _ = h.d.Write(b[:])
+	}
+}
+
+// text hashes the decoded contents of a raw JSON string, up to the budget.
+func (h *prefixHasher) text(raw []byte) error {
+	for len(raw) > 0 && h.left > 0 {
+		run := raw
+		k := bytes.IndexByte(raw, '\\')
+		if k >= 0 {
+			run = raw[:k]
+		}
+		if len(run) > 0 {
+			n := utf8.RuneCount(run)
+			if n > h.left {
+				run = run[:runeOffset(run, h.left)]
+				n = h.left
+			}
+			_, _ = h.d.Write(run)
+			h.left -= n
+			if h.left == 0 {
+				return nil
+			}
+		}
+		if k < 0 {
+			return nil
+		}
+		r, size, err := unescape(raw[k:])
+		if err != nil {
+			return err
+		}
+		var enc [utf8.UTFMax]byte
+		_, _ = h.d.Write(enc[:utf8.EncodeRune(enc[:], r)])
+		h.left--
+		raw = raw[k+size:]
+	}
+	return nil
+}
+
+// runeOffset returns the byte offset of the n-th code point of b (counting
+// invalid bytes as one, like utf8.RuneCount).
+func runeOffset(b []byte, n int) int {
+	i := 0
+	for ; n > 0 && i < len(b); n-- {
+		if b[i] < utf8.RuneSelf {
+			i++
+			continue
+		}
+		_, size := utf8.DecodeRune(b[i:])
+		i += size
+	}
+	return i
+}
+
+// openAIRequest holds the fields of an OpenAI request that routing needs.
+type openAIRequest struct {
+	model       string
+	tenant      string
+	hasTenant   bool
+	prefix      uint64
+	hasMessages bool
+}
+
+// parseOpenAI walks a chat (chat=true) or completions body once: it takes
+// model and prompt_cache_key, and hashes the first prefixLen code points of
+// the prompt text (messages or prompt) into prefix.
+func parseOpenAI(body []byte, chat bool, prefixLen int) (openAIRequest, error) {
+	var out openAIRequest
+	var h prefixHasher
+	h.reset(prefixLen)
+	s := scanner{b: body}
+	if s.peek() != '{' {
+		return out, s.errorf("the body must be a JSON object")
+	}
+	s.i++
+	if s.peek() == '}' {
+		s.i++
+	} else {
+		for {
+			name, err := s.str()
+			if err != nil {
+				return out, err
+			}
+			if err := s.expect(':'); err != nil {
+				return out, err
+			}
+			switch {
+			case string(name) == "model":
+				raw, err := s.str()
+				if err != nil {
+					return out, fmt.Errorf("%w: model must be a string", err)
+				}
+				if out.model, err = unquote(raw); err != nil {
+					return out, err
+				}
+			case string(name) == "prompt_cache_key":
+				if s.peek() == 'n' {
+					if err := s.literal("null"); err != nil {
+						return out, err
+					}
+					out.tenant, out.hasTenant = "", false
+					break
+				}
+				raw, err := s.str()
+				if err != nil {
+					return out, fmt.Errorf("%w: prompt_cache_key must be a string", err)
+				}
+				if out.tenant, err = unquote(raw); err != nil {
+					return out, err
+				}
+				out.hasTenant = true
+			case chat && string(name) == "messages":
+				h.reset(prefixLen) // a repeated key replaces the earlier one, as in encoding/json
+				if err := messages(&s, &h); err != nil {
+					return out, err
+				}
+				out.hasMessages = true
+			case !chat && string(name) == "prompt":
+				h.reset(prefixLen)
+				if err := prompt(&s, &h); err != nil {
+					return out, err
+				}
+				out.hasMessages = true
+			default:
+				if err := s.skip(1); err != nil {
+					return out, err
+				}
+			}
+			done, err := s.next('}')
+			if err != nil {
+				return out, err
+			}
+			if done {
+				break
+			}
+		}
+	}
+	if err := s.end(); err != nil {
+		return out, err
+	}
+	out.prefix = h.d.Sum64()
+	return out, nil
+}
+
+// messages hashes a chat messages array: for each message its role as a
+// boundary, then its text.
+func messages(s *scanner, h *prefixHasher) error {
+	if s.peek() != '[' {
+		return s.errorf("messages must be an array")
+	}
+	s.i++
+	if s.peek() == ']' {
+		s.i++
+		return nil
+	}
+	for {
+		if s.peek() != '{' {
+			return s.errorf("each message must be an object")
+		}
+		s.i++
+		var role []byte
+		cStart, cEnd := -1, -1
+		if s.peek() == '}' {
+			s.i++
+		} else {
+			for {
+				name, err := s.str()
+				if err != nil {
+					return err
+				}
+				if err := s.expect(':'); err != nil {
+					return err
+				}
+				switch string(name) {
+				case "role":
+					if role, err = s.str(); err != nil {
+						return err
+					}
+				case "content":
+					cStart = s.i
+					if err := s.skip(2); err != nil {
+						return err
+					}
+					cEnd = s.i
+				default:
+					if err := s.skip(2); err != nil {
+						return err
+					}
+				}
+				done, err := s.next('}')
+				if err != nil {
+					return err
+				}
+				if done {
+					break
+				}
+			}
+		}
+		// Role and content may come in either order: hash once the message
+		// is complete, and only while the budget lasts.
+		if h.left > 0 {
+			h.mark(markRole, role)
+			if cStart >= 0 {
+				if err := content(&scanner{b: s.b[cStart:cEnd]}, h); err != nil {
+					return err
+				}
+			}
+		}
+		done, err := s.next(']')
+		if err != nil {
+			return err
+		}
+		if done {
+			return nil
+		}
+	}
+}
+
+// content hashes a message's content: a string, or the text of the "text"
+// parts of an array (image, audio and other parts are skipped).
+func content(s *scanner, h *prefixHasher) error {
+	switch s.peek() {
+	case '"':
+		raw, err := s.str()
+		if err != nil {
+			return err
+		}
+		return h.text(raw)
+	case '[':
+	default:
+		return nil // null (tool calls) or a shape the model server will judge
+	}
+	s.i++
+	if s.peek() == ']' {
+		return nil
+	}
+	parts := 0
+	for h.left > 0 {
+		if s.peek() == '{' {
+			var typ, text []byte
+			hasText := false
+			s.i++
+			if s.peek() == '}' {
+				s.i++
+			} else {
+				for {
+					name, err := s.str()
+					if err != nil {
+						return err
+					}
+					if err := s.expect(':'); err != nil {
+						return err
+					}
+					switch {
+					case string(name) == "type" && s.peek() == '"':
+						typ, err = s.str()
+					case string(name) == "text" && s.peek() == '"':
+						text, err = s.str()
+						hasText = true
+					default:
+						err = s.skip(4)
+					}
+					if err != nil {
+						return err
+					}
+					done, err := s.next('}')
+					if err != nil {
+						return err
+					}
+					if done {
+						break
+					}
+				}
+			}
+			if hasText && string(typ) == "text" {
+				if parts > 0 {
+					h.mark(markPart, nil)
+				}
+				parts++
+				if err := h.text(text); err != nil {
+					return err
+				}
+			}
+		} else if err := s.skip(4); err != nil {
+			return err
+		}
+		if done, err := s.next(']'); done || err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// prompt hashes a completions prompt: a string, or a list whose strings are
+// joined with a boundary and whose other elements (token ids, token lists)
+// are hashed raw, one unit each.
+func prompt(s *scanner, h *prefixHasher) error {
+	switch s.peek() {
+	case '"':
+		raw, err := s.str()
+		if err != nil {
+			return err
+		}
+		return h.text(raw)
+	case '[':
+	default:
+		return s.skip(1)
+	}
+	s.i++
+	if s.peek() == ']' {
+		s.i++
+		return nil
+	}
+	for n := 0; ; n++ {
+		if s.peek() == '"' {
+			raw, err := s.str()
+			if err != nil {
+				return err
+			}
+			if n > 0 {
+				h.mark(markPart, nil)
+			}
+			if err := h.text(raw); err != nil {
+				return err
+			}
+		} else {
+			start := s.i
+			if err := s.skip(2); err != nil {
+				return err
+			}
+			if h.left > 0 {
+				h.mark(markToken, nil)
+				_, _ = h.d.Write(s.b[start:s.i])
+				h.left--
+			}
+		}
+		if done, err := s.next(']'); done || err != nil {
+			return err
+		}
+	}
+}

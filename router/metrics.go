@@ -1,0 +1,105 @@
+package router
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Decisions, the values of the decision label and of X-Prefixrouter-Decision.
+const (
+	DecisionAffinity         = "affinity"          // PREFIX_AWARE: the ring's primary
+	DecisionSpill            = "spill"             // PREFIX_AWARE: a later candidate with room
+	DecisionFallback         = "fallback"          // PREFIX_AWARE: no candidate had room; least loaded
+	DecisionRandom           = "random"            // RANDOM
+	DecisionLeastOutstanding = "least_outstanding" // LEAST_OUTSTANDING_REQUESTS
+	decisionNone             = "none"              // rejected before a pick
+)
+
+// Upstream error kinds, the values of the kind label.
+const (
+	errKindDial    = "dial"    // connection refused / unreachable: retried
+	errKindTimeout = "timeout" // no answer in time
+	errKindStatus  = "status"  // 5xx that counts as a failure
+	errKindBody    = "body"    // the response broke off while streaming
+	errKindOther   = "other"
+)
+
+type metrics struct {
+	requests       *prometheus.CounterVec
+	pickSeconds    *prometheus.HistogramVec
+	retries        *prometheus.CounterVec
+	upstreamErrors *prometheus.CounterVec
+	codes          [600]string // status code label values, to avoid Itoa per request
+}
+
+func newMetrics(reg prometheus.Registerer, r *Router) (*metrics, error) {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prefixrouter_requests_total",
+			Help: "Requests answered, by endpoint, routing strategy, routing decision and status code.",
+		}, []string{"endpoint", "strategy", "decision", "code"}),
+		pickSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "prefixrouter_pick_duration_seconds",
+			Help:    "Time to choose and admit an instance (model set, ring, admission; no I/O).",
+			Buckets: []float64{1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2.5e-4, 1e-3, 1e-2},
+		}, []string{"strategy"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prefixrouter_retries_total",
+			Help: "Requests re-sent to another instance after the first provably received nothing.",
+		}, []string{"endpoint"}),
+		upstreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prefixrouter_upstream_errors_total",
+			Help: "Upstream failures by kind: dial, timeout, status (5xx), body (stream broke off), other.",
+		}, []string{"endpoint", "kind"}),
+	}
+	for i := range m.codes {
+		m.codes[i] = strconv.Itoa(i)
+	}
+	for _, c := range []prometheus.Collector{m.requests, m.pickSeconds, m.retries, m.upstreamErrors, stateCollector{r}} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) code(status int) string {
+	if status >= 0 && status < len(m.codes) {
+		return m.codes[status]
+	}
+	return strconv.Itoa(status)
+}
+
+var (
+	inFlightDesc = prometheus.NewDesc("prefixrouter_instance_in_flight",
+		"Requests this replica has in flight on the instance.", []string{"endpoint", "instance"}, nil)
+	breakerDesc = prometheus.NewDesc("prefixrouter_instance_breaker_state",
+		"Circuit breaker state of the instance: 0 closed, 1 half-open, 2 open.", []string{"endpoint", "instance"}, nil)
+	externalDesc = prometheus.NewDesc("prefixrouter_instance_external_load",
+		"Load other sources put on the instance, from its /metrics (-1 unknown or not polled).", []string{"endpoint", "instance"}, nil)
+)
+
+// stateCollector reads per-instance state at scrape time from the current
+// view, so instances that left disappear from the metrics with the snapshot.
+type stateCollector struct{ r *Router }
+
+func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- inFlightDesc
+	ch <- breakerDesc
+	ch <- externalDesc
+}
+
+func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
+	v := c.r.view.Load()
+	if v == nil {
+		return
+	}
+	for name, ev := range v.endpoints {
+		for id, iv := range ev.instances {
+			ch <- prometheus.MustNewConstMetric(inFlightDesc, prometheus.GaugeValue, float64(iv.state.InFlight()), name, id)
+			ch <- prometheus.MustNewConstMetric(breakerDesc, prometheus.GaugeValue, float64(iv.state.BreakerState()), name, id)
+			ch <- prometheus.MustNewConstMetric(externalDesc, prometheus.GaugeValue, float64(iv.state.ExternalLoad()), name, id)
+		}
+	}
+}

@@ -1,0 +1,170 @@
+package router
+
+import (
+	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/lora"
+	"github.com/prefixrouter/prefixrouter/overload"
+)
+
+// firstCandidates is how many ring candidates a PREFIX_AWARE pick ranks
+// before it needs the full order: the primary and a few spill targets cover
+// all but overloaded fleets, and ranking all n costs O(n) per candidate.
+const firstCandidates = 4
+
+// pick is an admitted choice: the instance, its ring index in the model's
+// set, the done callback that releases its slot, and the decision label.
+type pick struct {
+	iv       *instanceView
+	idx      int
+	done     overload.Done
+	decision string
+}
+
+// bitset marks set indexes (tried or refused instances) without allocating
+// for sets of up to 64 instances.
+type bitset struct {
+	w    uint64
+	more []uint64
+}
+
+func (b *bitset) has(i int) bool {
+	if i < 64 {
+		return b.w&(1<<uint(i)) != 0
+	}
+	j := i/64 - 1
+	return j < len(b.more) && b.more[j]&(1<<uint(i%64)) != 0
+}
+
+func (b *bitset) set(i int) {
+	if i < 64 {
+		b.w |= 1 << uint(i)
+		return
+	}
+	j := i/64 - 1
+	for len(b.more) <= j {
+		b.more = append(b.more, 0)
+	}
+	b.more[j] |= 1 << uint(i%64)
+}
+
+// instance returns the view of the set's i-th instance, or nil if it cannot
+// be picked (an addr that does not parse).
+func (ev *endpointView) instance(set *lora.Set, i int) *instanceView {
+	iv := ev.byPtr[set.Instance(i)]
+	if iv == nil || iv.target == nil {
+		return nil
+	}
+	return iv
+}
+
+// pick chooses and admits an instance of set for key by the endpoint's
+// strategy, skipping the indexes in skip (instances already tried). ok is
+// false when no instance can take the request. It never blocks and takes no
+// lock beyond the chosen breaker's own.
+func (r *Router) pick(ev *endpointView, set *lora.Set, key uint64, replicas int, skip bitset) (pick, bool) {
+	switch ev.strategy {
+	case fleet.Random:
+		return r.pickRandom(ev, set, skip)
+	case fleet.LeastOutstanding:
+		return r.pickLeast(ev, set, skip, DecisionLeastOutstanding)
+	default:
+		return r.pickPrefix(ev, set, key, replicas, skip)
+	}
+}
+
+// pickPrefix is PREFIX_AWARE: the ring's primary; else the next candidate in
+// the key's ring order with room under the threshold and a breaker that lets
+// it through; else the least loaded instance whose breaker is closed.
+func (r *Router) pickPrefix(ev *endpointView, set *lora.Set, key uint64, replicas int, skip bitset) (pick, bool) {
+	n := set.Len()
+	var buf [firstCandidates]int
+	cands := set.Ring().Candidates(key, min(n, firstCandidates), buf[:0])
+	for j := 0; ; j++ {
+		if j == len(cands) {
+			if len(cands) >= n {
+				break
+			}
+			// Every early candidate is full: rank the whole set (rare).
+			cands = set.Ring().Candidates(key, n, make([]int, 0, n))
+		}
+		i := cands[j]
+		if skip.has(i) {
+			continue
+		}
+		iv := ev.instance(set, i)
+		if iv == nil {
+			continue
+		}
+		if done, ok := iv.state.TryAcquire(ev.threshold, replicas); ok {
+			d := DecisionSpill
+			if j == 0 {
+				d = DecisionAffinity
+			}
+			return pick{iv: iv, idx: i, done: done, decision: d}, true
+		}
+	}
+	return r.pickLeast(ev, set, skip, DecisionFallback)
+}
+
+// pickLeast admits the instance with the lowest load among those whose
+// breaker is not open, ties broken at random.
+func (r *Router) pickLeast(ev *endpointView, set *lora.Set, skip bitset, decision string) (pick, bool) {
+	n := set.Len()
+	for {
+		best, ties := -1, 0
+		var bestLoad int64
+		var bestIV *instanceView
+		for i := 0; i < n; i++ {
+			if skip.has(i) {
+				continue
+			}
+			iv := ev.instance(set, i)
+			if iv == nil || iv.state.Open() {
+				continue
+			}
+			l := iv.state.Load()
+			switch {
+			case best < 0 || l < bestLoad:
+				best, bestLoad, bestIV, ties = i, l, iv, 1
+			case l == bestLoad:
+				// Reservoir sampling: each tied instance ends up chosen
+				// with probability 1/ties.
+				ties++
+				if r.rand(ties) == 0 {
+					best, bestIV = i, iv
+				}
+			}
+		}
+		if best < 0 {
+			return pick{}, false
+		}
+		if done, ok := bestIV.state.Acquire(); ok {
+			return pick{iv: bestIV, idx: best, done: done, decision: decision}, true
+		}
+		skip.set(best) // half-open breaker already probing: try the next
+	}
+}
+
+// pickRandom admits a uniformly random instance; if its breaker refuses, the
+// next ones in set order.
+func (r *Router) pickRandom(ev *endpointView, set *lora.Set, skip bitset) (pick, bool) {
+	n := set.Len()
+	if n == 0 {
+		return pick{}, false
+	}
+	start := r.rand(n)
+	for j := 0; j < n; j++ {
+		i := (start + j) % n
+		if skip.has(i) {
+			continue
+		}
+		iv := ev.instance(set, i)
+		if iv == nil {
+			continue
+		}
+		if done, ok := iv.state.Acquire(); ok {
+			return pick{iv: iv, idx: i, done: done, decision: DecisionRandom}, true
+		}
+	}
+	return pick{}, false
+}

@@ -1,0 +1,252 @@
+package router
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"strings"
+	"sync"
+
+	"github.com/prefixrouter/prefixrouter/lora"
+	"github.com/prefixrouter/prefixrouter/overload"
+)
+
+// proxy forwards a picked request with net/http/httputil.ReverseProxy. The
+// per-request state (the attempt) travels in the request context, so one
+// ReverseProxy serves every request. Retries happen inside RoundTrip, before
+// ReverseProxy has written anything to the client.
+type proxy struct {
+	r    *Router
+	rp   *httputil.ReverseProxy
+	base http.RoundTripper
+}
+
+type attemptKey struct{}
+
+// attempt is one client request's journey through the proxy. Its fields are
+// touched only by the goroutine serving the request (ReverseProxy calls
+// Rewrite, RoundTrip, ModifyResponse, ErrorHandler and reads the body on it).
+type attempt struct {
+	r            *Router
+	kind         apiKind
+	endpoint     string
+	ev           *endpointView
+	set          *lora.Set
+	key          uint64
+	replicas     int
+	upstreamPath string
+
+	cur     pick   // the admitted instance; cur.done nil once released
+	tried   bitset // set indexes already tried
+	retries int
+
+	status  int   // status sent to the client (upstream's or ours); 0 if none
+	err     error // transport error of the last try, if no response
+	bodyErr error // upstream body read error while copying
+}
+
+// statusClientClosed is nginx's convention for the metrics of a request whose
+// client went away before any status was sent.
+const statusClientClosed = 499
+
+var bufferPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+type bytesPool struct{}
+
+func (bytesPool) Get() []byte  { return *bufferPool.Get().(*[]byte) }
+func (bytesPool) Put(b []byte) { bufferPool.Put(&b) }
+
+func newProxy(r *Router, base http.RoundTripper) *proxy {
+	p := &proxy{r: r, base: base}
+	p.rp = &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			attemptFrom(pr.In.Context()).setTarget(pr.Out)
+		},
+		Transport: retryTransport{p},
+		// Flush every write: SSE and chunked token streams must reach the
+		// client chunk by chunk; non-streamed answers are one or few writes.
+		FlushInterval:  -1,
+		BufferPool:     bytesPool{},
+		ModifyResponse: p.modifyResponse,
+		ErrorHandler:   p.errorHandler,
+		ErrorLog:       log.New(slogWriter{r.log}, "", 0),
+	}
+	return p
+}
+
+type slogWriter struct{ l *slog.Logger }
+
+func (w slogWriter) Write(b []byte) (int, error) {
+	w.l.Debug("router: reverse proxy", "msg", strings.TrimSpace(string(b)))
+	return len(b), nil
+}
+
+func attemptFrom(ctx context.Context) *attempt { return ctx.Value(attemptKey{}).(*attempt) }
+
+// setTarget points out at the current instance.
+func (a *attempt) setTarget(out *http.Request) {
+	t := a.cur.iv.target
+	out.URL.Scheme = t.Scheme
+	out.URL.Host = t.Host
+	out.URL.Path = joinPath(t.Path, a.upstreamPath)
+	out.URL.RawPath = ""
+	out.Host = "" // the instance's host, not the router's
+}
+
+func joinPath(base, p string) string {
+	return strings.TrimSuffix(base, "/") + p
+}
+
+// serve proxies req, whose body was already read into body, to a.cur.
+func (p *proxy) serve(w http.ResponseWriter, req *http.Request, body []byte, a *attempt) {
+	// Replay the body from the bytes already read, also for retries.
+	req.Body = io.NopCloser(bytes.NewReader(body))
+	req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	req.ContentLength = int64(len(body))
+	req.TransferEncoding = nil
+	clientCtx := req.Context()
+	req = req.WithContext(context.WithValue(clientCtx, attemptKey{}, a))
+	defer func() {
+		// ReverseProxy panics with http.ErrAbortHandler when a streamed copy
+		// fails; release the slot and report the outcome before re-panicking.
+		rec := recover()
+		a.finish(clientCtx, rec != nil)
+		if rec != nil {
+			panic(rec)
+		}
+	}()
+	p.rp.ServeHTTP(w, req)
+}
+
+// finish reports the outcome to the instance's breaker, releases its slot
+// and counts the request.
+func (a *attempt) finish(clientCtx context.Context, aborted bool) {
+	m := a.r.metrics
+	clientGone := clientCtx.Err() != nil
+	var outcome error
+	switch {
+	case clientGone:
+		outcome = clientCtx.Err() // context.Canceled: not the instance's fault
+	case a.err != nil:
+		outcome = a.err
+	case a.bodyErr != nil:
+		outcome = a.bodyErr
+		m.upstreamErrors.WithLabelValues(a.endpoint, errKindBody).Inc()
+	case aborted:
+		outcome = overload.ErrClientGone // the write to the client failed
+	default:
+		outcome = overload.Status(a.status)
+	}
+	if a.cur.done != nil {
+		a.cur.done(outcome)
+		a.cur.done = nil
+	}
+	status := a.status
+	if status == 0 {
+		status = statusClientClosed
+	}
+	m.requests.WithLabelValues(a.endpoint, string(a.ev.strategy), a.cur.decision, m.code(status)).Inc()
+}
+
+func (p *proxy) modifyResponse(resp *http.Response) error {
+	a := attemptFrom(resp.Request.Context())
+	a.status = resp.StatusCode
+	resp.Header.Set(HeaderInstance, a.cur.iv.inst.ID)
+	resp.Header.Set(HeaderDecision, a.cur.decision)
+	if overload.IsFailure(overload.Status(resp.StatusCode)) {
+		p.r.metrics.upstreamErrors.WithLabelValues(a.endpoint, errKindStatus).Inc()
+	}
+	resp.Body = &trackedBody{ReadCloser: resp.Body, a: a}
+	return nil
+}
+
+// trackedBody records upstream read errors, which tell an instance that broke
+// off a stream apart from a client that stopped reading.
+type trackedBody struct {
+	io.ReadCloser
+	a *attempt
+}
+
+func (b *trackedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && err != io.EOF && b.a.bodyErr == nil {
+		b.a.bodyErr = err
+	}
+	return n, err
+}
+
+// errorHandler runs when no try produced a response.
+func (p *proxy) errorHandler(w http.ResponseWriter, req *http.Request, err error) {
+	a := attemptFrom(req.Context())
+	a.err = err
+	if errors.Is(err, context.Canceled) && req.Context().Err() != nil {
+		return // the client went away: nobody to answer
+	}
+	if a.cur.iv != nil {
+		w.Header().Set(HeaderInstance, a.cur.iv.inst.ID)
+		w.Header().Set(HeaderDecision, a.cur.decision)
+	}
+	a.status = upstreamFailureStatus(a.kind)
+	p.r.log.Debug("router: upstream failed", "endpoint", a.endpoint, "retries", a.retries, "err", err)
+	writeError(w, a.kind, a.status, codeUpstream, fmt.Sprintf("no instance answered after %d retries: %v", a.retries, err))
+}
+
+// retryTransport sends to the attempt's instance and, when the instance
+// provably received nothing (the connection could not be made), charges its
+// breaker and re-sends to the next pick, at most MaxRetries times.
+type retryTransport struct{ p *proxy }
+
+func (t retryTransport) RoundTrip(out *http.Request) (*http.Response, error) {
+	a := attemptFrom(out.Context())
+	m := t.p.r.metrics
+	for {
+		resp, err := t.p.base.RoundTrip(out)
+		if err == nil {
+			return resp, nil
+		}
+		if out.Context().Err() != nil {
+			return nil, err // the client went away; not the instance's fault
+		}
+		kind := errorKind(err)
+		m.upstreamErrors.WithLabelValues(a.endpoint, kind).Inc()
+		if kind != errKindDial || a.retries >= MaxRetries {
+			return nil, err
+		}
+		a.cur.done(err)
+		a.cur.done = nil
+		a.tried.set(a.cur.idx)
+		next, ok := t.p.r.pick(a.ev, a.set, a.key, a.replicas, a.tried)
+		if !ok {
+			return nil, err
+		}
+		a.cur = next
+		a.retries++
+		m.retries.WithLabelValues(a.endpoint).Inc()
+		out = out.Clone(out.Context())
+		a.setTarget(out)
+		if out.Body, err = out.GetBody(); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// errorKind classifies a transport error for metrics and retries. Only dial
+// errors are retried: the upstream provably saw nothing.
+func errorKind(err error) string {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return errKindDial
+	}
+	var ne net.Error
+	if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
+		return errKindTimeout
+	}
+	return errKindOther
+}

@@ -1,0 +1,282 @@
+// Package router is the data plane: it parses requests, extracts routing keys,
+// picks an instance by the endpoint's strategy, and proxies (streaming) with
+// retries, error shapes and metrics.
+package router
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/lora"
+	"github.com/prefixrouter/prefixrouter/overload"
+	"github.com/prefixrouter/prefixrouter/ring"
+)
+
+// Headers the router reads and sets.
+const (
+	HeaderTenant      = "X-Amzn-Sagemaker-Prefix-Aware-Id" // canonical form of X-Amzn-SageMaker-Prefix-Aware-Id
+	HeaderTargetModel = "X-Amzn-Sagemaker-Target-Model"    // canonical form of X-Amzn-SageMaker-Target-Model
+	HeaderInstance    = "X-Prefixrouter-Instance"          // response: the instance that answered
+	HeaderDecision    = "X-Prefixrouter-Decision"          // response: how it was chosen
+	HeaderError       = "X-Prefixrouter-Error"             // response: short code of a router-made error
+)
+
+// DefaultMaxBodyBytes is SageMaker's InvokeEndpoint payload limit.
+const DefaultMaxBodyBytes = 6 << 20
+
+// MaxRetries is how many times a request is re-sent to another instance after
+// a dial error (the upstream provably received nothing).
+const MaxRetries = 2
+
+// ErrNoInstance is returned by Choose when no instance can take the request.
+var ErrNoInstance = errors.New("router: no instance available")
+
+// Options configures a Router. Zero values mean the documented defaults.
+type Options struct {
+	// DefaultEndpoint serves /invocations and /v1/*. Required.
+	DefaultEndpoint string
+	// MaxBodyBytes bounds request bodies (413 beyond). Zero means
+	// DefaultMaxBodyBytes.
+	MaxBodyBytes int64
+	// Registry receives the metrics; nil means a private registry (metrics
+	// are kept but not exported).
+	Registry *prometheus.Registry
+	// Logger; nil means slog.Default().
+	Logger *slog.Logger
+	// Transport sends upstream requests; nil means NewTransport(0).
+	Transport http.RoundTripper
+	// Breaker configures every instance's circuit breaker.
+	Breaker overload.BreakerSettings
+	// Rand returns a uniform int in [0, n); it must be safe for concurrent
+	// use. Nil means math/rand/v2.IntN.
+	Rand func(n int) int
+	// Ready, if set, is consulted by /readyz after the router's own checks
+	// (e.g. the age of the etcd snapshot).
+	Ready func() error
+	// RingOptions are passed to ring.New (tests inject the hash).
+	RingOptions []ring.Option
+	// LoadPollInterval > 0 starts a poller that scrapes each instance's
+	// LoadMetricsPath every interval and adds the load other sources put on
+	// it to admission (see overload.Poller). Zero (default) disables it.
+	LoadPollInterval time.Duration
+	// LoadMetricsPath is the path polled on each instance; empty means
+	// "/metrics".
+	LoadMetricsPath string
+}
+
+// Router is an http.Handler routing requests over the current fleet snapshot.
+type Router struct {
+	opts    Options
+	log     *slog.Logger
+	rand    func(int) int
+	mux     *http.ServeMux
+	proxy   *proxy
+	metrics *metrics
+	poller  *overload.Poller
+
+	view atomic.Pointer[view] // nil until the first Update
+
+	mu       sync.Mutex                   // guards trackers; serializes Update
+	trackers map[string]*overload.Tracker // by endpoint; owned by Update
+}
+
+// view is everything a request needs, published as one immutable value.
+type view struct {
+	snap      *fleet.Snapshot
+	endpoints map[string]*endpointView
+	ready     bool // at least one non-draining instance
+}
+
+type endpointView struct {
+	ep        *fleet.Endpoint
+	table     *lora.Table
+	instances map[string]*instanceView          // by instance id, draining included
+	byPtr     map[*fleet.Instance]*instanceView // by lora's instance pointers (into ep.Instances)
+	// From the endpoint's (normalized) routing config.
+	strategy  fleet.Strategy
+	prefixLen int
+	threshold int
+}
+
+type instanceView struct {
+	inst   *fleet.Instance
+	target *url.URL // parsed Addr; nil if it does not parse (never picked)
+	state  *overload.State
+}
+
+// New returns a router with no fleet: it answers 503 until Update.
+func New(opts Options) (*Router, error) {
+	if opts.DefaultEndpoint == "" {
+		return nil, errors.New("router: DefaultEndpoint is required")
+	}
+	if opts.MaxBodyBytes < 0 {
+		return nil, fmt.Errorf("router: MaxBodyBytes %d is negative", opts.MaxBodyBytes)
+	}
+	if opts.MaxBodyBytes == 0 {
+		opts.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if err := opts.Breaker.Validate(); err != nil {
+		return nil, err
+	}
+	if opts.LoadPollInterval < 0 {
+		return nil, fmt.Errorf("router: LoadPollInterval %v is negative", opts.LoadPollInterval)
+	}
+	if opts.LoadMetricsPath == "" {
+		opts.LoadMetricsPath = "/metrics"
+	}
+	r := &Router{opts: opts, log: opts.Logger, rand: opts.Rand, trackers: map[string]*overload.Tracker{}}
+	if r.log == nil {
+		r.log = slog.Default()
+	}
+	if r.rand == nil {
+		r.rand = rand.IntN
+	}
+	reg := opts.Registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	m, err := newMetrics(reg, r)
+	if err != nil {
+		return nil, fmt.Errorf("router: register metrics: %w", err)
+	}
+	r.metrics = m
+	tr := opts.Transport
+	if tr == nil {
+		tr = NewTransport(0)
+	}
+	r.proxy = newProxy(r, tr)
+	r.mux = r.routes()
+	if opts.LoadPollInterval > 0 {
+		p, err := overload.NewPoller(overload.PollerOptions{
+			Interval: opts.LoadPollInterval,
+			Targets:  r.pollTargets,
+			Logger:   r.log,
+		})
+		if err != nil {
+			return nil, err
+		}
+		r.poller = p
+	}
+	return r, nil
+}
+
+// NewTransport returns the shared upstream transport: pooled keep-alive
+// connections sized for LLM concurrency (hundreds of long requests per
+// instance), short dial timeout so dead instances fail fast and are retried
+// elsewhere. responseHeaderTimeout bounds the wait for a response's headers
+// (zero: none, since a non-streamed generation sends headers only at its end).
+func NewTransport(responseHeaderTimeout time.Duration) *http.Transport {
+	return &http.Transport{
+		Proxy:                 nil, // upstreams are direct; never an env proxy
+		DialContext:           (&net.Dialer{Timeout: 2 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:          4096,
+		MaxIdleConnsPerHost:   1024,
+		IdleConnTimeout:       90 * time.Second,
+		ResponseHeaderTimeout: responseHeaderTimeout,
+		ExpectContinueTimeout: 0,
+		ForceAttemptHTTP2:     false, // model servers speak HTTP/1.1 over cleartext
+	}
+}
+
+// Close stops the load poller, if any.
+func (r *Router) Close() error {
+	if r.poller != nil {
+		return r.poller.Close()
+	}
+	return nil
+}
+
+// Update publishes a new fleet snapshot (one atomic swap). Instances that stay
+// keep their in-flight counts and breakers; instances that left are dropped.
+// A nil snapshot is ignored: routing continues on the last good one.
+func (r *Router) Update(s *fleet.Snapshot) {
+	if s == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	v := &view{snap: s, endpoints: make(map[string]*endpointView, len(s.Endpoints))}
+	trackers := make(map[string]*overload.Tracker, len(s.Endpoints))
+	for name, ep := range s.Endpoints {
+		tr := r.trackers[name]
+		if tr == nil {
+			tr = overload.NewTracker(r.opts.Breaker)
+		}
+		trackers[name] = tr
+		ids := make([]string, len(ep.Instances))
+		for i := range ep.Instances {
+			ids[i] = ep.Instances[i].ID
+		}
+		states := tr.Sync(ids)
+		cfg := ep.Config.Normalize()
+		ev := &endpointView{
+			ep:        ep,
+			table:     lora.New(ep, r.opts.RingOptions...),
+			instances: make(map[string]*instanceView, len(ep.Instances)),
+			byPtr:     make(map[*fleet.Instance]*instanceView, len(ep.Instances)),
+			strategy:  cfg.RoutingStrategy,
+			prefixLen: cfg.PrefixLength(),
+			threshold: cfg.ConcurrencyThreshold(),
+		}
+		for i := range ep.Instances {
+			in := &ep.Instances[i]
+			u, err := url.Parse(in.Addr)
+			if err != nil || u.Scheme == "" || u.Host == "" {
+				r.log.Warn("router: instance addr is not a base URL; it will not be picked", "endpoint", name, "instance", in.ID, "addr", in.Addr)
+				u = nil
+			}
+			iv := &instanceView{inst: in, target: u, state: states[in.ID]}
+			ev.instances[in.ID] = iv
+			ev.byPtr[in] = iv
+			if !in.Draining {
+				v.ready = true
+			}
+		}
+		v.endpoints[name] = ev
+	}
+	r.trackers = trackers
+	r.view.Store(v)
+}
+
+// Snapshot returns the snapshot in use, or nil before the first Update.
+func (r *Router) Snapshot() *fleet.Snapshot {
+	if v := r.view.Load(); v != nil {
+		return v.snap
+	}
+	return nil
+}
+
+func (r *Router) pollTargets() []overload.Target {
+	v := r.view.Load()
+	if v == nil {
+		return nil
+	}
+	var out []overload.Target
+	for _, ev := range v.endpoints {
+		for _, iv := range ev.instances {
+			if iv.target == nil || iv.inst.Draining {
+				continue
+			}
+			u := *iv.target
+			u.Path = joinPath(u.Path, r.opts.LoadMetricsPath)
+			out = append(out, overload.Target{URL: u.String(), State: iv.state})
+		}
+	}
+	return out
+}
+
+// ServeHTTP routes one request.
+func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	r.mux.ServeHTTP(w, req)
+}
