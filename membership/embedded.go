@@ -151,12 +151,21 @@ func (e *Embedded) ClientURL() string { return e.clientURL }
 // Endpoints returns ClientURL as a list, the shape ClientConfig wants.
 func (e *Embedded) Endpoints() []string { return []string{e.clientURL} }
 
+// Clients returns the host:port addresses the member listens on for clients.
+func (e *Embedded) Clients() []string {
+	out := make([]string, 0, len(e.etcd.Clients))
+	for _, l := range e.etcd.Clients {
+		out = append(out, l.Addr().String())
+	}
+	return out
+}
+
 // Dir returns the data directory.
 func (e *Embedded) Dir() string { return e.dir }
 
-// Restart stops nothing: it starts a new member on the same data directory
-// and client URL as e, which must have been closed. Tests use it to bring
-// etcd back after an outage with its keys intact.
+// Restart starts a new member on the same data directory, client URL and
+// options as e, which must have been closed. Tests use it to bring etcd back
+// after an outage with its keys intact.
 func (e *Embedded) Restart() (*Embedded, error) {
 	o := e.opts
 	opts := []EmbeddedOption{func(x *embeddedOptions) { *x = o }}

@@ -1,0 +1,50 @@
+// Package etcdtest starts throwaway embedded etcd members for tests.
+package etcdtest
+
+import (
+	"testing"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/prefixrouter/prefixrouter/membership"
+)
+
+// Start starts a single-member etcd in t.TempDir() on a free loopback port,
+// with short election timeouts (the minimum lease TTL is then 1 s), and
+// closes it when the test ends.
+func Start(t testing.TB) *membership.Embedded {
+	t.Helper()
+	e, err := membership.StartEmbedded(t.TempDir(), "http://127.0.0.1:0", membership.WithFastTicks())
+	if err != nil {
+		t.Fatalf("etcdtest: %v", err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e
+}
+
+// Restart closes e (if it is still running) and starts a new member on the
+// same data directory and client URL, so that clients reconnect and find
+// their keys: the way to test an etcd outage. The new member is closed when
+// the test ends.
+func Restart(t testing.TB, e *membership.Embedded) *membership.Embedded {
+	t.Helper()
+	e.Close()
+	n, err := e.Restart()
+	if err != nil {
+		t.Fatalf("etcdtest: restart: %v", err)
+	}
+	t.Cleanup(func() { n.Close() })
+	return n
+}
+
+// Client returns a client of e built by membership.NewClient, closed when
+// the test ends.
+func Client(t testing.TB, e *membership.Embedded) *clientv3.Client {
+	t.Helper()
+	cli, err := membership.NewClient(membership.ClientConfig{Endpoints: e.Endpoints()})
+	if err != nil {
+		t.Fatalf("etcdtest: client: %v", err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}

@@ -1,0 +1,440 @@
+package membership
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/prefixrouter/prefixrouter/fleet"
+)
+
+// DefaultTTL is the lease TTL of instance and router records: a crashed
+// instance disappears from the routers at most this long (plus the watch
+// delay) after its last keepalive.
+const DefaultTTL = 5 * time.Second
+
+// maxOpTimeout bounds one etcd call of a registration, so that an
+// unreachable etcd never blocks the owner goroutine for long.
+const maxOpTimeout = 5 * time.Second
+
+// ErrClosed is returned by the methods of a closed registration.
+var ErrClosed = errors.New("membership: registration closed")
+
+// Options are the settings shared by registrations and the watcher. The zero
+// value is usable: DefaultPrefix, DefaultTTL, slog.Default(), no metrics.
+type Options struct {
+	// Layout names the keys (--etcd-prefix).
+	Layout Layout
+	// TTL of the lease of a registration; zero means DefaultTTL. etcd
+	// rounds it up to whole seconds and to its own minimum (1.5 election
+	// timeouts, 2 s with etcd's defaults).
+	TTL time.Duration
+	// Logger receives one line per lost lease, skipped record and relist.
+	Logger *slog.Logger
+	// Metrics may be nil.
+	Metrics *Metrics
+}
+
+func (o Options) ttl() time.Duration {
+	if o.TTL <= 0 {
+		return DefaultTTL
+	}
+	return o.TTL
+}
+
+func (o Options) logger() *slog.Logger {
+	if o.Logger == nil {
+		return slog.Default()
+	}
+	return o.Logger
+}
+
+// Registration holds one key under a lease: it grants the lease, puts the
+// value, keeps the lease alive (always draining the keepalive channel) and,
+// when the lease is lost (expired during an outage or revoked by someone
+// else), grants a new one and puts the latest value again. One goroutine
+// owns the lease and performs every write, so writes are applied in order.
+type Registration struct {
+	cli     *clientv3.Client
+	key     string
+	ttl     int64 // seconds requested
+	log     *slog.Logger
+	metrics *Metrics
+
+	sendMu  sync.Mutex // serializes Put callers so that their values reach the owner in call order
+	updates chan putRequest
+	leaseID atomic.Int64 // current lease, 0 while none; written by the owner
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+type putRequest struct {
+	value []byte
+	reply chan error
+}
+
+// RouterInfo is a router replica's record under routers/<replica-id>.
+type RouterInfo struct {
+	Addr    string `json:"addr"`
+	Version string `json:"version"`
+}
+
+// RegisterRouter registers a router replica under routers/<replicaID> with
+// a lease. Every watcher counts these keys into fleet.Snapshot.Replicas.
+func RegisterRouter(ctx context.Context, cli *clientv3.Client, replicaID string, info RouterInfo, opts Options) (*Registration, error) {
+	if err := ValidateName("router replica", replicaID); err != nil {
+		return nil, err
+	}
+	data, err := json.Marshal(info)
+	if err != nil {
+		return nil, fmt.Errorf("membership: encode router record: %w", err)
+	}
+	return Register(ctx, cli, opts.Layout.RouterKey(replicaID), data, opts)
+}
+
+// Register puts value under key with a lease of opts.TTL and keeps it there
+// until Close. It returns once the first write succeeded; later failures
+// are retried in the background.
+func Register(ctx context.Context, cli *clientv3.Client, key string, value []byte, opts Options) (*Registration, error) {
+	ttl := int64(math.Ceil(opts.ttl().Seconds()))
+	if ttl < 1 {
+		ttl = 1
+	}
+	rctx, cancel := context.WithCancel(context.Background())
+	r := &Registration{
+		cli: cli, key: key, ttl: ttl,
+		log:     opts.logger().With("key", key),
+		metrics: opts.Metrics,
+		updates: make(chan putRequest),
+		ctx:     rctx, cancel: cancel,
+	}
+	lease, err := r.grantLocked(ctx)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	if err := r.putLocked(ctx, lease.id, value); err != nil {
+		lease.stop()
+		rc, c := context.WithTimeout(context.Background(), r.opTimeout())
+		_, _ = cli.Revoke(rc, lease.id)
+		c()
+		cancel()
+		return nil, err
+	}
+	r.wg.Add(1)
+	go r.run(lease, value)
+	return r, nil
+}
+
+// Key returns the registered key.
+func (r *Registration) Key() string { return r.key }
+
+// LeaseID returns the current lease, or 0 while the registration has none
+// (between losing a lease and granting the next).
+func (r *Registration) LeaseID() clientv3.LeaseID { return clientv3.LeaseID(r.leaseID.Load()) }
+
+// Put replaces the value under the current lease. It returns the result of
+// the first attempt; when that fails the owner keeps retrying in the
+// background with the latest value, so the record converges once etcd
+// answers again.
+func (r *Registration) Put(ctx context.Context, value []byte) error {
+	r.sendMu.Lock()
+	reply, err := r.sendLocked(ctx, value)
+	r.sendMu.Unlock()
+	if err != nil {
+		return err
+	}
+	return r.wait(ctx, reply)
+}
+
+// sendLocked hands value to the owner; sendMu must be held.
+func (r *Registration) sendLocked(ctx context.Context, value []byte) (chan error, error) {
+	reply := make(chan error, 1)
+	select {
+	case r.updates <- putRequest{value: value, reply: reply}:
+		return reply, nil
+	case <-r.ctx.Done():
+		return nil, ErrClosed
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (r *Registration) wait(ctx context.Context, reply chan error) error {
+	select {
+	case err := <-reply:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Close stops the keepalive and revokes the lease, which deletes the key at
+// once (a graceful stop; a crash lets the lease expire instead). It is safe
+// to call more than once and returns the first call's result.
+func (r *Registration) Close(ctx context.Context) error {
+	r.closeOnce.Do(func() {
+		r.cancel()
+		r.wg.Wait()
+		if id := r.LeaseID(); id != 0 {
+			if _, err := r.cli.Revoke(ctx, id); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+				r.closeErr = fmt.Errorf("membership: revoke lease of %s: %w", r.key, err)
+			}
+			r.leaseID.Store(0)
+		}
+	})
+	return r.closeErr
+}
+
+// activeLease is a granted lease whose keepalive runs until stop.
+type activeLease struct {
+	id   clientv3.LeaseID
+	ka   <-chan *clientv3.LeaseKeepAliveResponse
+	stop context.CancelFunc
+}
+
+func (r *Registration) opTimeout() time.Duration {
+	return min(max(time.Duration(r.ttl)*time.Second, time.Second), maxOpTimeout)
+}
+
+// grantLocked grants a lease and starts its keepalive. Only the owner (or
+// Register before the owner starts) calls it.
+func (r *Registration) grantLocked(ctx context.Context) (activeLease, error) {
+	gctx, cancel := context.WithTimeout(ctx, r.opTimeout())
+	resp, err := r.cli.Grant(gctx, r.ttl)
+	cancel()
+	if err != nil {
+		return activeLease{}, fmt.Errorf("membership: grant lease for %s: %w", r.key, err)
+	}
+	kctx, stop := context.WithCancel(r.ctx)
+	ka, err := r.cli.KeepAlive(kctx, resp.ID)
+	if err != nil {
+		stop()
+		return activeLease{}, fmt.Errorf("membership: keepalive lease for %s: %w", r.key, err)
+	}
+	r.leaseID.Store(int64(resp.ID))
+	return activeLease{id: resp.ID, ka: ka, stop: stop}, nil
+}
+
+func (r *Registration) putLocked(ctx context.Context, id clientv3.LeaseID, value []byte) error {
+	pctx, cancel := context.WithTimeout(ctx, r.opTimeout())
+	defer cancel()
+	if _, err := r.cli.Put(pctx, r.key, string(value), clientv3.WithLease(id)); err != nil {
+		return fmt.Errorf("membership: put %s: %w", r.key, err)
+	}
+	return nil
+}
+
+// run owns the lease: it drains the keepalive channel, applies updates and
+// re-grants the lease when it is lost.
+func (r *Registration) run(lease activeLease, value []byte) {
+	defer r.wg.Done()
+	defer func() {
+		if lease.stop != nil {
+			lease.stop()
+		}
+	}()
+	dirty := false // value not yet written under the current lease
+	var waiters []chan error
+	reply := func(err error) {
+		for _, w := range waiters {
+			w <- err
+		}
+		waiters = nil
+	}
+	bo := retryBackoff{min: 100 * time.Millisecond, max: min(time.Duration(r.ttl)*time.Second/2, 2*time.Second)}
+	var retry <-chan time.Time
+	for {
+		if (lease.id == 0 || dirty) && retry == nil {
+			err := r.stepLocked(&lease, value, &dirty)
+			reply(err)
+			if err != nil {
+				r.log.Warn("membership: registration not written, retrying", "err", err)
+				retry = time.After(bo.next())
+			} else {
+				bo.reset()
+			}
+		}
+		select {
+		case <-r.ctx.Done():
+			reply(ErrClosed)
+			return
+		case <-r.cli.Ctx().Done():
+			// The client was closed under us: nothing can be written any
+			// more, and the lease expires by itself.
+			reply(ErrClosed)
+			<-r.ctx.Done()
+			return
+		case req := <-r.updates:
+			value, dirty = req.value, true
+			waiters = append(waiters, req.reply)
+			retry = nil
+		case _, ok := <-lease.ka:
+			if !ok {
+				r.log.Warn("membership: lease lost, granting a new one", "lease", fmt.Sprintf("%x", lease.id))
+				r.metrics.leaseRegranted()
+				lease.stop()
+				lease = activeLease{}
+				r.leaseID.Store(0)
+				retry = nil
+			}
+		case <-retry:
+			retry = nil
+		}
+	}
+}
+
+// stepLocked grants a lease if there is none and writes the value if it is
+// not written under the current lease.
+func (r *Registration) stepLocked(lease *activeLease, value []byte, dirty *bool) error {
+	if lease.id == 0 {
+		l, err := r.grantLocked(r.ctx)
+		if err != nil {
+			return err
+		}
+		*lease = l
+		*dirty = true
+	}
+	if err := r.putLocked(r.ctx, lease.id, value); err != nil {
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			// Expired while etcd was unreachable: grant a new one next.
+			lease.stop()
+			*lease = activeLease{}
+			r.leaseID.Store(0)
+		}
+		return err
+	}
+	*dirty = false
+	return nil
+}
+
+// retryBackoff doubles from min to max.
+type retryBackoff struct {
+	min, max, cur time.Duration
+}
+
+func (b *retryBackoff) next() time.Duration {
+	if b.cur == 0 {
+		b.cur = b.min
+	} else {
+		b.cur = min(2*b.cur, b.max)
+	}
+	return b.cur
+}
+
+func (b *retryBackoff) reset() { b.cur = 0 }
+
+// InstanceRegistration is a model-server instance's record under
+// endpoints/<endpoint>/instances/<id>, held by a Registration.
+type InstanceRegistration struct {
+	*Registration
+	endpoint string
+
+	mu   sync.Mutex // guards inst
+	inst fleet.Instance
+}
+
+// RegisterInstance validates in and registers it under the endpoint with a
+// lease. RegisteredAt is set to the current time when zero.
+func RegisterInstance(ctx context.Context, cli *clientv3.Client, endpoint string, in fleet.Instance, opts Options) (*InstanceRegistration, error) {
+	if err := ValidateName("endpoint", endpoint); err != nil {
+		return nil, err
+	}
+	if err := in.Validate(); err != nil {
+		return nil, err
+	}
+	if in.RegisteredAt.IsZero() {
+		in.RegisteredAt = time.Now().UTC()
+	}
+	in.Adapters = append([]string(nil), in.Adapters...)
+	data, err := json.Marshal(in)
+	if err != nil {
+		return nil, fmt.Errorf("membership: encode instance: %w", err)
+	}
+	reg, err := Register(ctx, cli, opts.Layout.InstanceKey(endpoint, in.ID), data, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &InstanceRegistration{Registration: reg, endpoint: endpoint, inst: in}, nil
+}
+
+// Instance returns a copy of the record as last requested.
+func (r *InstanceRegistration) Instance() fleet.Instance {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return cloneInstance(r.inst)
+}
+
+// Endpoint returns the endpoint the instance is registered under.
+func (r *InstanceRegistration) Endpoint() string { return r.endpoint }
+
+// Update applies fn to a copy of the record and writes it in place under
+// the same lease. The id cannot change. On error (other than an invalid
+// record) the new record is still retried in the background; see
+// Registration.Put.
+func (r *InstanceRegistration) Update(ctx context.Context, fn func(*fleet.Instance)) error {
+	r.mu.Lock()
+	next := cloneInstance(r.inst)
+	fn(&next)
+	if next.ID != r.inst.ID {
+		r.mu.Unlock()
+		return fmt.Errorf("membership: instance id cannot change (%q → %q)", r.inst.ID, next.ID)
+	}
+	if err := next.Validate(); err != nil {
+		r.mu.Unlock()
+		return err
+	}
+	data, err := json.Marshal(next)
+	if err != nil {
+		r.mu.Unlock()
+		return fmt.Errorf("membership: encode instance: %w", err)
+	}
+	r.inst = next
+	// Taking sendMu before releasing mu hands concurrent Updates to the
+	// owner in the order they changed r.inst, so the last write wins.
+	r.sendMu.Lock()
+	r.mu.Unlock()
+	reply, err := r.sendLocked(ctx, data)
+	r.sendMu.Unlock()
+	if err != nil {
+		return err
+	}
+	return r.wait(ctx, reply)
+}
+
+// SetAdapters replaces the instance's adapter list.
+func (r *InstanceRegistration) SetAdapters(ctx context.Context, adapters []string) error {
+	return r.Update(ctx, func(in *fleet.Instance) { in.Adapters = append([]string(nil), adapters...) })
+}
+
+// SetDraining marks the instance draining (routers send it no new requests)
+// or serving again.
+func (r *InstanceRegistration) SetDraining(ctx context.Context, draining bool) error {
+	return r.Update(ctx, func(in *fleet.Instance) { in.Draining = draining })
+}
+
+func cloneInstance(in fleet.Instance) fleet.Instance {
+	in.Adapters = append([]string(nil), in.Adapters...)
+	if in.Labels != nil {
+		labels := make(map[string]string, len(in.Labels))
+		for k, v := range in.Labels {
+			labels[k] = v
+		}
+		in.Labels = labels
+	}
+	return in
+}

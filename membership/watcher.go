@@ -1,0 +1,367 @@
+package membership
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/prefixrouter/prefixrouter/fleet"
+)
+
+// DefaultProgressInterval is how often the watcher asks etcd to confirm
+// that its watch is current when no event arrives. Each confirmation
+// refreshes LastSync, so SnapshotAge stays below about this interval while
+// etcd is healthy and grows while it is not.
+const DefaultProgressInterval = 2 * time.Second
+
+// listTimeout bounds one full list of the prefix.
+const listTimeout = 5 * time.Second
+
+// WatcherOptions configure a Watcher. The zero value is usable.
+type WatcherOptions struct {
+	Options
+	// ProgressInterval; zero means DefaultProgressInterval.
+	ProgressInterval time.Duration
+	// Now is the clock for BuiltAt and the sync time; nil means time.Now.
+	Now func() time.Time
+}
+
+// Watcher lists the layout's prefix at a revision, watches from the next
+// one and publishes a full, immutable *fleet.Snapshot after every list and
+// every watch response that changed something. One goroutine owns the
+// state; the callback runs on it, so it must not block (the router's
+// Update is one atomic store).
+//
+// Static stability: while etcd is unreachable nothing is published, so the
+// last snapshot stays in force; LastSync and SnapshotAge tell how old it
+// is. When etcd answers again the watch resumes (or, if the history it
+// needs was compacted, the watcher lists again) and the snapshot converges.
+type Watcher struct {
+	cli      *clientv3.Client
+	layout   Layout
+	log      *slog.Logger
+	metrics  *Metrics
+	publish  func(*fleet.Snapshot)
+	progress time.Duration
+	now      func() time.Time
+
+	snap     atomic.Pointer[fleet.Snapshot]
+	lastSync atomic.Int64 // unix nanoseconds; 0 = never
+	synced   chan struct{}
+	syncOnce sync.Once
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// StartWatcher starts watching and returns at once; the first snapshot is
+// published when the first list succeeds (see Synced). onSnapshot may be
+// nil; Snapshot always returns the latest.
+func StartWatcher(cli *clientv3.Client, opts WatcherOptions, onSnapshot func(*fleet.Snapshot)) *Watcher {
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &Watcher{
+		cli:      cli,
+		layout:   opts.Layout,
+		log:      opts.logger(),
+		metrics:  opts.Metrics,
+		publish:  onSnapshot,
+		progress: opts.ProgressInterval,
+		now:      opts.Now,
+		synced:   make(chan struct{}),
+		ctx:      ctx,
+		cancel:   cancel,
+	}
+	if w.progress <= 0 {
+		w.progress = DefaultProgressInterval
+	}
+	if w.now == nil {
+		w.now = time.Now
+	}
+	w.wg.Add(1)
+	go w.run()
+	return w
+}
+
+// Snapshot returns the latest published snapshot, or nil before the first.
+func (w *Watcher) Snapshot() *fleet.Snapshot { return w.snap.Load() }
+
+// Synced is closed once the first snapshot has been published.
+func (w *Watcher) Synced() <-chan struct{} { return w.synced }
+
+// LastSync returns when the watcher last heard from etcd (a list, a watch
+// event or a progress notification); zero before the first.
+func (w *Watcher) LastSync() time.Time {
+	ns := w.lastSync.Load()
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
+}
+
+// SnapshotAge returns the time since LastSync, or -1 before the first sync.
+// A /readyz handler may compare it with a bound.
+func (w *Watcher) SnapshotAge() time.Duration {
+	ns := w.lastSync.Load()
+	if ns == 0 {
+		return -1
+	}
+	return w.now().Sub(time.Unix(0, ns))
+}
+
+// Close stops the watcher and waits for its goroutine. The last snapshot
+// stays readable.
+func (w *Watcher) Close() error {
+	w.cancel()
+	w.wg.Wait()
+	return nil
+}
+
+func (w *Watcher) markSynced() {
+	t := w.now()
+	w.lastSync.Store(t.UnixNano())
+	w.metrics.synced(t)
+}
+
+// state is the owner goroutine's view of the prefix.
+type state struct {
+	instances map[string]map[string]fleet.Instance // endpoint → id → record
+	configs   map[string]fleet.RoutingConfig       // endpoint → last valid config
+	routers   map[string]struct{}
+	rev       int64
+}
+
+func newState() *state {
+	return &state{
+		instances: map[string]map[string]fleet.Instance{},
+		configs:   map[string]fleet.RoutingConfig{},
+		routers:   map[string]struct{}{},
+	}
+}
+
+func (w *Watcher) run() {
+	defer w.wg.Done()
+	st := newState()
+	reason := "start"
+	bo := retryBackoff{min: 100 * time.Millisecond, max: 2 * time.Second}
+	for {
+		if w.ctx.Err() != nil {
+			return
+		}
+		next, err := w.list(st, reason)
+		if err != nil {
+			w.log.Warn("membership: list failed; keeping the last snapshot", "err", err, "reason", reason)
+			select {
+			case <-w.ctx.Done():
+				return
+			case <-time.After(bo.next()):
+			}
+			continue
+		}
+		bo.reset()
+		st = next
+		w.emit(st)
+		reason = w.watch(st)
+		if reason == "" {
+			return
+		}
+		w.log.Info("membership: watch ended, listing again", "reason", reason, "revision", st.rev)
+	}
+}
+
+// list reads the whole prefix and builds a new state. Configs that do not
+// validate keep the endpoint's config from prev.
+func (w *Watcher) list(prev *state, reason string) (*state, error) {
+	w.metrics.relist(reason)
+	ctx, cancel := context.WithTimeout(w.ctx, listTimeout)
+	defer cancel()
+	resp, err := w.cli.Get(ctx, w.layout.Root(), clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("membership: list %s: %w", w.layout.Root(), err)
+	}
+	st := newState()
+	for _, kv := range resp.Kvs {
+		w.applyPut(st, prev, string(kv.Key), kv.Value)
+	}
+	st.rev = resp.Header.Revision
+	w.markSynced()
+	return st, nil
+}
+
+// watch follows the prefix from st.rev+1, applying events to st, until the
+// watch must be restarted (it returns the reason) or the watcher closes
+// (it returns "").
+func (w *Watcher) watch(st *state) string {
+	// WithRequireLeader: a member cut off from its quorum cancels the watch
+	// instead of silently serving stale history; the relist then goes to a
+	// member that has a leader.
+	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(w.ctx))
+	defer cancel()
+	wch := w.cli.Watch(ctx, w.layout.Root(), clientv3.WithPrefix(), clientv3.WithRev(st.rev+1), clientv3.WithProgressNotify())
+	tick := time.NewTicker(w.progress)
+	defer tick.Stop()
+	for {
+		select {
+		case <-w.ctx.Done():
+			return ""
+		case <-tick.C:
+			// Same ctx as the watch, so the request goes on its stream.
+			// Errors mean the stream is down; the age then grows.
+			_ = w.cli.RequestProgress(ctx)
+		case resp, ok := <-wch:
+			if !ok {
+				if w.ctx.Err() != nil {
+					return ""
+				}
+				return "watch_closed"
+			}
+			if resp.CompactRevision != 0 || errors.Is(resp.Err(), rpctypes.ErrCompacted) {
+				return "compacted"
+			}
+			if err := resp.Err(); err != nil {
+				w.log.Warn("membership: watch error", "err", err)
+				return "watch_error"
+			}
+			if resp.Canceled {
+				return "watch_closed"
+			}
+			if resp.Header.Revision < st.rev {
+				// etcd went back in time (restored or replaced with
+				// an empty cluster): our history is meaningless.
+				return "revision_regressed"
+			}
+			w.markSynced()
+			if len(resp.Events) == 0 {
+				continue // progress notification
+			}
+			for _, ev := range resp.Events {
+				key := string(ev.Kv.Key)
+				switch ev.Type {
+				case mvccpb.PUT:
+					w.applyPut(st, st, key, ev.Kv.Value)
+				case mvccpb.DELETE:
+					applyDelete(st, w.layout, key)
+				}
+			}
+			st.rev = resp.Header.Revision
+			w.emit(st)
+		}
+	}
+}
+
+// applyPut records one key's value in st. prev supplies the last valid
+// config of an endpoint whose new config is invalid.
+func (w *Watcher) applyPut(st, prev *state, key string, value []byte) {
+	kind, ep, id := w.layout.parseKey(key)
+	switch kind {
+	case kindRouter:
+		st.routers[id] = struct{}{}
+	case kindConfig:
+		c, err := ParseRoutingConfig(value)
+		if err != nil {
+			w.metrics.invalidRecord("config")
+			if old, ok := prev.configs[ep]; ok {
+				st.configs[ep] = old
+				w.log.Warn("membership: ignoring invalid routing config; keeping the previous one", "key", key, "err", err)
+			} else {
+				w.log.Warn("membership: ignoring invalid routing config; using the default", "key", key, "err", err)
+			}
+			return
+		}
+		st.configs[ep] = c.Normalize()
+	case kindInstance:
+		in, err := parseInstance(id, value)
+		if err != nil {
+			w.metrics.invalidRecord("instance")
+			w.log.Warn("membership: ignoring invalid instance record", "key", key, "err", err)
+			if m := st.instances[ep]; m != nil {
+				delete(m, id)
+			}
+			return
+		}
+		m := st.instances[ep]
+		if m == nil {
+			m = map[string]fleet.Instance{}
+			st.instances[ep] = m
+		}
+		m[id] = in
+	}
+}
+
+func applyDelete(st *state, l Layout, key string) {
+	kind, ep, id := l.parseKey(key)
+	switch kind {
+	case kindRouter:
+		delete(st.routers, id)
+	case kindConfig:
+		delete(st.configs, ep)
+	case kindInstance:
+		if m := st.instances[ep]; m != nil {
+			delete(m, id)
+			if len(m) == 0 {
+				delete(st.instances, ep)
+			}
+		}
+	}
+}
+
+func parseInstance(id string, value []byte) (fleet.Instance, error) {
+	var in fleet.Instance
+	if err := json.Unmarshal(value, &in); err != nil {
+		return fleet.Instance{}, fmt.Errorf("decode: %w", err)
+	}
+	if in.ID == "" {
+		in.ID = id
+	}
+	if in.ID != id {
+		return fleet.Instance{}, fmt.Errorf("record id %q differs from the key's %q", in.ID, id)
+	}
+	if err := in.Validate(); err != nil {
+		return fleet.Instance{}, err
+	}
+	return in, nil
+}
+
+// emit builds a snapshot of st and publishes it. An endpoint exists when it
+// has instances or a config.
+func (w *Watcher) emit(st *state) {
+	names := map[string]struct{}{}
+	for ep, m := range st.instances {
+		if len(m) > 0 {
+			names[ep] = struct{}{}
+		}
+	}
+	for ep := range st.configs {
+		names[ep] = struct{}{}
+	}
+	eps := make([]fleet.Endpoint, 0, len(names))
+	for ep := range names {
+		cfg, ok := st.configs[ep]
+		if !ok {
+			cfg = fleet.DefaultRoutingConfig()
+		}
+		insts := make([]fleet.Instance, 0, len(st.instances[ep]))
+		for _, in := range st.instances[ep] {
+			insts = append(insts, cloneInstance(in))
+		}
+		eps = append(eps, fleet.Endpoint{Name: ep, Config: cfg, Instances: insts})
+	}
+	sort.Slice(eps, func(i, j int) bool { return eps[i].Name < eps[j].Name })
+	s := fleet.NewSnapshot(eps, st.rev, len(st.routers), w.now())
+	w.snap.Store(s)
+	w.syncOnce.Do(func() { close(w.synced) })
+	w.metrics.snapshotPublished()
+	if w.publish != nil {
+		w.publish(s)
+	}
+}
