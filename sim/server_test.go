@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -142,8 +143,10 @@ func TestNonStreamingShapes(t *testing.T) {
 		{"chat", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"max_completion_tokens":3}`, func(t *testing.T, b []byte) {
 			var r struct {
 				Object  string
-				Choices []struct{ Message struct{ Role, Content string } }
-				Usage   testUsage
+				Choices []struct {
+					Message struct{ Role, Content string }
+				}
+				Usage testUsage
 			}
 			if err := json.Unmarshal(b, &r); err != nil || r.Object != "chat.completion" || len(r.Choices) != 1 ||
 				r.Choices[0].Message.Role != "assistant" || r.Usage.CompletionTokens != 3 {
@@ -372,6 +375,13 @@ func TestMetrics(t *testing.T) {
 		if v, _ := scrape(t, hs.URL, n); v != w {
 			t.Errorf("%s = %v, want %v", n, v, w)
 		}
+	}
+	// TTFT is simulated time: one uncached and one cached prefill,
+	// whatever the time scale and the goroutine overhead.
+	p, _ := LookupProfile(DefaultProfile)
+	wantSum := (p.PrefillDuration(1000, 0) + p.PrefillDuration(1000, 992)).Seconds()
+	if v, _ := scrape(t, hs.URL, "vllm:time_to_first_token_seconds_sum"); math.Abs(v-wantSum) > 1e-6 {
+		t.Errorf("TTFT sum %v s, want %v s", v, wantSum)
 	}
 }
 
