@@ -186,15 +186,8 @@ func (c *Comparison) view() htmlView {
 	}
 	for _, r := range c.Runs {
 		sc := shareChart{Name: r.Name()}
-		maxShare := 0.0
-		for _, is := range r.Instances {
-			maxShare = math.Max(maxShare, is.Share)
-		}
 		for i, is := range r.Instances {
-			w := 0.0
-			if maxShare > 0 {
-				w = is.Share / maxShare * shareBarMax
-			}
+			w := round1(is.Share * shareBarMax)
 			sc.Bars = append(sc.Bars, svgBar{Label: is.Instance, Value: pct(is.Share), Y: float64(i) * (barH + barGap), W: w})
 		}
 		sc.Height = math.Max(float64(len(sc.Bars))*(barH+barGap), barH+barGap)
@@ -229,8 +222,8 @@ func ttftCDF(preset, regime string, runs []*Result, colors []string) cdfChart {
 		l1 = l0 + 1
 	}
 	pw, ph := chartW-padL-padR, chartH-padT-padB
-	x := func(ms float64) float64 { return padL + (math.Log10(ms)-l0)/(l1-l0)*pw }
-	y := func(q float64) float64 { return padT + (1-q)*ph }
+	x := func(ms float64) float64 { return round1(padL + (math.Log10(ms)-l0)/(l1-l0)*pw) }
+	y := func(q float64) float64 { return round1(padT + (1-q)*ph) }
 	for d := l0; d <= l1; d++ {
 		for _, m := range []float64{1, 2, 5}[:ttftTickPerDecade] {
 			val := m * math.Pow(10, d)
@@ -265,6 +258,8 @@ func ttftCDF(preset, regime string, runs []*Result, colors []string) cdfChart {
 	}
 	return ch
 }
+
+func round1(v float64) float64 { return math.Round(v*10) / 10 }
 
 func trimFloat(v float64) string {
 	if v >= 1 {

@@ -56,3 +56,20 @@ func ratio(a, b int64) float64 {
 	}
 	return float64(a) / float64(b)
 }
+
+// OracleRun generates requests of p's stream (after warmup unmeasured
+// ones) and runs them through a fresh Oracle, without sending anything:
+// the best hit rate any fleet can reach on that stream, and the stream's
+// footprint (distinct block tokens, warmup included).
+func OracleRun(p Preset, seed int64, o StreamOptions, warmup, requests int) (OracleSummary, int64, error) {
+	s, err := p.NewStream(seed, o)
+	if err != nil {
+		return OracleSummary{}, 0, err
+	}
+	or := NewOracle()
+	for i := 0; i < warmup+requests; i++ {
+		r := s.Next()
+		or.Observe(r.Adapter, r.Tenant, r.Prompt(), i >= warmup)
+	}
+	return OracleSummary{PromptTokens: or.PromptTokens, CachedTokens: or.CachedTokens, HitRate: or.HitRate()}, or.DistinctTokens(), nil
+}

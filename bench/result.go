@@ -129,7 +129,7 @@ func classify(ws, inst int64, n int) string {
 func (g Regime) String() string {
 	s := fmt.Sprintf("working set %s tokens (stream footprint %s)", tokens(g.WorkingSetTokens), tokens(g.StreamDistinctTokens))
 	if g.InstanceKVTokens > 0 {
-		s += fmt.Sprintf("; KV capacity %s a instance", tokens(g.InstanceKVTokens))
+		s += fmt.Sprintf("; KV capacity %s per instance", tokens(g.InstanceKVTokens))
 		if g.Instances > 0 {
 			s += fmt.Sprintf(", %s over %d instances", tokens(g.FleetKVTokens), g.Instances)
 		}
@@ -332,6 +332,17 @@ func (r *runner) result(window time.Duration, before, after []scrape, metricsErr
 	g.FleetKVTokens = g.InstanceKVTokens * int64(g.Instances)
 	g.Class = classify(g.WorkingSetTokens, g.InstanceKVTokens, g.Instances)
 	res.Regime = g
+	// Empty collections are nil, so a result survives a JSON round trip
+	// (omitempty) unchanged.
+	if len(res.Errors) == 0 {
+		res.Errors = nil
+	}
+	if len(res.Decisions) == 0 {
+		res.Decisions = nil
+	}
+	if len(res.MetricsErrors) == 0 {
+		res.MetricsErrors = nil
+	}
 	return res
 }
 
@@ -392,20 +403,20 @@ func (res *Result) WriteTable(w io.Writer) error {
 		res.Requests, res.Warmup, res.DurationSec, res.Succeeded, res.Failed, res.Canceled, pct(res.SuccessRate))
 	row("errors", "%s", kv(res.Errors))
 	row("client-delayed", "%d requests sent >10 ms after their arrival time", res.ClientDelayed)
-	row("TTFT ms", "p50 %.1f\tp90 %.1f\tp99 %.1f\tmean %.1f", res.TTFT.P50, res.TTFT.P90, res.TTFT.P99, res.TTFT.Mean)
-	row("E2E ms", "p50 %.1f\tp90 %.1f\tp99 %.1f\tmean %.1f", res.E2E.P50, res.E2E.P90, res.E2E.P99, res.E2E.Mean)
-	row("throughput", "%.2f req/s\t%.0f output tok/s", res.ThroughputRPS, res.OutputTokensPerSec)
-	row("KV hit rate", "metrics %s\tusage %s\toracle %s", optPct(res.MetricsHitRate), pct(res.UsageHitRate), pct(res.Oracle.HitRate))
-	row("hit / oracle", "metrics %s\tusage %s", optRatio(res.MetricsVsOracle), optRatio(res.UsageVsOracle))
+	row("TTFT ms", "p50 %.1f  p90 %.1f  p99 %.1f  mean %.1f", res.TTFT.P50, res.TTFT.P90, res.TTFT.P99, res.TTFT.Mean)
+	row("E2E ms", "p50 %.1f  p90 %.1f  p99 %.1f  mean %.1f", res.E2E.P50, res.E2E.P90, res.E2E.P99, res.E2E.Mean)
+	row("throughput", "%.2f req/s  %.0f output tok/s", res.ThroughputRPS, res.OutputTokensPerSec)
+	row("KV hit rate", "metrics %s  usage %s  oracle %s", optPct(res.MetricsHitRate), pct(res.UsageHitRate), pct(res.Oracle.HitRate))
+	row("hit / oracle", "metrics %s  usage %s", optRatio(res.MetricsVsOracle), optRatio(res.UsageVsOracle))
 	for _, m := range res.Metrics {
-		row("  metrics", "%s\thits %.0f / queries %.0f = %s", m.URL, m.Hits, m.Queries, pct(m.HitRate))
+		row("  metrics", "%s  hits %.0f / queries %.0f = %s", m.URL, m.Hits, m.Queries, pct(m.HitRate))
 	}
 	for _, e := range res.MetricsErrors {
 		row("  metrics error", "%s", e)
 	}
 	row("regime", "%s", res.Regime)
 	for _, is := range res.Instances {
-		row("  instance", "%s\t%d requests (%s)\tusage hit %s", is.Instance, is.Requests, pct(is.Share), pct(is.HitRate))
+		row("  instance", "%s  %d requests (%s)  usage hit %s", is.Instance, is.Requests, pct(is.Share), pct(is.HitRate))
 	}
 	row("decisions", "%s", kv(res.Decisions))
 	if res.Interrupted {

@@ -1,0 +1,143 @@
+package bench
+
+import (
+	"bytes"
+	"encoding/json"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// runPair makes two real runs (two "strategies") against loopback fakes.
+func runPair(t *testing.T) []*Result {
+	t.Helper()
+	a, b := newFake(t, "inst-a", nil), newFake(t, "inst-b", nil)
+	var out []*Result
+	for _, label := range []string{"RANDOM", "PREFIX_AWARE"} {
+		res, err := Run(t.Context(), Config{
+			Targets: []string{a.URL, b.URL}, MetricsURLs: []string{a.URL + "/metrics", b.URL + "/metrics"},
+			Workload: smallPreset(), Requests: 20, Warmup: 2, Seed: 6, Label: label, InstanceKVTokens: 500, Instances: 2,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, res)
+	}
+	return out
+}
+
+func TestResultTableAndJSON(t *testing.T) {
+	runs := runPair(t)
+	var tab bytes.Buffer
+	if err := runs[0].WriteTable(&tab); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"RANDOM / small", "TTFT ms", "KV hit rate", "oracle", "regime", "inst-a", "fits the fleet, not one instance"} {
+		if !strings.Contains(tab.String(), want) {
+			t.Fatalf("table lacks %q:\n%s", want, tab.String())
+		}
+	}
+	var js bytes.Buffer
+	if err := runs[0].WriteJSON(&js); err != nil {
+		t.Fatal(err)
+	}
+	var back Result
+	if err := json.Unmarshal(js.Bytes(), &back); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(&back, runs[0]) {
+		t.Fatalf("JSON round trip changed the result:\n%+v\n%+v", back, *runs[0])
+	}
+}
+
+func TestComparisonMarkdownHTMLJSON(t *testing.T) {
+	c := &Comparison{Title: "strategies", Environment: "two loopback fakes, unbounded caches", Runs: runPair(t)}
+	var md bytes.Buffer
+	if err := c.WriteMarkdown(&md); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"# strategies", "two loopback fakes", "| RANDOM | small |", "| PREFIX_AWARE | small |", "Regimes", "working set 800 tokens", "`inst-a` 50.0%"} {
+		if !strings.Contains(md.String(), want) {
+			t.Fatalf("markdown lacks %q:\n%s", want, md.String())
+		}
+	}
+	var h bytes.Buffer
+	if err := c.WriteHTML(&h); err != nil {
+		t.Fatal(err)
+	}
+	page := h.String()
+	for _, want := range []string{"<svg", "<path d=\"M", "RANDOM (n=20)", "inst-b", "two loopback fakes", "working set 800 tokens"} {
+		if !strings.Contains(page, want) {
+			t.Fatalf("html lacks %q", want)
+		}
+	}
+	if isHTTPRef(page) || strings.Contains(page, "<script") || strings.Contains(page, "<link") {
+		t.Fatal("html references something external")
+	}
+	var js bytes.Buffer
+	if err := c.WriteJSON(&js); err != nil {
+		t.Fatal(err)
+	}
+	var back Comparison
+	if err := json.Unmarshal(js.Bytes(), &back); err != nil || !reflect.DeepEqual(&back, c) {
+		t.Fatalf("comparison JSON round trip: %v", err)
+	}
+}
+
+func TestHTMLEscapesLabels(t *testing.T) {
+	c := &Comparison{Title: "<b>x</b>", Runs: []*Result{{Label: `<script>alert(1)</script>`, Preset: "p"}}}
+	var h bytes.Buffer
+	if err := c.WriteHTML(&h); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(h.String(), "<script>") || strings.Contains(h.String(), "<b>x") {
+		t.Fatal("labels not escaped")
+	}
+}
+
+func TestParseMetricsNames(t *testing.T) {
+	tests := []struct {
+		name, text  string
+		hits, query float64
+		found       bool
+	}{
+		{"v1 with two engines", "# TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total{engine=\"0\"} 10\nvllm:prefix_cache_hits_total{engine=\"1\"} 5\n# TYPE vllm:prefix_cache_queries_total counter\nvllm:prefix_cache_queries_total{engine=\"0\"} 30\nvllm:prefix_cache_queries_total{engine=\"1\"} 20\n", 15, 50, true},
+		{"untyped", "vllm:prefix_cache_hits_total 1\nvllm:prefix_cache_queries_total 4\n", 1, 4, true},
+		{"v0 names", "# TYPE vllm:gpu_prefix_cache_hits_total counter\nvllm:gpu_prefix_cache_hits_total 2\n# TYPE vllm:gpu_prefix_cache_queries_total counter\nvllm:gpu_prefix_cache_queries_total 8\n", 2, 8, true},
+		{"absent", "# TYPE up gauge\nup 1\n", 0, 0, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := parseMetrics(strings.NewReader(tt.text))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s.hits != tt.hits || s.queries != tt.query || s.found != tt.found {
+				t.Fatalf("got %+v", s)
+			}
+		})
+	}
+}
+
+func TestQuantilesAndRegime(t *testing.T) {
+	q := quantiles([]float64{5, 1, 4, 2, 3, 6, 7, 8, 9, 10})
+	if q.P50 != 5 || q.P90 != 9 || q.P99 != 10 || q.Mean != 5.5 || q.N != 10 {
+		t.Fatalf("%+v", q)
+	}
+	tests := []struct {
+		ws, inst int64
+		n        int
+		want     string
+	}{
+		{100, 0, 4, RegimeUnknown},
+		{100, 100, 4, RegimeFitsOne},
+		{101, 100, 4, RegimeFitsFleet},
+		{400, 100, 4, RegimeFitsFleet},
+		{401, 100, 4, RegimeOverflows},
+	}
+	for _, tt := range tests {
+		if got := classify(tt.ws, tt.inst, tt.n); got != tt.want {
+			t.Fatalf("classify(%d, %d, %d) = %q, want %q", tt.ws, tt.inst, tt.n, got, tt.want)
+		}
+	}
+}
