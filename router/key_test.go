@@ -1,0 +1,202 @@
+package router
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+)
+
+func chatBody(t testing.TB, msgs ...any) []byte {
+	t.Helper()
+	b, err := json.Marshal(map[string]any{"model": "m", "messages": msgs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func msg(role string, content any) map[string]any {
+	return map[string]any{"role": role, "content": content}
+}
+
+func chatPrefix(t *testing.T, body string, n int) uint64 {
+	t.Helper()
+	o, err := parseOpenAI([]byte(body), true, n)
+	if err != nil {
+		t.Fatalf("parseOpenAI(%s): %v", body, err)
+	}
+	return o.prefix
+}
+
+func TestChatKey(t *testing.T) {
+	long := strings.Repeat("x", 100)
+	tests := []struct {
+		name  string
+		a, b  string
+		n     int
+		equal bool
+	}{
+		{"boundaries matter", `{"messages":[{"role":"user","content":"ab"},{"role":"user","content":"c"}]}`,
+			`{"messages":[{"role":"user","content":"a"},{"role":"user","content":"bc"}]}`, 1024, false},
+		{"roles matter", `{"messages":[{"role":"user","content":"ab"}]}`,
+			`{"messages":[{"role":"system","content":"ab"}]}`, 1024, false},
+		{"part boundaries matter", `{"messages":[{"role":"user","content":[{"type":"text","text":"ab"},{"type":"text","text":"c"}]}]}`,
+			`{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"bc"}]}]}`, 1024, false},
+		{"text parts only", `{"messages":[{"role":"user","content":[{"type":"text","text":"hi"},{"type":"image_url","image_url":{"url":"http://a/1.png"}}]}]}`,
+			`{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"http://b/2.png"}},{"type":"text","text":"hi"}]}]}`, 1024, true},
+		{"string equals one text part", `{"messages":[{"role":"user","content":"hello"}]}`,
+			`{"messages":[{"role":"user","content":[{"text":"hello","type":"text"}]}]}`, 1024, true},
+		{"key order irrelevant", `{"model":"m","messages":[{"content":"hi","role":"user"}]}`,
+			`{"messages":[{"role":"user","content":"hi"}],"model":"m"}`, 1024, true},
+		{"escapes decoded", `{"messages":[{"role":"user","content":"\u00e9\n\"\ud83d\ude00"}]}`,
+			`{"messages":[{"role":"user","content":"é\n\"😀"}]}`, 1024, true},
+		{"cut at prefix length", `{"messages":[{"role":"user","content":"` + long + `A"}]}`,
+			`{"messages":[{"role":"user","content":"` + long + `B"}]}`, 100, true},
+		{"within prefix length", `{"messages":[{"role":"user","content":"` + long + `A"}]}`,
+			`{"messages":[{"role":"user","content":"` + long + `B"}]}`, 101, false},
+		{"code points not bytes", `{"messages":[{"role":"user","content":"ééééX"}]}`,
+			`{"messages":[{"role":"user","content":"ééééY"}]}`, 4, true},
+		{"code points not bytes 2", `{"messages":[{"role":"user","content":"ééééX"}]}`,
+			`{"messages":[{"role":"user","content":"ééééY"}]}`, 5, false},
+		{"escaped code points count once", `{"messages":[{"role":"user","content":"\u00e9\u00e9X"}]}`,
+			`{"messages":[{"role":"user","content":"\u00e9\u00e9Y"}]}`, 2, true},
+		{"later messages past the prefix ignored", `{"messages":[{"role":"user","content":"abcd"},{"role":"assistant","content":"1"}]}`,
+			`{"messages":[{"role":"user","content":"abcd"},{"role":"user","content":"2"}]}`, 4, true},
+		{"other fields ignored", `{"messages":[{"role":"user","content":"hi"}],"temperature":0.5,"stream":true,"tools":[{"a":[1,2,{"b":null}]}]}`,
+			`{"messages":[{"role":"user","content":"hi"}]}`, 1024, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := chatPrefix(t, tc.a, tc.n), chatPrefix(t, tc.b, tc.n)
+			if (a == b) != tc.equal {
+				t.Fatalf("equal = %v, want %v", a == b, tc.equal)
+			}
+		})
+	}
+}
+
+func TestCompletionsKey(t *testing.T) {
+	p := func(body string, n int) uint64 {
+		o, err := parseOpenAI([]byte(body), false, n)
+		if err != nil {
+			t.Fatalf("parseOpenAI(%s): %v", body, err)
+		}
+		return o.prefix
+	}
+	tests := []struct {
+		name  string
+		a, b  string
+		n     int
+		equal bool
+	}{
+		{"string", `{"prompt":"hello world"}`, `{"prompt":"hello there"}`, 5, true},
+		{"string differs", `{"prompt":"hello world"}`, `{"prompt":"hello there"}`, 7, false},
+		{"list boundaries", `{"prompt":["ab","c"]}`, `{"prompt":["a","bc"]}`, 1024, false},
+		{"list equals list", `{"prompt":["ab","c"]}`, `{"model":"x","prompt":["ab","c"]}`, 1024, true},
+		{"list vs string", `{"prompt":["abc"]}`, `{"prompt":"abc"}`, 1024, true},
+		{"token ids", `{"prompt":[1,2,3]}`, `{"prompt":[1,2,4]}`, 1024, false},
+		{"token ids cut", `{"prompt":[1,2,3]}`, `{"prompt":[1,2,4]}`, 2, true},
+		{"messages ignored", `{"prompt":"a","messages":[{"role":"user","content":"x"}]}`, `{"prompt":"a"}`, 1024, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if eq := p(tc.a, tc.n) == p(tc.b, tc.n); eq != tc.equal {
+				t.Fatalf("equal = %v, want %v", eq, tc.equal)
+			}
+		})
+	}
+}
+
+func TestParseOpenAIFields(t *testing.T) {
+	o, err := parseOpenAI([]byte(`{"model":"ad\/1","prompt_cache_key":"t\u0041","messages":[]}`), true, 1024)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.model != "ad/1" || o.tenant != "tA" || !o.hasTenant {
+		t.Fatalf("got %+v", o)
+	}
+	o, err = parseOpenAI([]byte(`{"prompt_cache_key":null,"model":"m"}`), true, 1024)
+	if err != nil || o.hasTenant || o.model != "m" {
+		t.Fatalf("null key: %+v, %v", o, err)
+	}
+}
+
+func TestParseOpenAIMalformed(t *testing.T) {
+	bad := []string{
+		``, `[]`, `{`, `{"model":}`, `{"model":"m",}`, `{"model":"m"} x`, `{"messages":{}}`,
+		`{"messages":[{"role":"user","content":"a}]}`, `{"model":1}`,
+		`{"prompt_cache_key":5}`, `{"a":tru}`, `{"a":[1,]}`, `{"a":-}`,
+		`{"model":"m" "x":1}`, strings.Repeat("[", 1000), `{"a":` + strings.Repeat("[", 1000) + strings.Repeat("]", 1000) + `}`,
+	}
+	// Shapes only the chat walker reads (completions skips messages).
+	chatOnly := map[string]bool{`{"messages":{}}`: true, `{"messages":["hi"]}`: true, `{"messages":[{"role":"user","content":"\x"}]}`: true}
+	for b := range chatOnly {
+		bad = append(bad, b)
+	}
+	if _, err := parseOpenAI([]byte(`{"prompt":"\x"}`), false, 1024); !errors.Is(err, errMalformed) {
+		t.Errorf("bad escape in prompt: %v", err)
+	}
+	for _, b := range bad {
+		for _, chat := range []bool{true, false} {
+			if !chat && chatOnly[b] {
+				continue
+			}
+			if _, err := parseOpenAI([]byte(b), chat, 1024); !errors.Is(err, errMalformed) {
+				t.Errorf("parseOpenAI(%q, chat=%v) = %v, want malformed", b, chat, err)
+			}
+		}
+	}
+}
+
+func TestInvokeKey(t *testing.T) {
+	h := http.Header{}
+	body := []byte(strings.Repeat("a", 2000) + "X")
+	other := []byte(strings.Repeat("a", 2000) + "Y")
+	k := func(h http.Header, b []byte, n int) uint64 {
+		rr, err := parseRequest(kindInvoke, h, b, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rr.key
+	}
+	if k(h, body, 2000) != k(h, other, 2000) {
+		t.Error("bytes past the prefix changed the key")
+	}
+	if k(h, body, 2001) == k(h, other, 2001) {
+		t.Error("bytes within the prefix did not change the key")
+	}
+	h2 := http.Header{HeaderTenant: {"tenant-1"}}
+	if k(h, body, 1024) == k(h2, body, 1024) {
+		t.Error("tenant did not change the key")
+	}
+	h3 := http.Header{HeaderTargetModel: {"adapter"}}
+	if k(h, body, 1024) == k(h3, body, 1024) {
+		t.Error("target model did not change the key")
+	}
+}
+
+func TestValidTenant(t *testing.T) {
+	tests := []struct {
+		id string
+		ok bool
+	}{
+		{"a", true}, {strings.Repeat("a", 64), true}, {"tenant 1/x~", true},
+		{"", false}, {strings.Repeat("a", 65), false}, {"a\tb", false}, {"a\x00", false}, {"é", false}, {"a\x7f", false},
+	}
+	for _, tc := range tests {
+		if got := validTenant(tc.id); got != tc.ok {
+			t.Errorf("validTenant(%q) = %v, want %v", tc.id, got, tc.ok)
+		}
+	}
+}
+
+func TestRoutingKeyFraming(t *testing.T) {
+	if routingKey("ab", "c", 1) == routingKey("a", "bc", 1) {
+		t.Error("tenant/model boundary not framed")
+	}
+	if routingKey("", "", 1) == routingKey("", "", 2) {
+		t.Error("prefix ignored")
+	}
+}
