@@ -58,7 +58,10 @@ type chatBody struct {
 
 // Body returns the JSON body of r: an OpenAI streaming chat completion
 // asking for the usage chunk. model is the base model's name (omitted when
-// empty); an adapter replaces it.
+// empty); an adapter replaces it. The tenant goes out as prompt_cache_key
+// in both API modes: the model server salts its cache with it (as the
+// simulator does), which is what the oracle assumes; the invoke mode adds
+// the SageMaker header for the router.
 func (r Request) Body(model string) ([]byte, error) {
 	b := chatBody{
 		Model:          model,
