@@ -18,6 +18,7 @@ func TestCalibration8B(t *testing.T) {
 	t.Logf("floor %v cachedFloor %v decodeFloor %v a=%.4g b=%.4g bc=%.4g c0=%.4g c1=%.4g",
 		p.Floor, p.CachedPrefillFloor, p.DecodeFloor, p.PrefillTokenSec, p.PrefillPairSec, p.PrefillCachedPairSec, p.DecodeBaseSec, p.DecodeKVTokenSec)
 	logChecks(t, p.Checks)
+	t.Logf("decode step of 100 sequences at 8,192 tokens: %v", p.DecodeDuration(100, 8192))
 	if len(p.Checks) != 23 {
 		t.Fatalf("got %d checks, want one per 8b row (23)", len(p.Checks))
 	}
