@@ -190,7 +190,10 @@ func (r *Registration) Close(ctx context.Context) error {
 	r.closeOnce.Do(func() {
 		r.cancel()
 		r.wg.Wait()
-		if id := r.LeaseID(); id != 0 {
+		if id := r.LeaseID(); id != 0 && r.cli.Ctx().Err() != nil {
+			// Revoking on a closed client only spins in its retries.
+			r.closeErr = fmt.Errorf("membership: etcd client closed before the registration; %s expires with its lease", r.key)
+		} else if id != 0 {
 			if _, err := r.cli.Revoke(ctx, id); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
 				r.closeErr = fmt.Errorf("membership: revoke lease of %s: %w", r.key, err)
 			}
@@ -259,6 +262,13 @@ func (r *Registration) run(lease activeLease, value []byte) {
 	bo := retryBackoff{min: 100 * time.Millisecond, max: min(time.Duration(r.ttl)*time.Second/2, 2*time.Second)}
 	var retry <-chan time.Time
 	for {
+		if r.cli.Ctx().Err() != nil {
+			// The client was closed under us: nothing can be written any
+			// more, and the lease expires by itself.
+			reply(ErrClosed)
+			<-r.ctx.Done()
+			return
+		}
 		if (lease.id == 0 || dirty) && retry == nil {
 			err := r.stepLocked(&lease, value, &dirty)
 			reply(err)

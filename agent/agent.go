@@ -1,0 +1,426 @@
+// Package agent is the sidecar beside a model server: it registers the
+// server in etcd once it is healthy, keeps its LoRA adapter list current and,
+// on shutdown, drains it before deregistering.
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/membership"
+)
+
+// Defaults of Config's zero values.
+const (
+	DefaultPollInterval      = 10 * time.Second
+	DefaultHealthInterval    = 500 * time.Millisecond
+	DefaultDrainTimeout      = 30 * time.Second
+	DefaultDrainGrace        = time.Second
+	DefaultDrainPollInterval = 250 * time.Millisecond
+	DefaultRequestTimeout    = 5 * time.Second
+	// ModelLabel is the Labels key that carries the base model's id.
+	ModelLabel = "model"
+)
+
+// DefaultHealthPaths are tried in order: vLLM and TGI answer /health,
+// SageMaker containers /ping.
+var DefaultHealthPaths = []string{"/health", "/ping"}
+
+// DefaultBusyMetrics are the model server's gauges whose sum is the number
+// of requests it still has to finish (vLLM's names).
+var DefaultBusyMetrics = []string{"vllm:num_requests_running", "vllm:num_requests_waiting"}
+
+// Config configures Run. Client, Endpoint, Instance.ID and Instance.Addr
+// are required; every other zero value means its default.
+type Config struct {
+	// Client reaches etcd (membership.NewClient). Run does not close it.
+	Client *clientv3.Client
+	// Options carry the layout (--etcd-prefix), the lease TTL (--ttl), the
+	// logger and metrics.
+	Options membership.Options
+	// Endpoint is the endpoint the instance serves.
+	Endpoint string
+	// Instance is the record to register. Its Adapters are static
+	// (--adapters) and are kept alongside discovered ones.
+	Instance fleet.Instance
+	// DiscoverAdapters polls ModelsPath every PollInterval and registers
+	// the adapters it lists (entries whose parent is set); the base model
+	// (parent null) goes into Labels["model"].
+	DiscoverAdapters bool
+	// HealthPaths are probed in order until one answers 2xx.
+	HealthPaths []string
+	// ModelsPath; zero means /v1/models.
+	ModelsPath string
+	// MetricsPath; zero means /metrics.
+	MetricsPath string
+	// BusyMetrics are summed over all their series to decide that the
+	// server is idle; zero means DefaultBusyMetrics.
+	BusyMetrics []string
+	// PollInterval of adapter discovery.
+	PollInterval time.Duration
+	// HealthInterval between health probes while waiting for the server.
+	HealthInterval time.Duration
+	// DrainTimeout bounds the wait for in-flight requests on shutdown.
+	DrainTimeout time.Duration
+	// DrainGrace is the least time between marking the instance draining
+	// and revoking it, so that requests routed just before the routers saw
+	// the flag arrive while the server is still watched.
+	DrainGrace time.Duration
+	// DrainPollInterval between scrapes of MetricsPath while draining.
+	DrainPollInterval time.Duration
+	// HTTPClient talks to the model server; nil means a client with
+	// DefaultRequestTimeout.
+	HTTPClient *http.Client
+}
+
+func (c *Config) setDefaults() {
+	if len(c.HealthPaths) == 0 {
+		c.HealthPaths = DefaultHealthPaths
+	}
+	if c.ModelsPath == "" {
+		c.ModelsPath = "/v1/models"
+	}
+	if c.MetricsPath == "" {
+		c.MetricsPath = "/metrics"
+	}
+	if len(c.BusyMetrics) == 0 {
+		c.BusyMetrics = DefaultBusyMetrics
+	}
+	if c.PollInterval <= 0 {
+		c.PollInterval = DefaultPollInterval
+	}
+	if c.HealthInterval <= 0 {
+		c.HealthInterval = DefaultHealthInterval
+	}
+	if c.DrainTimeout <= 0 {
+		c.DrainTimeout = DefaultDrainTimeout
+	}
+	if c.DrainGrace <= 0 {
+		c.DrainGrace = DefaultDrainGrace
+	}
+	if c.DrainPollInterval <= 0 {
+		c.DrainPollInterval = DefaultDrainPollInterval
+	}
+	if c.HTTPClient == nil {
+		c.HTTPClient = &http.Client{Timeout: DefaultRequestTimeout}
+	}
+	if c.Options.Logger == nil {
+		c.Options.Logger = slog.Default()
+	}
+}
+
+// Run waits until the model server is healthy, registers it and keeps the
+// registration (and, with DiscoverAdapters, its adapter list) current until
+// ctx is cancelled (the caller cancels it on SIGTERM/SIGINT). It then marks
+// the instance draining, waits until the server reports no running or
+// waiting requests or DrainTimeout passes, revokes the registration and
+// returns nil. If ctx ends before the server was healthy, nothing was
+// registered and Run returns nil. It returns an error only when the
+// configuration is invalid or the first registration fails.
+func Run(ctx context.Context, cfg Config) error {
+	cfg.setDefaults()
+	if cfg.Client == nil {
+		return errors.New("agent: no etcd client")
+	}
+	if err := membership.ValidateName("endpoint", cfg.Endpoint); err != nil {
+		return err
+	}
+	if err := cfg.Instance.Validate(); err != nil {
+		return err
+	}
+	a := &agent{cfg: cfg, log: cfg.Options.Logger.With("endpoint", cfg.Endpoint, "instance", cfg.Instance.ID)}
+	return a.run(ctx)
+}
+
+type agent struct {
+	cfg Config
+	log *slog.Logger
+	// warnedLoad: the unknown-load warning was logged (once per drain).
+	warnedLoad bool
+}
+
+func (a *agent) run(ctx context.Context) error {
+	if !a.waitHealthy(ctx) {
+		a.log.Info("agent: stopped before the model server was healthy; nothing registered")
+		return nil
+	}
+	in := a.cfg.Instance
+	static := slices.Clone(in.Adapters)
+	if a.cfg.DiscoverAdapters {
+		if d, err := a.discover(ctx); err != nil {
+			a.log.Warn("agent: adapter discovery failed; registering the static adapters", "err", err)
+		} else {
+			d.apply(&in, static)
+		}
+	}
+	reg, err := membership.RegisterInstance(ctx, a.cfg.Client, a.cfg.Endpoint, in, a.cfg.Options)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("agent: register: %w", err)
+	}
+	a.log.Info("agent: registered", "key", reg.Key(), "adapters", in.Adapters)
+
+	var poll <-chan time.Time
+	if a.cfg.DiscoverAdapters {
+		t := time.NewTicker(a.cfg.PollInterval)
+		defer t.Stop()
+		poll = t.C
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			a.drain(reg)
+			return nil
+		case <-poll:
+			d, err := a.discover(ctx)
+			if err != nil {
+				a.log.Warn("agent: adapter discovery failed; keeping the registered list", "err", err)
+				continue
+			}
+			cur := reg.Instance()
+			next := cur
+			d.apply(&next, static)
+			if slices.Equal(cur.Adapters, next.Adapters) && cur.Labels[ModelLabel] == next.Labels[ModelLabel] {
+				continue
+			}
+			uctx, cancel := context.WithTimeout(ctx, DefaultRequestTimeout)
+			err = reg.Update(uctx, func(in *fleet.Instance) { in.Adapters, in.Labels = next.Adapters, next.Labels })
+			cancel()
+			if err != nil {
+				// The registration keeps retrying the new record.
+				a.log.Warn("agent: adapter update not yet written", "err", err)
+				continue
+			}
+			a.log.Info("agent: adapters changed", "adapters", next.Adapters)
+		}
+	}
+}
+
+// waitHealthy probes the health paths until one answers 2xx; false if ctx
+// ended first.
+func (a *agent) waitHealthy(ctx context.Context) bool {
+	t := time.NewTicker(a.cfg.HealthInterval)
+	defer t.Stop()
+	for {
+		for _, p := range a.cfg.HealthPaths {
+			if a.get(ctx, p) == nil {
+				return true
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+		}
+	}
+}
+
+// get fetches path and returns an error unless it answered 2xx; the body is
+// discarded.
+func (a *agent) get(ctx context.Context, path string) error {
+	body, err := a.fetch(ctx, path, "")
+	if body != nil {
+		body.Close()
+	}
+	return err
+}
+
+func (a *agent) fetch(ctx context.Context, path, accept string) (io.ReadCloser, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(a.cfg.Instance.Addr, "/")+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	if accept != "" {
+		req.Header.Set("Accept", accept)
+	}
+	resp, err := a.cfg.HTTPClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode/100 != 2 {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
+		resp.Body.Close()
+		return nil, fmt.Errorf("agent: GET %s: %s", path, resp.Status)
+	}
+	return resp.Body, nil
+}
+
+// discovery is what the model server's /v1/models lists.
+type discovery struct {
+	base     string
+	adapters []string
+}
+
+// apply sets in's adapters to the union of static and discovered ones
+// (sorted) and its model label to the base model.
+func (d discovery) apply(in *fleet.Instance, static []string) {
+	set := append(slices.Clone(static), d.adapters...)
+	slices.Sort(set)
+	in.Adapters = slices.Compact(set)
+	if d.base != "" {
+		labels := make(map[string]string, len(in.Labels)+1)
+		for k, v := range in.Labels {
+			labels[k] = v
+		}
+		labels[ModelLabel] = d.base
+		in.Labels = labels
+	}
+}
+
+func (a *agent) discover(ctx context.Context) (discovery, error) {
+	body, err := a.fetch(ctx, a.cfg.ModelsPath, "application/json")
+	if err != nil {
+		return discovery{}, err
+	}
+	defer body.Close()
+	return parseModels(io.LimitReader(body, 8<<20))
+}
+
+// parseModels reads an OpenAI model list as vLLM serves it: LoRA adapters
+// carry the id of their base model in "parent", the base model has
+// "parent": null.
+func parseModels(r io.Reader) (discovery, error) {
+	var list struct {
+		Data []struct {
+			ID     string  `json:"id"`
+			Parent *string `json:"parent"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(r).Decode(&list); err != nil {
+		return discovery{}, fmt.Errorf("agent: decode model list: %w", err)
+	}
+	var d discovery
+	for _, m := range list.Data {
+		if m.ID == "" {
+			continue
+		}
+		if m.Parent == nil || *m.Parent == "" {
+			if d.base == "" {
+				d.base = m.ID
+			}
+			continue
+		}
+		d.adapters = append(d.adapters, m.ID)
+	}
+	slices.Sort(d.adapters)
+	d.adapters = slices.Compact(d.adapters)
+	return d, nil
+}
+
+// drain marks the instance draining, waits for the server to finish its
+// requests (or DrainTimeout) and revokes the registration.
+func (a *agent) drain(reg *membership.InstanceRegistration) {
+	start := time.Now()
+	deadline := start.Add(a.cfg.DrainTimeout)
+	dctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	a.log.Info("agent: draining", "timeout", a.cfg.DrainTimeout)
+	if err := reg.SetDraining(dctx, true); err != nil {
+		a.log.Warn("agent: draining flag not written", "err", err)
+	}
+	t := time.NewTicker(a.cfg.DrainPollInterval)
+	defer t.Stop()
+wait:
+	for !a.idle(dctx, start) {
+		select {
+		case <-dctx.Done():
+			a.log.Warn("agent: drain timeout; deregistering with requests possibly in flight", "timeout", a.cfg.DrainTimeout)
+			break wait
+		case <-t.C:
+		}
+	}
+	rctx, rcancel := context.WithTimeout(context.Background(), DefaultRequestTimeout)
+	defer rcancel()
+	if err := reg.Close(rctx); err != nil {
+		a.log.Warn("agent: revoke failed; the record expires with its lease", "err", err)
+		return
+	}
+	a.log.Info("agent: deregistered")
+}
+
+// idle reports whether the drain may end: the server reports no running or
+// waiting requests and DrainGrace has passed since it started, or the
+// server no longer accepts connections.
+func (a *agent) idle(ctx context.Context, start time.Time) bool {
+	busy, err := a.busy(ctx)
+	var op *net.OpError
+	switch {
+	case errors.As(err, &op) && op.Op == "dial":
+		// The model server is stopping too (in Kubernetes every container
+		// of the pod gets SIGTERM at once): nothing can be in flight.
+		a.log.Info("agent: model server no longer accepts connections; ending the drain", "err", err)
+		return true
+	case err != nil:
+		// Unknown load: only the drain timeout ends the wait.
+		if !a.warnedLoad {
+			a.warnedLoad = true
+			a.log.Warn("agent: cannot read the model server's load; waiting for the drain timeout", "err", err)
+		}
+		return false
+	case busy > 0:
+		return false
+	case time.Since(start) < a.cfg.DrainGrace:
+		return false
+	}
+	a.log.Info("agent: drained", "after", time.Since(start).Round(time.Millisecond))
+	return true
+}
+
+// busy returns the sum of the busy metrics. It is an error when the scrape
+// fails or none of the metrics is exposed (the load is then unknown).
+func (a *agent) busy(ctx context.Context) (float64, error) {
+	body, err := a.fetch(ctx, a.cfg.MetricsPath, "text/plain;version=0.0.4")
+	if err != nil {
+		return 0, err
+	}
+	defer body.Close()
+	return sumMetrics(io.LimitReader(body, 32<<20), a.cfg.BusyMetrics)
+}
+
+// sumMetrics sums every series of the named families in a Prometheus text
+// exposition.
+func sumMetrics(r io.Reader, names []string) (float64, error) {
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(r)
+	if err != nil {
+		return 0, fmt.Errorf("agent: parse metrics: %w", err)
+	}
+	found, sum := false, 0.0
+	for _, n := range names {
+		f, ok := fams[n]
+		if !ok {
+			continue
+		}
+		found = true
+		for _, m := range f.GetMetric() {
+			switch {
+			case m.Gauge != nil:
+				sum += m.GetGauge().GetValue()
+			case m.Untyped != nil:
+				sum += m.GetUntyped().GetValue()
+			case m.Counter != nil:
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	if !found {
+		return 0, fmt.Errorf("agent: none of %s in the model server's metrics", strings.Join(names, ", "))
+	}
+	return sum, nil
+}

@@ -1,0 +1,362 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/goleak"
+
+	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/membership"
+	"github.com/prefixrouter/prefixrouter/membership/etcdtest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// fakeServer is a model server over real HTTP whose health, model list and
+// load the test controls.
+type fakeServer struct {
+	*httptest.Server
+	healthy      atomic.Bool
+	healthPath   string // the only health path that exists
+	healthProbes atomic.Int64
+	scrapes      atomic.Int64
+	running      atomic.Int64
+	waiting      atomic.Int64
+	noMetrics    atomic.Bool
+
+	mu       sync.Mutex // guards adapters
+	adapters []string
+}
+
+func newFakeServer(t *testing.T, healthPath string) *fakeServer {
+	f := &fakeServer{healthPath: healthPath}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET "+healthPath, func(w http.ResponseWriter, r *http.Request) {
+		f.healthProbes.Add(1)
+		if !f.healthy.Load() {
+			http.Error(w, "loading", http.StatusServiceUnavailable)
+		}
+	})
+	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, r *http.Request) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		data := []map[string]any{{"id": "base", "object": "model", "parent": nil, "root": "base"}}
+		for _, a := range f.adapters {
+			data = append(data, map[string]any{"id": a, "object": "model", "parent": "base", "root": "/adapters/" + a})
+		}
+		_ = json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": data})
+	})
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
+		f.scrapes.Add(1)
+		if f.noMetrics.Load() {
+			fmt.Fprintln(w, "# TYPE other gauge\nother 1")
+			return
+		}
+		fmt.Fprintf(w, "# HELP vllm:num_requests_running Number of requests in model execution batches.\n# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"base\"} %d\n", f.running.Load())
+		fmt.Fprintf(w, "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"base\"} %d\n", f.waiting.Load())
+	})
+	f.Server = httptest.NewServer(mux)
+	t.Cleanup(f.Close)
+	return f
+}
+
+func (f *fakeServer) setAdapters(a ...string) {
+	f.mu.Lock()
+	f.adapters = a
+	f.mu.Unlock()
+}
+
+func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %v: %s", d, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// record reads the instance's record from etcd; ok is false when absent.
+func record(t *testing.T, cli *clientv3.Client, id string) (fleet.Instance, bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := cli.Get(ctx, membership.Layout{}.InstanceKey("ep", id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Kvs) == 0 {
+		return fleet.Instance{}, false
+	}
+	var in fleet.Instance
+	if err := json.Unmarshal(resp.Kvs[0].Value, &in); err != nil {
+		t.Fatal(err)
+	}
+	return in, true
+}
+
+type running struct {
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func start(t *testing.T, cfg Config) *running {
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &running{cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- Run(ctx, cfg) }()
+	t.Cleanup(func() { cancel(); <-r.done })
+	return r
+}
+
+func (r *running) stop(t *testing.T, within time.Duration) error {
+	t.Helper()
+	r.cancel()
+	select {
+	case err := <-r.done:
+		r.done <- err // for the cleanup
+		return err
+	case <-time.After(within):
+		t.Fatalf("Run did not return within %v", within)
+		return nil
+	}
+}
+
+func baseConfig(cli *clientv3.Client, f *fakeServer, id string) Config {
+	return Config{
+		Client:            cli,
+		Options:           membership.Options{TTL: 2 * time.Second, Logger: quiet},
+		Endpoint:          "ep",
+		Instance:          fleet.Instance{ID: id, Addr: f.URL, Adapters: []string{"static"}},
+		HealthInterval:    10 * time.Millisecond,
+		PollInterval:      20 * time.Millisecond,
+		DrainPollInterval: 10 * time.Millisecond,
+		DrainGrace:        50 * time.Millisecond,
+		DrainTimeout:      10 * time.Second,
+	}
+}
+
+func TestAgentLifecycle(t *testing.T) {
+	e := etcdtest.Start(t)
+	cli := etcdtest.Client(t, e)
+	f := newFakeServer(t, "/health")
+	f.setAdapters("lora-a")
+	cfg := baseConfig(cli, f, "i-1")
+	cfg.DiscoverAdapters = true
+	r := start(t, cfg)
+
+	// Not registered while the server is unhealthy.
+	eventually(t, 5*time.Second, "health probed", func() bool { return f.healthProbes.Load() >= 3 })
+	if _, ok := record(t, cli, "i-1"); ok {
+		t.Fatal("registered before the model server was healthy")
+	}
+	f.healthy.Store(true)
+	eventually(t, 5*time.Second, "registered with discovered adapters", func() bool {
+		in, ok := record(t, cli, "i-1")
+		return ok && slices.Equal(in.Adapters, []string{"lora-a", "static"}) && in.Labels[ModelLabel] == "base"
+	})
+
+	f.setAdapters("lora-a", "lora-b")
+	eventually(t, 2*time.Second, "adapter change registered", func() bool {
+		in, _ := record(t, cli, "i-1")
+		return slices.Equal(in.Adapters, []string{"lora-a", "lora-b", "static"})
+	})
+	f.setAdapters()
+	eventually(t, 2*time.Second, "adapter removal registered", func() bool {
+		in, _ := record(t, cli, "i-1")
+		return slices.Equal(in.Adapters, []string{"static"})
+	})
+
+	// Busy server: shutting down marks draining but keeps the record
+	// until the load is zero.
+	f.running.Store(2)
+	f.waiting.Store(1)
+	r.cancel()
+	eventually(t, 2*time.Second, "draining", func() bool {
+		in, ok := record(t, cli, "i-1")
+		return ok && in.Draining
+	})
+	scrapes := f.scrapes.Load()
+	eventually(t, 2*time.Second, "several scrapes while busy", func() bool { return f.scrapes.Load() >= scrapes+5 })
+	if _, ok := record(t, cli, "i-1"); !ok {
+		t.Fatal("deregistered while requests were running")
+	}
+	f.running.Store(0)
+	eventually(t, 2*time.Second, "waiting scrape", func() bool { return f.scrapes.Load() >= scrapes+8 })
+	if _, ok := record(t, cli, "i-1"); !ok {
+		t.Fatal("deregistered while requests were waiting")
+	}
+	f.waiting.Store(0)
+	if err := r.stop(t, 5*time.Second); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	if _, ok := record(t, cli, "i-1"); ok {
+		t.Fatal("record still there after the drain")
+	}
+}
+
+func TestAgentDrainTimeout(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		prep func(*fakeServer)
+	}{
+		{"busy", func(f *fakeServer) { f.running.Store(1) }},
+		{"unknown load", func(f *fakeServer) { f.noMetrics.Store(true) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := etcdtest.Start(t)
+			cli := etcdtest.Client(t, e)
+			f := newFakeServer(t, "/health")
+			f.healthy.Store(true)
+			tc.prep(f)
+			cfg := baseConfig(cli, f, "i-1")
+			cfg.DrainTimeout = 300 * time.Millisecond
+			r := start(t, cfg)
+			eventually(t, 5*time.Second, "registered", func() bool { _, ok := record(t, cli, "i-1"); return ok })
+			began := time.Now()
+			if err := r.stop(t, 5*time.Second); err != nil {
+				t.Fatal(err)
+			}
+			if took := time.Since(began); took < cfg.DrainTimeout {
+				t.Fatalf("drain ended after %v, before the %v timeout", took, cfg.DrainTimeout)
+			}
+			if _, ok := record(t, cli, "i-1"); ok {
+				t.Fatal("record still there after the drain timeout")
+			}
+		})
+	}
+}
+
+func TestAgentServerGoneEndsDrain(t *testing.T) {
+	e := etcdtest.Start(t)
+	cli := etcdtest.Client(t, e)
+	f := newFakeServer(t, "/health")
+	f.healthy.Store(true)
+	f.running.Store(5)
+	cfg := baseConfig(cli, f, "i-1")
+	cfg.DrainTimeout = time.Minute
+	r := start(t, cfg)
+	eventually(t, 5*time.Second, "registered", func() bool { _, ok := record(t, cli, "i-1"); return ok })
+	f.Close()
+	if err := r.stop(t, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := record(t, cli, "i-1"); ok {
+		t.Fatal("record still there")
+	}
+}
+
+func TestAgentPingFallback(t *testing.T) {
+	e := etcdtest.Start(t)
+	cli := etcdtest.Client(t, e)
+	f := newFakeServer(t, "/ping") // no /health: 404
+	f.healthy.Store(true)
+	r := start(t, baseConfig(cli, f, "i-2"))
+	eventually(t, 5*time.Second, "registered via /ping", func() bool {
+		in, ok := record(t, cli, "i-2")
+		return ok && slices.Equal(in.Adapters, []string{"static"}) && in.Labels[ModelLabel] == ""
+	})
+	if err := r.stop(t, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestAgentStopBeforeHealthy(t *testing.T) {
+	e := etcdtest.Start(t)
+	cli := etcdtest.Client(t, e)
+	f := newFakeServer(t, "/health")
+	r := start(t, baseConfig(cli, f, "i-3"))
+	eventually(t, 5*time.Second, "health probed", func() bool { return f.healthProbes.Load() >= 2 })
+	if err := r.stop(t, 5*time.Second); err != nil {
+		t.Fatalf("Run = %v, want nil", err)
+	}
+	if _, ok := record(t, cli, "i-3"); ok {
+		t.Fatal("registered although never healthy")
+	}
+}
+
+func TestRunRejectsBadConfig(t *testing.T) {
+	e := etcdtest.Start(t)
+	cli := etcdtest.Client(t, e)
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+	}{
+		{"no client", Config{Endpoint: "ep", Instance: fleet.Instance{ID: "a", Addr: "http://x"}}},
+		{"no endpoint", Config{Client: cli, Instance: fleet.Instance{ID: "a", Addr: "http://x"}}},
+		{"no addr", Config{Client: cli, Endpoint: "ep", Instance: fleet.Instance{ID: "a"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := Run(context.Background(), tc.cfg); err == nil {
+				t.Fatal("accepted")
+			}
+		})
+	}
+}
+
+func TestParseModels(t *testing.T) {
+	for _, tc := range []struct {
+		name, body string
+		base       string
+		adapters   []string
+		err        bool
+	}{
+		{"vllm", `{"object":"list","data":[{"id":"base","object":"model","parent":null},{"id":"lora-b","parent":"base"},{"id":"lora-a","parent":"base"}]}`, "base", []string{"lora-a", "lora-b"}, false},
+		{"no parent field", `{"data":[{"id":"m"}]}`, "m", nil, false},
+		{"empty", `{"object":"list","data":[]}`, "", nil, false},
+		{"garbage", `<html>`, "", nil, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d, err := parseModels(strings.NewReader(tc.body))
+			if (err != nil) != tc.err {
+				t.Fatalf("err = %v", err)
+			}
+			if d.base != tc.base || !slices.Equal(d.adapters, tc.adapters) {
+				t.Fatalf("got %+v", d)
+			}
+		})
+	}
+}
+
+func TestSumMetrics(t *testing.T) {
+	const vllm = `# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="a"} 2
+vllm:num_requests_running{model_name="b"} 1
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="a"} 4
+# TYPE vllm:gpu_cache_usage_perc gauge
+vllm:gpu_cache_usage_perc 0.5
+`
+	for _, tc := range []struct {
+		name, body string
+		want       float64
+		err        bool
+	}{
+		{"vllm", vllm, 7, false},
+		{"idle", "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0\n", 0, false},
+		{"absent", "# TYPE other gauge\nother 3\n", 0, true},
+		{"garbage", "{{{", 0, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := sumMetrics(strings.NewReader(tc.body), DefaultBusyMetrics)
+			if (err != nil) != tc.err || got != tc.want {
+				t.Fatalf("sum = %v, %v; want %v (error %v)", got, err, tc.want, tc.err)
+			}
+		})
+	}
+}
