@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"math/bits"
 	"unicode/utf8"
 
 	"github.com/cespare/xxhash/v2"
@@ -93,15 +94,11 @@ func (h *prefixHasher) text(raw []byte) error {
 			run = raw[:k]
 		}
 		if len(run) > 0 {
-			n := utf8.RuneCount(run)
-			if n > h.left {
-				run = run[:runeOffset(run, h.left)]
-				n = h.left
-			}
-			_, _ = h.d.Write(run)
+			n, cut := cutCodePoints(run, h.left)
+			_, _ = h.d.Write(run[:cut])
 			h.left -= n
-			if h.left == 0 {
-				return nil
+			if cut < len(run) {
+				return nil // budget spent
 			}
 		}
 		if k < 0 {
@@ -119,19 +116,33 @@ func (h *prefixHasher) text(raw []byte) error {
 	return nil
 }
 
-// runeOffset returns the byte offset of the n-th code point of b (counting
-// invalid bytes as one, like utf8.RuneCount).
-func runeOffset(b []byte, n int) int {
+// cutCodePoints counts the code points at the start of b, up to left, as the
+// bytes that are not UTF-8 continuation bytes (10xxxxxx), eight at a time.
+// It returns the count and the length of the prefix of b that holds exactly
+// them (with the continuation bytes of the last). For valid UTF-8 this is
+// the number of Unicode code points; invalid bytes count deterministically.
+func cutCodePoints(b []byte, left int) (n, cut int) {
 	i := 0
-	for ; n > 0 && i < len(b); n-- {
-		if b[i] < utf8.RuneSelf {
-			i++
-			continue
+	for ; i+8 <= len(b); i += 8 {
+		x := binary.LittleEndian.Uint64(b[i:])
+		// Bit 7 of each byte of cont is set for a continuation byte: bit 7
+		// set and bit 6 (shifted into bit 7) clear.
+		cont := x &^ (x << 1) & 0x8080808080808080
+		starts := 8 - bits.OnesCount64(cont)
+		if n+starts > left {
+			break
 		}
-		_, size := utf8.DecodeRune(b[i:])
-		i += size
+		n += starts
 	}
-	return i
+	for ; i < len(b); i++ {
+		if b[i]&0xC0 != 0x80 {
+			if n == left {
+				return n, i
+			}
+			n++
+		}
+	}
+	return n, len(b)
 }
 
 // openAIRequest holds the fields of an OpenAI request that routing needs.

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 func chatBody(t testing.TB, msgs ...any) []byte {
@@ -198,5 +199,23 @@ func TestRoutingKeyFraming(t *testing.T) {
 	}
 	if routingKey("", "", 1) == routingKey("", "", 2) {
 		t.Error("prefix ignored")
+	}
+}
+
+func TestCutCodePoints(t *testing.T) {
+	tests := []string{"", "a", "abcdefghijklmnopqrstuvwxyz", "ééééééééééé", "日本語のテキストです。もっと長く", "a😀b😀c😀d😀e😀f😀g😀h", strings.Repeat("ü", 37) + "x"}
+	for _, s := range tests {
+		total := utf8.RuneCountInString(s)
+		for left := 0; left <= total+2; left++ {
+			n, cut := cutCodePoints([]byte(s), left)
+			want := min(left, total)
+			wantCut := len(s)
+			if left < total {
+				wantCut = len(string([]rune(s)[:left]))
+			}
+			if n != want || cut != wantCut {
+				t.Fatalf("cutCodePoints(%q, %d) = %d, %d; want %d, %d", s, left, n, cut, want, wantCut)
+			}
+		}
 	}
 }

@@ -160,6 +160,7 @@ func New(opts Options) (*Router, error) {
 	if opts.LoadPollInterval > 0 {
 		p, err := overload.NewPoller(overload.PollerOptions{
 			Interval: opts.LoadPollInterval,
+			Client:   &http.Client{Transport: tr, Timeout: opts.LoadPollInterval},
 			Targets:  r.pollTargets,
 			Logger:   r.log,
 		})

@@ -1,0 +1,263 @@
+package router
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prefixrouter/prefixrouter/fleet"
+)
+
+func TestStrategiesSwitchLive(t *testing.T) {
+	bs := threeBackends(t)
+	h := newHarness(t, hopts{cfg: prefixCfg(10)}, bs...)
+	if res := h.mustDo("/invocations", "same", nil); res.decision != DecisionAffinity {
+		t.Fatalf("decision %q", res.decision)
+	}
+	h.ep.Config = fleet.RoutingConfig{RoutingStrategy: fleet.Random}
+	h.update()
+	seen := map[string]bool{}
+	for range 60 {
+		res := h.mustDo("/invocations", "same", nil)
+		if res.status != 200 || res.decision != DecisionRandom {
+			t.Fatalf("status %d decision %q", res.status, res.decision)
+		}
+		seen[res.instance] = true
+	}
+	// P(one of 3 never chosen in 60) < 3*(2/3)^60 ≈ 1e-10.
+	if len(seen) != 3 {
+		t.Fatalf("RANDOM used only %v", seen)
+	}
+	h.ep.Config = fleet.RoutingConfig{RoutingStrategy: fleet.LeastOutstanding}
+	h.update()
+	// Block one request on whichever instance it lands on; the next
+	// requests must avoid that instance.
+	var wg sync.WaitGroup
+	wg.Add(1)
+	var first result
+	go func() {
+		defer wg.Done()
+		first, _ = h.do(t.Context(), "/invocations", "same", map[string]string{"X-Test-Block": "1"})
+	}()
+	var busy *backend
+	waitFor(t, "a blocked request", func() bool {
+		for _, b := range bs {
+			if b.blocked.Load() == 1 {
+				busy = b
+				return true
+			}
+		}
+		return false
+	})
+	for range 20 {
+		res := h.mustDo("/invocations", "same", nil)
+		if res.decision != DecisionLeastOutstanding || res.instance == busy.id {
+			t.Fatalf("LOR went to %s (%s) while %s was busy", res.instance, res.decision, busy.id)
+		}
+	}
+	close(busy.release)
+	wg.Wait()
+	if first.instance != busy.id || first.decision != DecisionLeastOutstanding {
+		t.Fatalf("blocked request: %+v", first)
+	}
+}
+
+func TestReplicaShareLowersThreshold(t *testing.T) {
+	bs := threeBackends(t)
+	h := newHarness(t, hopts{cfg: prefixCfg(4)}, bs...)
+	// Four replicas share a threshold of 4: this one admits 1 per instance.
+	h.r.Update(fleet.NewSnapshot([]fleet.Endpoint{h.ep}, 0, 4, time.Now()))
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		h.do(t.Context(), "/invocations", "p", map[string]string{"X-Test-Block": "1"})
+	}()
+	var busy *backend
+	waitFor(t, "blocked", func() bool {
+		for _, b := range bs {
+			if b.blocked.Load() == 1 {
+				busy = b
+				return true
+			}
+		}
+		return false
+	})
+	res := h.mustDo("/invocations", "p", nil)
+	if res.instance == busy.id || res.decision != DecisionSpill {
+		t.Fatalf("with share 1 the second request went to %s (%s)", res.instance, res.decision)
+	}
+	close(busy.release)
+	wg.Wait()
+}
+
+func TestModelsHealthReady(t *testing.T) {
+	h := newHarness(t, hopts{cfg: prefixCfg(10), labels: map[string]string{"model": "base"}, adapters: []string{"lora-1", "lora-2"}}, threeBackends(t)...)
+	get := func(path string) (int, string) {
+		resp, err := h.client.Get(h.srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	for _, path := range []string{"/v1/models", "/endpoints/ep/openai/v1/models"} {
+		code, body := get(path)
+		var list modelList
+		if err := json.Unmarshal([]byte(body), &list); err != nil || code != 200 || list.Object != "list" {
+			t.Fatalf("%s: %d %s", path, code, body)
+		}
+		var ids []string
+		for _, m := range list.Data {
+			ids = append(ids, m.ID)
+			if m.Object != "model" {
+				t.Fatalf("entry %+v", m)
+			}
+		}
+		if strings.Join(ids, ",") != "base,lora-1,lora-2" {
+			t.Fatalf("%s: models %v", path, ids)
+		}
+	}
+	for _, path := range []string{"/ping", "/healthz", "/readyz"} {
+		if code, body := get(path); code != 200 || body != "ok\n" {
+			t.Fatalf("%s: %d %q", path, code, body)
+		}
+	}
+	// Every instance draining: not ready.
+	for i := range h.ep.Instances {
+		h.ep.Instances[i].Draining = true
+	}
+	h.update()
+	if code, _ := get("/readyz"); code != 503 {
+		t.Fatalf("readyz with all draining: %d", code)
+	}
+	if code, _ := get("/healthz"); code != 200 {
+		t.Fatalf("healthz: %d", code)
+	}
+}
+
+func TestReadyHook(t *testing.T) {
+	r, err := New(Options{DefaultEndpoint: "ep", Ready: func() error { return fmt.Errorf("snapshot too old") }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	r.Update(fleet.NewSnapshot([]fleet.Endpoint{{Name: "ep", Instances: []fleet.Instance{{ID: "a", Addr: "http://127.0.0.1:1"}}}}, 0, 1, time.Now()))
+	if err := r.Ready(); err == nil || !strings.Contains(err.Error(), "too old") {
+		t.Fatalf("Ready = %v", err)
+	}
+}
+
+func TestStatePersistsAcrossSnapshots(t *testing.T) {
+	bs := threeBackends(t)
+	h := newHarness(t, hopts{cfg: prefixCfg(10)}, bs...)
+	st := h.state("i-a")
+	d, ok := st.Acquire()
+	if !ok {
+		t.Fatal("not admitted")
+	}
+	h.ep.Instances = h.ep.Instances[:2] // i-c leaves
+	h.update()
+	if h.state("i-a") != st || st.InFlight() != 1 {
+		t.Fatal("i-a lost its state")
+	}
+	if h.r.view.Load().endpoints["ep"].instances["i-c"] != nil {
+		t.Fatal("i-c not dropped")
+	}
+	d(nil)
+}
+
+func TestMetrics(t *testing.T) {
+	h := newHarness(t, hopts{cfg: prefixCfg(10)}, threeBackends(t)...)
+	h.mustDo("/invocations", "x", nil)
+	h.mustDo("/endpoints/nope/invocations", "x", nil)
+	fams, err := h.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, f := range fams {
+		got[f.GetName()] = true
+	}
+	for _, name := range []string{
+		"prefixrouter_requests_total", "prefixrouter_pick_duration_seconds",
+		"prefixrouter_instance_in_flight", "prefixrouter_instance_breaker_state", "prefixrouter_instance_external_load",
+	} {
+		if !got[name] {
+			t.Errorf("metric %s missing (have %v)", name, got)
+		}
+	}
+	ok := counterValue(h.r.metrics.requests.WithLabelValues("ep", "PREFIX_AWARE", DecisionAffinity, "200"))
+	nf := counterValue(h.r.metrics.requests.WithLabelValues("unknown", "", decisionNone, "404"))
+	if ok != 1 || nf != 1 {
+		t.Fatalf("requests: affinity/200 %v, unknown/404 %v", ok, nf)
+	}
+}
+
+func TestLoadPoller(t *testing.T) {
+	b := newBackend(t, "i-a")
+	b.handler = func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" {
+			fmt.Fprint(w, "vllm:num_requests_running 7\nvllm:num_requests_waiting 2\n")
+			return
+		}
+		fmt.Fprint(w, "ok")
+	}
+	tr := NewTransport(0)
+	r, err := New(Options{DefaultEndpoint: "ep", LoadPollInterval: 5 * time.Millisecond, Transport: tr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	r.Update(fleet.NewSnapshot([]fleet.Endpoint{{Name: "ep", Instances: []fleet.Instance{{ID: "i-a", Addr: b.srv.URL}}}}, 0, 1, time.Now()))
+	st := r.view.Load().endpoints["ep"].instances["i-a"].state
+	waitFor(t, "polled load", func() bool { return st.ExternalLoad() == 9 })
+	if st.HasRoom(9, 1) || !st.HasRoom(10, 1) {
+		t.Fatal("external load not used for admission")
+	}
+}
+
+func TestParseStaticInstances(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    []string
+		wantErr bool
+	}{
+		{"a=http://127.0.0.1:8001,b=http://127.0.0.1:8002", []string{"a@http://127.0.0.1:8001", "b@http://127.0.0.1:8002"}, false},
+		{" a = http://h:1 , ", []string{"a@http://h:1"}, false},
+		{"", nil, true},
+		{"a", nil, true},
+		{"a=127.0.0.1:1", nil, true},
+		{"a=http://h:1,a=http://h:2", nil, true},
+		{"a/b=http://h:1", nil, true},
+	}
+	for _, tc := range tests {
+		got, err := ParseStaticInstances(tc.in)
+		if (err != nil) != tc.wantErr {
+			t.Errorf("ParseStaticInstances(%q) err = %v", tc.in, err)
+			continue
+		}
+		var s []string
+		for _, in := range got {
+			s = append(s, in.ID+"@"+in.Addr)
+		}
+		if strings.Join(s, ",") != strings.Join(tc.want, ",") {
+			t.Errorf("ParseStaticInstances(%q) = %v, want %v", tc.in, s, tc.want)
+		}
+	}
+}
+
+func TestNewValidates(t *testing.T) {
+	for _, o := range []Options{{}, {DefaultEndpoint: "e", MaxBodyBytes: -1}, {DefaultEndpoint: "e", LoadPollInterval: -1}} {
+		if r, err := New(o); err == nil {
+			r.Close()
+			t.Errorf("New(%+v) accepted", o)
+		}
+	}
+}
