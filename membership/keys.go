@@ -2,6 +2,8 @@ package membership
 
 import (
 	"fmt"
+	"os"
+	"strconv"
 	"strings"
 )
 
@@ -102,4 +104,18 @@ func ValidateName(kind, name string) error {
 		}
 	}
 	return nil
+}
+
+// DefaultReplicaID names a router replica when --replica-id is not given:
+// the host name and process id, unique among live replicas on a host.
+func DefaultReplicaID() string {
+	h, err := os.Hostname()
+	if err != nil || ValidateName("router replica", h) != nil {
+		h = "router"
+	}
+	id := h + "-" + strconv.Itoa(os.Getpid())
+	if len(id) > MaxNameLength {
+		id = id[len(id)-MaxNameLength:]
+	}
+	return id
 }

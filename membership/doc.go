@@ -1,0 +1,44 @@
+// Package membership keeps the fleet in etcd: leased instance and router
+// registrations, list-then-watch into immutable fleet snapshots, and the
+// per-endpoint routing-config key.
+//
+// The etcd layout (v1) under the root prefix (Layout, --etcd-prefix):
+//
+//	<prefix>/endpoints/<endpoint>/instances/<instance-id>   lease-bound fleet.Instance JSON
+//	<prefix>/endpoints/<endpoint>/config                     fleet.RoutingConfig JSON, no lease
+//	<prefix>/routers/<replica-id>                            lease-bound RouterInfo JSON
+//
+// A router replica (prefixrouter serve):
+//
+//	cli, err := membership.NewClient(membership.ClientConfig{Endpoints: eps})
+//	opts := membership.Options{Layout: membership.Layout{Prefix: prefix}, Metrics: membership.NewMetrics(reg)}
+//	w := membership.StartWatcher(cli, membership.WatcherOptions{Options: opts}, router.Update)
+//	defer w.Close()
+//	r, err := membership.RegisterRouter(ctx, cli, replicaID, membership.RouterInfo{Addr: addr, Version: v}, opts)
+//	defer r.Close(shutdownCtx)
+//	// /readyz: w.Snapshot() != nil && w.Snapshot().InstanceCount() > 0; w.SnapshotAge() says how stale.
+//
+// A model-server instance (prefixrouter register; see package agent):
+//
+//	reg, err := membership.RegisterInstance(ctx, cli, endpoint, fleet.Instance{ID: id, Addr: addr}, opts)
+//	reg.SetAdapters(ctx, []string{"lora-a"}) // in place, same lease
+//	reg.SetDraining(ctx, true)               // routers stop sending new requests
+//	reg.Close(ctx)                           // revoke: the record disappears at once
+//
+// The routing config (prefixrouter config set/get):
+//
+//	err := membership.PutConfig(ctx, cli, layout, endpoint, cfg) // errors.Is(err, fleet.ErrInvalidConfig) → exit 2
+//	cfg, set, err := membership.GetConfig(ctx, cli, layout, endpoint)
+//
+// Registrations hold their key under a lease (DefaultTTL 5 s) and always
+// drain the keepalive channel; when the lease is lost (it expired while etcd
+// was unreachable, or someone revoked it) they grant a new one and put the
+// latest record again. The watcher lists the prefix at revision R, watches
+// from R+1 (WithRequireLeader, progress notifications) and lists again on
+// ErrCompacted or a closed watch. One goroutine owns the state and publishes
+// a full snapshot after each list and each watch response that carried
+// events. Records that do not parse or validate are skipped and counted; an
+// invalid config keeps the endpoint's previous valid one. While etcd is
+// unreachable nothing is published: the last snapshot stays (static
+// stability) and SnapshotAge grows.
+package membership

@@ -1,0 +1,163 @@
+package membership
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"math/big"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prefixrouter/prefixrouter/fleet"
+)
+
+func TestLayoutParseKey(t *testing.T) {
+	for _, tc := range []struct {
+		prefix, key string
+		kind        keyKind
+		ep, id      string
+	}{
+		{"", "/prefixrouter/v1/endpoints/ep/instances/i-1", kindInstance, "ep", "i-1"},
+		{"/prefixrouter/v1/", "/prefixrouter/v1/endpoints/ep/config", kindConfig, "ep", ""},
+		{"/custom", "/custom/routers/r1", kindRouter, "", "r1"},
+		{"", "/prefixrouter/v1/routers/r1/extra", kindOther, "", ""},
+		{"", "/prefixrouter/v1/endpoints/ep/instances/", kindOther, "", ""},
+		{"", "/prefixrouter/v1/endpoints/ep/other", kindOther, "", ""},
+		{"", "/prefixrouter/v1/endpoints//config", kindOther, "", ""},
+		{"", "/prefixrouter/v1/endpoints/ep/instances/a/b", kindOther, "", ""},
+		{"/custom", "/prefixrouter/v1/routers/r1", kindOther, "", ""},
+	} {
+		kind, ep, id := Layout{Prefix: tc.prefix}.parseKey(tc.key)
+		if kind != tc.kind || ep != tc.ep || id != tc.id {
+			t.Errorf("parseKey(%q, %q) = %v %q %q, want %v %q %q", tc.prefix, tc.key, kind, ep, id, tc.kind, tc.ep, tc.id)
+		}
+	}
+	l := Layout{Prefix: "/x/"}
+	if got := l.InstanceKey("ep", "i"); got != "/x/endpoints/ep/instances/i" {
+		t.Errorf("InstanceKey = %q", got)
+	}
+	if got := l.RouterKey("r"); got != "/x/routers/r" {
+		t.Errorf("RouterKey = %q", got)
+	}
+	if got := l.ConfigKey("ep"); got != "/x/endpoints/ep/config" {
+		t.Errorf("ConfigKey = %q", got)
+	}
+	if err := ValidateName("router replica", DefaultReplicaID()); err != nil {
+		t.Errorf("DefaultReplicaID: %v", err)
+	}
+}
+
+func TestParseRoutingConfig(t *testing.T) {
+	for _, tc := range []struct {
+		raw   string
+		valid bool
+		want  fleet.Strategy
+	}{
+		{`{"RoutingStrategy":"PREFIX_AWARE","PrefixAwareRoutingConfig":{"PrefixLength":4096,"ConcurrencyThreshold":10}}`, true, fleet.PrefixAware},
+		{`{"RoutingStrategy":"RANDOM"}`, true, fleet.Random},
+		{`{"RoutingStrategy":"LEAST_OUTSTANDING_REQUESTS"}`, true, fleet.LeastOutstanding},
+		{`{}`, true, ""},
+		{`{"RoutingStrategy":"ROUND_ROBIN"}`, false, ""},
+		{`{"RoutingStrategy":"PREFIX_AWARE","PrefixAwareRoutingConfig":{"PrefixLength":100}}`, false, ""},
+		{`{"RoutingStrategy":"PREFIX_AWARE","PrefixAwareRoutingConfig":{"ConcurrencyThreshold":2000}}`, false, ""},
+		{`{"RoutingStrategy":"RANDOM","Typo":1}`, false, ""},
+		{`{"RoutingStrategy":"RANDOM"} {}`, false, ""},
+		{`not json`, false, ""},
+		{``, false, ""},
+	} {
+		c, err := ParseRoutingConfig([]byte(tc.raw))
+		if tc.valid {
+			if err != nil || c.RoutingStrategy != tc.want {
+				t.Errorf("%s: %+v, %v", tc.raw, c, err)
+			}
+		} else if !errors.Is(err, fleet.ErrInvalidConfig) {
+			t.Errorf("%s: err = %v, want ErrInvalidConfig", tc.raw, err)
+		}
+	}
+}
+
+// writePEM writes a self-signed CA certificate and its key to dir.
+func writePEM(t *testing.T, dir string) (certFile, keyFile string) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return certFile, keyFile
+}
+
+func TestClientConfig(t *testing.T) {
+	dir := t.TempDir()
+	cert, key := writePEM(t, dir)
+	notPEM := filepath.Join(dir, "notpem")
+	if err := os.WriteFile(notPEM, []byte("hello"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ep := []string{"https://127.0.0.1:2379"}
+	for _, tc := range []struct {
+		name    string
+		cfg     ClientConfig
+		wantErr string // substring; empty means success
+		tls     bool
+	}{
+		{"plain", ClientConfig{Endpoints: []string{"http://127.0.0.1:2379", "127.0.0.1:22379"}}, "", false},
+		{"no endpoints", ClientConfig{}, "no etcd endpoints", false},
+		{"bad scheme", ClientConfig{Endpoints: []string{"ftp://x:1"}}, "scheme", false},
+		{"empty endpoint", ClientConfig{Endpoints: []string{" "}}, "empty etcd endpoint", false},
+		{"cert without key", ClientConfig{Endpoints: ep, Cert: cert}, "--etcd-cert and --etcd-key", false},
+		{"user without password", ClientConfig{Endpoints: ep, Username: "u"}, "--etcd-username and --etcd-password", false},
+		{"missing CA file", ClientConfig{Endpoints: ep, CACert: filepath.Join(dir, "nope")}, "read etcd CA certificate", false},
+		{"CA not PEM", ClientConfig{Endpoints: ep, CACert: notPEM}, "holds no PEM certificate", false},
+		{"bad key pair", ClientConfig{Endpoints: ep, Cert: cert, Key: notPEM}, "load etcd client certificate", false},
+		{"https only", ClientConfig{Endpoints: ep}, "", true},
+		{"mutual TLS", ClientConfig{Endpoints: ep, CACert: cert, Cert: cert, Key: key}, "", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.cfg.TLS() != tc.tls && tc.wantErr == "" {
+				t.Errorf("TLS() = %v", tc.cfg.TLS())
+			}
+			cli, err := NewClient(tc.cfg)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v, want it to mention %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			cli.Close()
+		})
+	}
+	tc, err := ClientConfig{Endpoints: ep, CACert: cert, Cert: cert, Key: key}.tlsConfig()
+	if err != nil || tc.RootCAs == nil || len(tc.Certificates) != 1 {
+		t.Fatalf("tlsConfig = %+v, %v", tc, err)
+	}
+}
