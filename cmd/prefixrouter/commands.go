@@ -9,7 +9,7 @@ import (
 
 // commands lists the subcommands of the binary.
 func commands() []*cobra.Command {
-	cmds := []*cobra.Command{newModelsimCmd()}
+	cmds := []*cobra.Command{newServeCmd(), newModelsimCmd()}
 	for _, c := range cmds {
 		annotateEnv(c)
 	}

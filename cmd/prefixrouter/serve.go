@@ -1,0 +1,195 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/membership"
+	"github.com/prefixrouter/prefixrouter/overload"
+	"github.com/prefixrouter/prefixrouter/replica"
+	"github.com/prefixrouter/prefixrouter/router"
+)
+
+// routingFlags are the --strategy/--prefix-length/--concurrency-threshold
+// flags shared by serve and config set.
+type routingFlags struct {
+	strategy    string
+	prefixLen   int
+	concurrency int
+}
+
+func (r *routingFlags) register(c *cobra.Command) {
+	f := c.Flags()
+	f.StringVar(&r.strategy, "strategy", string(fleet.PrefixAware), "routing strategy: PREFIX_AWARE, LEAST_OUTSTANDING_REQUESTS or RANDOM")
+	f.IntVar(&r.prefixLen, "prefix-length", fleet.DefaultPrefixLength, fmt.Sprintf("prefix that forms the routing key: bytes of the body on invoke paths, characters of message text on OpenAI paths (%d..%d)", fleet.MinPrefixLength, fleet.MaxPrefixLength))
+	f.IntVar(&r.concurrency, "concurrency-threshold", fleet.DefaultConcurrencyThresh, fmt.Sprintf("in-flight requests an instance takes before new ones spill to the next candidate (%d..%d)", fleet.MinConcurrencyThreshold, fleet.MaxConcurrencyThreshold))
+}
+
+// config builds and validates the routing config (a usage error, exit 2).
+func (r *routingFlags) config() (fleet.RoutingConfig, error) {
+	c := fleet.RoutingConfig{
+		RoutingStrategy: fleet.Strategy(strings.ToUpper(r.strategy)),
+		PrefixAwareRoutingConfig: &fleet.PrefixAwareConfig{
+			PrefixLength: r.prefixLen, ConcurrencyThreshold: r.concurrency,
+		},
+	}
+	if r.prefixLen == 0 || r.concurrency == 0 {
+		return c, usageErr("--prefix-length and --concurrency-threshold must not be 0")
+	}
+	if err := c.Validate(); err != nil {
+		return c, usageErr("%w", err)
+	}
+	return c, nil
+}
+
+func newServeCmd() *cobra.Command {
+	var (
+		listen, adminListen string
+		endpoint, replicaID string
+		static              string
+		embeddedDir         string
+		embeddedURL         string
+		maxBody             int64
+		breaker             overload.BreakerSettings
+		loadPoll            time.Duration
+		ttl                 time.Duration
+		shutdown            time.Duration
+		logLevel            string
+		ef                  etcdFlags
+		rf                  routingFlags
+	)
+	c := &cobra.Command{
+		Use:   "serve",
+		Short: "Run a router replica",
+		Long: `serve runs one router replica. Requests on the data plane (--listen) are routed to the
+instances of an endpoint; /metrics, /readyz and /healthz are on the admin listener.
+
+The fleet comes from one of:
+  --static-instances id=url,...   a fixed fleet, no etcd (routing config from the flags)
+  --etcd-endpoints URL,...        an etcd cluster the instances register in (the default,
+                                  http://127.0.0.1:2379); routing config per endpoint from
+                                  etcd ('prefixrouter config set'), live
+  --embedded-etcd DIR             start a single-node etcd in this process, serving clients
+                                  on --embedded-etcd-client-url so that 'register' and other
+                                  replicas can join (local use and demos)
+
+With etcd, each replica registers itself under routers/ so every replica knows how many
+share the fleet, and keeps routing on its last good snapshot while etcd is unreachable.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			logger, err := newLogger(logLevel)
+			if err != nil {
+				return err
+			}
+			routing, err := rf.config()
+			if err != nil {
+				return err
+			}
+			if err := membership.ValidateName("endpoint", endpoint); err != nil {
+				return usageErr("--endpoint: %w", err)
+			}
+			if err := breaker.Validate(); err != nil {
+				return usageErr("%w", err)
+			}
+			cfg := replica.Config{
+				ID: replicaID, Listen: listen, AdminListen: adminListen, Endpoint: endpoint,
+				Routing: routing, MaxBodyBytes: maxBody, Breaker: breaker, LoadPollInterval: loadPoll,
+				Logger:     logger,
+				Membership: membership.Options{Layout: ef.layout(), TTL: ttl, Logger: logger},
+			}
+			ctx := cmd.Context()
+			switch {
+			case static != "" && (embeddedDir != "" || cmd.Flags().Changed("etcd-endpoints")):
+				return usageErr("--static-instances excludes --etcd-endpoints and --embedded-etcd")
+			case static != "":
+				if cfg.Static, err = router.ParseStaticInstances(static); err != nil {
+					return usageErr("--static-instances: %w", err)
+				}
+				if len(cfg.Static) == 0 {
+					return usageErr("--static-instances lists no instance")
+				}
+			default:
+				if cfg.ID == "" {
+					cfg.ID = defaultReplicaID()
+				}
+				if err := membership.ValidateName("replica id", cfg.ID); err != nil {
+					return usageErr("--replica-id: %w", err)
+				}
+				if embeddedDir != "" {
+					if cmd.Flags().Changed("etcd-endpoints") {
+						return usageErr("--embedded-etcd excludes --etcd-endpoints")
+					}
+					emb, err := membership.StartEmbedded(embeddedDir, embeddedURL)
+					if err != nil {
+						return fmt.Errorf("starting embedded etcd: %w", err)
+					}
+					defer emb.Close()
+					logger.Info("embedded etcd serving", "client_url", emb.ClientURL(), "dir", embeddedDir)
+					ef.endpoints = emb.Endpoints()
+				}
+				cli, err := ef.client()
+				if err != nil {
+					return err
+				}
+				defer cli.Close()
+				cfg.Client = cli
+			}
+			startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			rep, err := replica.Start(startCtx, cfg)
+			cancel()
+			if err != nil {
+				return err
+			}
+			<-ctx.Done()
+			logger.Info("shutting down: deregistering and draining requests in flight", "timeout", shutdown)
+			closeCtx, cancel := context.WithTimeout(context.Background(), shutdown)
+			defer cancel()
+			return rep.Close(closeCtx)
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&listen, "listen", "127.0.0.1:8080", "data-plane address")
+	f.StringVar(&adminListen, "admin-listen", "127.0.0.1:9090", "admin address: /metrics, /readyz, /healthz")
+	f.StringVar(&endpoint, "endpoint", "default", "default endpoint, served on /invocations and /v1/*")
+	f.StringVar(&replicaID, "replica-id", "", "this replica's id under routers/ (default: hostname and a random suffix)")
+	f.StringVar(&static, "static-instances", "", "fixed fleet without etcd: id=url,id=url,...")
+	f.StringVar(&embeddedDir, "embedded-etcd", "", "start an embedded single-node etcd with its data in DIR")
+	f.StringVar(&embeddedURL, "embedded-etcd-client-url", membership.DefaultClientURL, "client URL the embedded etcd serves on")
+	f.Int64Var(&maxBody, "max-body-bytes", router.DefaultMaxBodyBytes, "largest request body accepted (413 beyond)")
+	f.Uint32Var(&breaker.ConsecutiveFailures, "breaker-failures", overload.DefaultConsecutiveFailures, "consecutive upstream failures that open an instance's circuit breaker")
+	f.DurationVar(&breaker.OpenTimeout, "breaker-open-timeout", overload.DefaultOpenTimeout, "how long an open breaker waits before letting a probe through")
+	f.DurationVar(&loadPoll, "load-poll-interval", 0, "poll each instance's /metrics (vllm:num_requests_running+waiting) this often and count load from other replicas against the concurrency threshold (0: off)")
+	f.DurationVar(&ttl, "ttl", membership.DefaultTTL, "lease TTL of this replica's registration")
+	f.DurationVar(&shutdown, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long to wait for requests in flight")
+	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	ef.register(f)
+	rf.register(c)
+	return c
+}
+
+func defaultReplicaID() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "router"
+	}
+	var b [3]byte
+	_, _ = rand.Read(b[:])
+	return host + "-" + hex.EncodeToString(b[:])
+}
+
+func newLogger(level string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, usageErr("--log-level: %w", err)
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})), nil
+}

@@ -1,0 +1,252 @@
+// Package replica assembles one router replica: the data-plane router, its
+// fleet source (a static fleet or an etcd watcher), its own registration under
+// routers/, and the HTTP listeners. `prefixrouter serve`, the demo and the
+// chaos suite all start replicas through it, so they run the same code.
+package replica
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/membership"
+	"github.com/prefixrouter/prefixrouter/overload"
+	"github.com/prefixrouter/prefixrouter/router"
+)
+
+// Version is reported in the replica's etcd record.
+var Version = "dev"
+
+// Config configures a replica. Exactly one fleet source must be set: Static
+// instances, or an etcd Client.
+type Config struct {
+	// ID names the replica under routers/; required with etcd.
+	ID string
+	// Listen and AdminListen are the data-plane and admin (metrics) addresses;
+	// port 0 picks a free port (see Replica.Addr).
+	Listen, AdminListen string
+	// Endpoint is the default endpoint of /invocations and /v1/*.
+	Endpoint string
+	// Static, when non-empty, is a fixed fleet for Endpoint with routing
+	// config Routing; no etcd is used.
+	Static  []fleet.Instance
+	Routing fleet.RoutingConfig
+	// Client reaches etcd; the replica does not close it.
+	Client *clientv3.Client
+	// Membership carries the etcd layout, lease TTL and logger.
+	Membership membership.Options
+	// MaxBodyBytes, Breaker, LoadPollInterval: see router.Options.
+	MaxBodyBytes     int64
+	Breaker          overload.BreakerSettings
+	LoadPollInterval time.Duration
+	// StaleAfter is the snapshot age past which /readyz reports the
+	// snapshot as stale. It stays ready regardless (static stability: a
+	// replica routing on its last good snapshot beats no replica), so this
+	// only shapes the message. Zero means 30 s.
+	StaleAfter time.Duration
+	// Logger; nil means slog.Default().
+	Logger *slog.Logger
+	// Registry for metrics; nil means a new one with Go and process collectors.
+	Registry *prometheus.Registry
+	// Transport for upstream requests; nil means the router's default.
+	Transport http.RoundTripper
+}
+
+// Replica is a running router replica.
+type Replica struct {
+	cfg      Config
+	log      *slog.Logger
+	registry *prometheus.Registry
+	router   *router.Router
+	watcher  *membership.Watcher
+	reg      *membership.Registration
+	data     *http.Server
+	admin    *http.Server
+	dataLn   net.Listener
+	adminLn  net.Listener
+	wg       sync.WaitGroup
+	closeMu  sync.Mutex
+	closed   bool
+}
+
+// Start starts a replica and returns once it listens and, with etcd, has its
+// first snapshot (or ctx ends).
+func Start(ctx context.Context, cfg Config) (*Replica, error) {
+	if (len(cfg.Static) == 0) == (cfg.Client == nil) {
+		return nil, errors.New("replica: exactly one of a static fleet or an etcd client is required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.StaleAfter == 0 {
+		cfg.StaleAfter = 30 * time.Second
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = prometheus.NewRegistry()
+		cfg.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	if err := cfg.Routing.Validate(); err != nil {
+		return nil, err
+	}
+	r := &Replica{cfg: cfg, log: cfg.Logger, registry: cfg.Registry}
+	var err error
+	r.router, err = router.New(router.Options{
+		DefaultEndpoint:  cfg.Endpoint,
+		MaxBodyBytes:     cfg.MaxBodyBytes,
+		Registry:         cfg.Registry,
+		Logger:           cfg.Logger,
+		Transport:        cfg.Transport,
+		Breaker:          cfg.Breaker,
+		Ready:            r.ready,
+		LoadPollInterval: cfg.LoadPollInterval,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if r.dataLn, err = net.Listen("tcp", cfg.Listen); err != nil {
+		r.router.Close()
+		return nil, fmt.Errorf("replica: listen %s: %w", cfg.Listen, err)
+	}
+	if r.adminLn, err = net.Listen("tcp", cfg.AdminListen); err != nil {
+		r.dataLn.Close()
+		r.router.Close()
+		return nil, fmt.Errorf("replica: admin listen %s: %w", cfg.AdminListen, err)
+	}
+
+	if len(cfg.Static) > 0 {
+		r.router.Update(fleet.NewSnapshot([]fleet.Endpoint{{Name: cfg.Endpoint, Config: cfg.Routing, Instances: cfg.Static}}, 0, 1, time.Now()))
+	} else {
+		mopts := cfg.Membership
+		if mopts.Logger == nil {
+			mopts.Logger = cfg.Logger
+		}
+		if mopts.Metrics == nil {
+			mopts.Metrics = membership.NewMetrics(cfg.Registry)
+		}
+		r.watcher = membership.StartWatcher(cfg.Client, membership.WatcherOptions{Options: mopts}, r.router.Update)
+		select {
+		case <-r.watcher.Synced():
+		case <-ctx.Done():
+			r.closeParts()
+			return nil, fmt.Errorf("replica: waiting for the first fleet snapshot: %w", ctx.Err())
+		}
+		r.reg, err = membership.RegisterRouter(ctx, cfg.Client, cfg.ID, membership.RouterInfo{Addr: r.dataLn.Addr().String(), Version: Version}, mopts)
+		if err != nil {
+			r.closeParts()
+			return nil, fmt.Errorf("replica: registering under routers/: %w", err)
+		}
+	}
+
+	r.data = &http.Server{Handler: r.router, ReadHeaderTimeout: 30 * time.Second, ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)}
+	adminMux := http.NewServeMux()
+	adminMux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{Registry: cfg.Registry}))
+	adminMux.HandleFunc("GET /readyz", r.serveReadyz)
+	adminMux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	r.admin = &http.Server{Handler: adminMux, ReadHeaderTimeout: 10 * time.Second}
+	r.serve(r.data, r.dataLn)
+	r.serve(r.admin, r.adminLn)
+	r.log.Info("router replica serving", "id", cfg.ID, "addr", r.Addr(), "admin", r.AdminAddr(), "endpoint", cfg.Endpoint, "etcd", cfg.Client != nil)
+	return r, nil
+}
+
+func (r *Replica) serve(srv *http.Server, ln net.Listener) {
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			r.log.Error("http server stopped", "addr", ln.Addr().String(), "err", err)
+		}
+	}()
+}
+
+// Addr is the data-plane address (host:port).
+func (r *Replica) Addr() string { return r.dataLn.Addr().String() }
+
+// AdminAddr is the admin (metrics) address (host:port).
+func (r *Replica) AdminAddr() string { return r.adminLn.Addr().String() }
+
+// URL is the data plane's base URL.
+func (r *Replica) URL() string { return "http://" + r.Addr() }
+
+// Router is the replica's data plane.
+func (r *Replica) Router() *router.Router { return r.router }
+
+// Registry is the replica's metrics registry.
+func (r *Replica) Registry() *prometheus.Registry { return r.registry }
+
+// Watcher is the replica's etcd watcher, nil for a static fleet.
+func (r *Replica) Watcher() *membership.Watcher { return r.watcher }
+
+// ready is the router's extra readiness check. Static stability: a replica
+// stays ready on its last good snapshot while etcd is away; the age is
+// reported by serveReadyz and the prefixrouter_snapshot_age_seconds metric.
+func (r *Replica) ready() error { return nil }
+
+// serveReadyz reports readiness with the snapshot's revision and age.
+func (r *Replica) serveReadyz(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if err := r.router.Ready(); err != nil {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintf(w, "not ready: %v\n", err)
+		return
+	}
+	s := r.router.Snapshot()
+	if r.watcher == nil {
+		fmt.Fprintf(w, "ok static fleet instances=%d\n", s.InstanceCount())
+		return
+	}
+	age := r.watcher.SnapshotAge()
+	state := "fresh"
+	if age > r.cfg.StaleAfter {
+		state = "stale (etcd unreachable? routing on the last good snapshot)"
+	}
+	fmt.Fprintf(w, "ok revision=%d instances=%d replicas=%d snapshot_age=%s %s\n", s.Revision, s.InstanceCount(), s.Replicas, age.Round(time.Millisecond), state)
+}
+
+// Close stops the replica: it deregisters (revoking its lease), stops taking
+// requests, waits up to the context's deadline for requests in flight (streams
+// included), and stops every goroutine it started.
+func (r *Replica) Close(ctx context.Context) error {
+	r.closeMu.Lock()
+	defer r.closeMu.Unlock()
+	if r.closed {
+		return nil
+	}
+	r.closed = true
+	var errs []error
+	if r.reg != nil {
+		if err := r.reg.Close(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := r.data.Shutdown(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("replica: draining requests: %w", err))
+		_ = r.data.Close()
+	}
+	_ = r.admin.Close()
+	r.wg.Wait()
+	r.closeParts()
+	return errors.Join(errs...)
+}
+
+func (r *Replica) closeParts() {
+	if r.watcher != nil {
+		_ = r.watcher.Close()
+	}
+	_ = r.router.Close()
+	if r.data == nil {
+		_ = r.dataLn.Close()
+		_ = r.adminLn.Close()
+	}
+}
