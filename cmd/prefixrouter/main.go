@@ -14,6 +14,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/prefixrouter/prefixrouter/fleet"
 )
 
 // exitError carries a process exit code (2 for invalid input, like flag errors).
@@ -41,6 +43,9 @@ func main() {
 	var ee *exitError
 	if errors.As(err, &ee) {
 		os.Exit(ee.code)
+	}
+	if errors.Is(err, fleet.ErrInvalidConfig) {
+		os.Exit(2)
 	}
 	if strings.Contains(err.Error(), "flag") || strings.HasPrefix(err.Error(), "unknown command") {
 		os.Exit(2)

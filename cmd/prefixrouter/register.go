@@ -1,0 +1,201 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/prefixrouter/prefixrouter/agent"
+	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/membership"
+)
+
+func newRegisterCmd() *cobra.Command {
+	var (
+		ef       etcdFlags
+		endpoint string
+		inst     fleet.Instance
+		discover bool
+		ttl      time.Duration
+		drain    time.Duration
+		poll     time.Duration
+		labels   map[string]string
+		health   []string
+		logLevel string
+	)
+	c := &cobra.Command{
+		Use:   "register",
+		Short: "Register a model server in etcd and hold its lease (the agent beside each model server)",
+		Long: `register is the agent that runs beside a model server (vLLM, SGLang, TGI, modelsim).
+It waits until the server answers its health path, registers it in etcd under a lease
+(<prefix>/endpoints/<endpoint>/instances/<id>), keeps the lease alive, and with
+--discover-adapters polls the server's /v1/models and updates the record when its LoRA
+adapters change (vLLM lists adapters with "parent" set; the base model's id goes into the
+"model" label).
+
+On SIGTERM or SIGINT it marks the instance draining (routers stop sending new requests),
+waits until the server reports no running or waiting requests (vllm:num_requests_running
+and vllm:num_requests_waiting on its /metrics) or --drain-timeout passes, revokes the lease
+and exits 0. If the agent crashes, the lease expires after --ttl and routers drop the
+instance.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			logger, err := newLogger(logLevel)
+			if err != nil {
+				return err
+			}
+			if err := membership.ValidateName("endpoint", endpoint); err != nil {
+				return usageErr("--endpoint: %w", err)
+			}
+			if len(labels) > 0 {
+				inst.Labels = labels
+			}
+			if inst.Addr != "" && !strings.Contains(inst.Addr, "://") {
+				inst.Addr = "http://" + inst.Addr
+			}
+			if err := inst.Validate(); err != nil {
+				return usageErr("%w", err)
+			}
+			cli, err := ef.client()
+			if err != nil {
+				return err
+			}
+			defer cli.Close()
+			err = agent.Run(cmd.Context(), agent.Config{
+				Client:           cli,
+				Options:          membership.Options{Layout: ef.layout(), TTL: ttl, Logger: logger},
+				Endpoint:         endpoint,
+				Instance:         inst,
+				DiscoverAdapters: discover,
+				HealthPaths:      health,
+				PollInterval:     poll,
+				DrainTimeout:     drain,
+			})
+			if err != nil {
+				return fmt.Errorf("register: %w", err)
+			}
+			return nil
+		},
+	}
+	f := c.Flags()
+	ef.register(f)
+	f.StringVar(&endpoint, "endpoint", "default", "endpoint the instance serves")
+	f.StringVar(&inst.ID, "id", "", "instance id, unique within the endpoint (required)")
+	f.StringVar(&inst.Addr, "addr", "", "base URL routers send requests to, e.g. http://10.0.0.7:8000 (required)")
+	f.StringSliceVar(&inst.Adapters, "adapters", nil, "LoRA adapters loaded on the instance (comma-separated; kept alongside discovered ones)")
+	f.BoolVar(&discover, "discover-adapters", false, "poll the server's /v1/models and register the adapters it lists")
+	f.IntVar(&inst.MaxAdapters, "max-adapters", 0, "how many adapters the instance can hold (informational)")
+	f.IntVar(&inst.Weight, "weight", 1, "relative share of the hash space (e.g. 2 for an instance twice as large)")
+	f.StringToStringVar(&labels, "labels", nil, "labels, key=value,...; model=NAME declares the base model")
+	f.StringSliceVar(&health, "health-path", agent.DefaultHealthPaths, "health paths tried in order until one answers 2xx")
+	f.DurationVar(&ttl, "ttl", membership.DefaultTTL, "lease TTL: a crashed agent's instance disappears after about this long")
+	f.DurationVar(&drain, "drain-timeout", agent.DefaultDrainTimeout, "on SIGTERM, the longest wait for requests in flight before revoking")
+	f.DurationVar(&poll, "discover-interval", agent.DefaultPollInterval, "how often --discover-adapters polls /v1/models")
+	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	_ = c.MarkFlagRequired("id")
+	_ = c.MarkFlagRequired("addr")
+	return c
+}
+
+func newConfigCmd() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "config",
+		Short: "Read or change an endpoint's routing config in etcd (live on every replica)",
+	}
+	c.AddCommand(newConfigSetCmd(), newConfigGetCmd())
+	return c
+}
+
+func newConfigSetCmd() *cobra.Command {
+	var (
+		ef       etcdFlags
+		rf       routingFlags
+		endpoint string
+		raw      string
+	)
+	c := &cobra.Command{
+		Use:   "set",
+		Short: "Validate and write an endpoint's routing config",
+		Long: `config set writes <prefix>/endpoints/<endpoint>/config in SageMaker's RoutingConfig shape,
+e.g. {"RoutingStrategy":"PREFIX_AWARE","PrefixAwareRoutingConfig":{"PrefixLength":4096,
+"ConcurrencyThreshold":10}}. Every router replica applies it within about a second, without
+a restart. An invalid value is refused with exit code 2 and nothing is written.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var rc fleet.RoutingConfig
+			if raw != "" {
+				for _, name := range []string{"strategy", "prefix-length", "concurrency-threshold"} {
+					if cmd.Flags().Changed(name) {
+						return usageErr("--routing-config excludes --%s", name)
+					}
+				}
+				var err error
+				if rc, err = membership.ParseRoutingConfig([]byte(raw)); err != nil {
+					return usageErr("--routing-config: %w", err)
+				}
+			} else {
+				var err error
+				if rc, err = rf.config(); err != nil {
+					return err
+				}
+			}
+			if err := membership.ValidateName("endpoint", endpoint); err != nil {
+				return usageErr("--endpoint: %w", err)
+			}
+			cli, err := ef.client()
+			if err != nil {
+				return err
+			}
+			defer cli.Close()
+			ctx, cancel := contextTimeout(cmd, ef.dial)
+			defer cancel()
+			if err := membership.PutConfig(ctx, cli, ef.layout(), endpoint, rc); err != nil {
+				return fmt.Errorf("config set: %w", err)
+			}
+			return printJSON(cmd.OutOrStdout(), rc.Normalize())
+		},
+	}
+	f := c.Flags()
+	ef.register(f)
+	rf.register(c)
+	f.StringVar(&endpoint, "endpoint", "default", "endpoint whose config to set")
+	f.StringVar(&raw, "routing-config", "", "the whole RoutingConfig as JSON (instead of the three flags)")
+	return c
+}
+
+func newConfigGetCmd() *cobra.Command {
+	var (
+		ef       etcdFlags
+		endpoint string
+	)
+	c := &cobra.Command{
+		Use:   "get",
+		Short: "Print an endpoint's routing config (the default when none is set)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := membership.ValidateName("endpoint", endpoint); err != nil {
+				return usageErr("--endpoint: %w", err)
+			}
+			cli, err := ef.client()
+			if err != nil {
+				return err
+			}
+			defer cli.Close()
+			ctx, cancel := contextTimeout(cmd, ef.dial)
+			defer cancel()
+			rc, set, err := membership.GetConfig(ctx, cli, ef.layout(), endpoint)
+			if err != nil {
+				return fmt.Errorf("config get: %w", err)
+			}
+			if !set {
+				fmt.Fprintf(cmd.ErrOrStderr(), "no config set for endpoint %q; routers use the default:\n", endpoint)
+			}
+			return printJSON(cmd.OutOrStdout(), rc)
+		},
+	}
+	ef.register(c.Flags())
+	c.Flags().StringVar(&endpoint, "endpoint", "default", "endpoint whose config to print")
+	return c
+}
