@@ -129,6 +129,26 @@ func (c *kvCache) release(ids []int32) {
 	}
 }
 
+// dropUnpinned unregisters every cached block no request holds, so no
+// later request hits it, and returns how many it dropped. Pinned blocks
+// keep their hashes: a running request still owns them and registers the
+// rest of its prompt as it computes it. The free queue order is unchanged.
+func (c *kvCache) dropUnpinned() int {
+	n := 0
+	for i := range c.blocks {
+		b := &c.blocks[i]
+		if b.ref > 0 || !b.hashed {
+			continue
+		}
+		if c.byHash[b.hash] == int32(i) {
+			delete(c.byHash, b.hash)
+		}
+		b.hashed, b.hash = false, 0
+		n++
+	}
+	return n
+}
+
 func (c *kvCache) pushTail(i int32) {
 	b := &c.blocks[i]
 	b.prev, b.next, b.free = c.tail, -1, true

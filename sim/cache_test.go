@@ -133,6 +133,34 @@ func TestKVCache(t *testing.T) {
 				t.Errorf("same salt hits %d, want 4", got)
 			}
 		}},
+		{"reset drops unpinned blocks only", 16, func(t *testing.T, c *kvCache) {
+			c.release(fill(t, c, a))
+			held := fill(t, c, b)
+			if n := c.dropUnpinned(); n != 4 {
+				t.Errorf("dropped %d blocks, want a's 4", n)
+			}
+			if got := c.lookup(a); got != 0 {
+				t.Errorf("a hits %d blocks after the reset", got)
+			}
+			if got := c.lookup(b); got != 4 {
+				t.Errorf("b, pinned, hits %d blocks after the reset, want 4", got)
+			}
+			if u := c.usage(); u != 4.0/16 {
+				t.Errorf("usage %v, want b's 4 of 16 blocks", u)
+			}
+			c.release(held)
+			if n := c.dropUnpinned(); n != 4 {
+				t.Errorf("second reset dropped %d blocks, want b's 4", n)
+			}
+			if got := c.lookup(b); got != 0 || len(c.byHash) != 0 || c.nfree != 16 {
+				t.Errorf("after both resets: b hits %d, %d hashes, %d free", got, len(c.byHash), c.nfree)
+			}
+			// The cache works as before.
+			c.release(fill(t, c, a))
+			if got := c.lookup(a); got != 4 {
+				t.Errorf("a refilled hits %d, want 4", got)
+			}
+		}},
 		{"duplicate computation keeps the first block", 16, func(t *testing.T, c *kvCache) {
 			x, _ := c.allocate(a, 0, 4)
 			y, _ := c.allocate(a, 0, 4)

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"slices"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -236,10 +237,13 @@ func (e *engine) gauges() {
 	e.m.usage.Set(e.cache.usage())
 }
 
-// engineMsg enters the engine goroutine: seqs to queue, or to abort.
+// engineMsg enters the engine goroutine: seqs to queue, or to abort, or
+// (reset non-nil) a prefix-cache reset whose dropped block count the
+// engine sends on reset, which must have room for it.
 type engineMsg struct {
 	seqs  []*seq
 	abort bool
+	reset chan<- int
 }
 
 // run drives e in real time until quit closes: a step of simulated
@@ -251,6 +255,9 @@ func (e *engine) run(in <-chan engineMsg, quit <-chan struct{}, scale float64) {
 	var now time.Duration // simulated
 	wallSim := func() time.Duration { return time.Duration(float64(time.Since(start)) * scale) }
 	handle := func(m engineMsg, at time.Duration) {
+		if m.reset != nil {
+			m.reset <- e.cache.dropUnpinned()
+		}
 		for _, s := range m.seqs {
 			if m.abort {
 				e.abort(s)
@@ -342,5 +349,17 @@ func newMetrics(model string, capacityTokens int) *metrics {
 	}
 	capG := g("prefixrouter_sim_kv_cache_capacity_tokens", "KV-cache capacity in tokens.")
 	capG.Set(float64(capacityTokens))
+	// vLLM's info metric (a gauge fixed at 1, labels from CacheConfig
+	// .metrics_info(), no model_name), which clients read for the KV
+	// capacity: block_size × num_gpu_blocks tokens.
+	info := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "vllm:cache_config_info", Help: "Information of the LLMEngine CacheConfig",
+		ConstLabels: prometheus.Labels{
+			"block_size": strconv.Itoa(BlockTokens), "num_gpu_blocks": strconv.Itoa(capacityTokens / BlockTokens),
+			"enable_prefix_caching": "True", "engine": "0",
+		},
+	})
+	info.Set(1)
+	reg.MustRegister(info)
 	return m
 }

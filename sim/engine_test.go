@@ -175,6 +175,29 @@ func TestEngineAbortFreesBlocks(t *testing.T) {
 	}
 }
 
+func TestEngineResetKeepsRunningPrefixes(t *testing.T) {
+	v := newVEngine(t, 900_000, 8192)
+	v.submit(1, tokens("done", 2000))
+	v.drain(t)
+	long := v.submit(1000, tokens("running", 2000))
+	v.step() // prefilled, decoding
+	if n := v.cache.dropUnpinned(); n != 125 {
+		t.Errorf("dropped %d blocks, want the finished prompt's 125 full blocks", n)
+	}
+	again := v.submit(1, tokens("done", 2000), tokens("running", 2000))
+	for range 3 {
+		v.step()
+	}
+	if got := again[0].cached.Load(); got != 0 {
+		t.Errorf("finished prompt hit %d tokens after the reset, want 0", got)
+	}
+	if got := again[1].cached.Load(); got != 1984 {
+		t.Errorf("running prompt hit %d tokens after the reset, want 1984 (its blocks are pinned)", got)
+	}
+	v.abort(long[0])
+	v.drain(t)
+}
+
 func TestEngineDecodeSteps(t *testing.T) {
 	v := newVEngine(t, 900_000, 8192)
 	ss := v.submit(11, tokens("a", 1024))

@@ -8,4 +8,6 @@ var (
 	ErrUnknownProfile = errors.New("sim: unknown profile")
 	// ErrInvalidConfig wraps every Config validation failure.
 	ErrInvalidConfig = errors.New("sim: invalid config")
+	// ErrClosed is returned by methods of a Server after Close.
+	ErrClosed = errors.New("sim: server closed")
 )

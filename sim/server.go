@@ -159,6 +159,7 @@ func New(cfg Config) (*Server, error) {
 	mux.HandleFunc("GET /ping", ok)
 	mux.HandleFunc("GET /health", ok)
 	mux.HandleFunc("GET /v1/models", s.models)
+	mux.HandleFunc("POST /reset_prefix_cache", s.resetPrefixCache)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{}))
 	s.mux = mux
 	cfg.Logger.Info("sim: started", "id", cfg.ID, "model", cfg.BaseModel, "profile", p.Name,
@@ -184,6 +185,44 @@ func (s *Server) Close() {
 func (s *Server) SetAdapters(adapters []string) {
 	ad := slices.Clone(adapters)
 	s.adapters.Store(&ad)
+}
+
+// ResetPrefixCache drops every cached block that no running request
+// holds, so the next requests start cold, and returns how many blocks it
+// dropped; it serves POST /reset_prefix_cache. Counters are not reset
+// (Prometheus counters only grow). The engine goroutine does it between
+// two messages, so it needs no lock. After Close it returns ErrClosed.
+func (s *Server) ResetPrefixCache() (int, error) {
+	return s.reset(nil)
+}
+
+// reset asks the engine to drop the unpinned cache; gone, if non-nil,
+// abandons the wait (the client left).
+func (s *Server) reset(gone <-chan struct{}) (int, error) {
+	reply := make(chan int, 1)
+	select {
+	case s.in <- engineMsg{reset: reply}:
+	case <-s.quit:
+		return 0, ErrClosed
+	case <-gone:
+		return 0, errGone
+	}
+	// The engine answers while handling the message, before it reads
+	// the next one: this receive cannot block past that.
+	n := <-reply
+	s.cfg.Logger.Info("sim: prefix cache reset", "id", s.cfg.ID, "dropped_blocks", n)
+	return n, nil
+}
+
+// resetPrefixCache serves vLLM's POST /reset_prefix_cache (a dev-mode
+// endpoint in vLLM, VLLM_SERVER_DEV_MODE=1): 200 with an empty body.
+func (s *Server) resetPrefixCache(w http.ResponseWriter, r *http.Request) {
+	switch _, err := s.reset(r.Context().Done()); {
+	case errors.Is(err, ErrClosed):
+		writeError(w, http.StatusServiceUnavailable, "the server is shutting down")
+	case err == nil:
+		w.WriteHeader(http.StatusOK)
+	}
 }
 
 // ID returns the instance id.
@@ -450,7 +489,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, k kind) {
 }
 
 var (
-	errClosed = errors.New("sim: server closed")
+	errClosed = ErrClosed
 	errGone   = errors.New("sim: client gone")
 )
 

@@ -512,3 +512,131 @@ func TestConfig(t *testing.T) {
 		})
 	}
 }
+
+func TestResetPrefixCache(t *testing.T) {
+	s, hs := newTestServer(t, Config{})
+	body := `{"prompt":"` + tokens("doc", 1000) + `","max_tokens":2}`
+	cached := func() int {
+		t.Helper()
+		resp := post(t, t.Context(), hs.URL+"/v1/completions", body)
+		defer resp.Body.Close()
+		var r struct{ Usage testUsage }
+		if err := json.NewDecoder(resp.Body).Decode(&r); err != nil || resp.StatusCode != 200 {
+			t.Fatalf("status %d: %v", resp.StatusCode, err)
+		}
+		return r.Usage.PromptTokensDetails.CachedTokens
+	}
+	reset := func(method string) int {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(t.Context(), method, hs.URL+"/reset_prefix_cache", nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	steps := []struct {
+		name       string
+		reset      func() // before the request
+		wantCached int
+	}{
+		{"cold", nil, 0},
+		{"warm", nil, 992},
+		{"after POST /reset_prefix_cache", func() {
+			if code := reset(http.MethodPost); code != http.StatusOK {
+				t.Fatalf("POST /reset_prefix_cache: %d, want 200", code)
+			}
+		}, 0},
+		{"warm again", nil, 992},
+		{"GET is not a reset", func() {
+			if code := reset(http.MethodGet); code != http.StatusMethodNotAllowed {
+				t.Errorf("GET /reset_prefix_cache: %d, want 405", code)
+			}
+		}, 992},
+		{"after ResetPrefixCache", func() {
+			// 1,000 tokens are 62 full blocks, all registered; the
+			// partial last block never is.
+			if n, err := s.ResetPrefixCache(); err != nil || n != 62 {
+				t.Fatalf("ResetPrefixCache: %d blocks, %v", n, err)
+			}
+		}, 0},
+	}
+	for _, st := range steps {
+		if st.reset != nil {
+			st.reset()
+		}
+		if got := cached(); got != st.wantCached {
+			t.Errorf("%s: cached %d tokens, want %d", st.name, got, st.wantCached)
+		}
+	}
+	// Counters are not reset: 6 queries of 1,000 tokens, 3 warm hits.
+	if v, _ := scrape(t, hs.URL, "vllm:prefix_cache_hits_total"); v != 3*992 {
+		t.Errorf("hits %v after resets, want %v", v, 3*992)
+	}
+	s.Close()
+	if _, err := s.ResetPrefixCache(); !errors.Is(err, ErrClosed) {
+		t.Errorf("ResetPrefixCache after Close: %v, want ErrClosed", err)
+	}
+	if code := reset(http.MethodPost); code != http.StatusServiceUnavailable {
+		t.Errorf("POST /reset_prefix_cache after Close: %d, want 503", code)
+	}
+}
+
+// labelsOf returns the labels of the first sample of name.
+func labelsOf(t *testing.T, url, name string) map[string]string {
+	t.Helper()
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	for line := range strings.Lines(string(b)) {
+		rest, ok := strings.CutPrefix(line, name+"{")
+		if !ok {
+			continue
+		}
+		ls, _, _ := strings.Cut(rest, "}")
+		out := map[string]string{}
+		for kv := range strings.SplitSeq(ls, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			out[k] = strings.Trim(v, `"`)
+		}
+		return out
+	}
+	return nil
+}
+
+func TestCacheConfigInfo(t *testing.T) {
+	tests := []struct {
+		name       string
+		cfg        Config
+		wantBlocks string
+	}{
+		{"configured", Config{KVCapacityTokens: 160_000}, "10000"},
+		{"rounded down to whole blocks", Config{KVCapacityTokens: 100}, "6"},
+		{"profile default", Config{}, strconv.Itoa(mustProfile(t, DefaultProfile).KVCapacityTokens / BlockTokens)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, hs := newTestServer(t, tt.cfg)
+			if v, ok := scrape(t, hs.URL, "vllm:cache_config_info"); !ok || v != 1 {
+				t.Fatalf("vllm:cache_config_info = %v (present %v), want 1", v, ok)
+			}
+			l := labelsOf(t, hs.URL, "vllm:cache_config_info")
+			if l["block_size"] != "16" || l["num_gpu_blocks"] != tt.wantBlocks {
+				t.Errorf("labels %v, want block_size 16, num_gpu_blocks %s", l, tt.wantBlocks)
+			}
+		})
+	}
+}
+
+func mustProfile(t *testing.T, name string) Profile {
+	t.Helper()
+	p, err := LookupProfile(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
