@@ -6,19 +6,28 @@ import (
 	"strconv"
 )
 
-// Error bodies. The status decides the shape's codes:
+// Error bodies of router-made errors (upstream responses, whatever their
+// status, pass through unchanged):
 //
-//	status  invoke paths (SageMaker)                OpenAI paths
-//	400     {"ErrorCode":"ValidationError",...}     type invalid_request_error, code invalid_request
-//	404     ErrorCode "ValidationError"              type invalid_request_error, code not_found
-//	413     ErrorCode "ValidationError"              type invalid_request_error, code request_too_large
-//	424/502 ErrorCode "ModelError" (424)             type server_error, code upstream_error (502)
-//	503     ErrorCode "ServiceUnavailable"           type server_error, code no_instance_available
+//	invoke paths: {"ErrorCode":"<SageMaker code>","Message":"..."}
+//	OpenAI paths: {"error":{"message":"...","type":"<type>","code":"<code>"}}
+//
+//	status  case                              ErrorCode           type                   code
+//	400     malformed JSON                    ValidationError     invalid_request_error  invalid_json
+//	400     bad tenant id                     ValidationError     invalid_request_error  invalid_tenant_id
+//	400     unreadable body                   ValidationError     invalid_request_error  invalid_request
+//	404     unknown endpoint                  ValidationError     invalid_request_error  endpoint_not_found
+//	404     unknown model / adapter           ValidationError     invalid_request_error  model_not_found
+//	413     body over MaxBodyBytes            ValidationError     invalid_request_error  request_too_large
+//	424     invoke: no candidate answered     ModelError          -                      upstream_error
+//	502     OpenAI: no candidate answered     -                   server_error           upstream_error
+//	503     no instance / all breakers open   ServiceUnavailable  server_error           no_instance_available
+//	503     no snapshot loaded yet            ServiceUnavailable  server_error           fleet_not_loaded
 //
 // SageMaker's runtime answers ValidationError for every client mistake
 // (unknown endpoint included), so invoke clients that switch on ErrorCode keep
-// working; the status tells them apart. Every router-made error carries
-// X-Prefixrouter-Error: the short code, for tests and logs.
+// working; the status tells the cases apart. 503s carry Retry-After. Every
+// router-made error carries X-Prefixrouter-Error: <code>, for tests and logs.
 
 // apiKind tells which client API a path speaks.
 type apiKind uint8

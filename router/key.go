@@ -238,6 +238,9 @@ func parseOpenAI(body []byte, chat bool, prefixLen int) (openAIRequest, error) {
 // messages hashes a chat messages array: for each message its role as a
 // boundary, then its text.
 func messages(s *scanner, h *prefixHasher) error {
+	if s.peek() == 'n' {
+		return s.literal("null") // no messages: the model server will say so
+	}
 	if s.peek() != '[' {
 		return s.errorf("messages must be an array")
 	}
@@ -266,7 +269,12 @@ func messages(s *scanner, h *prefixHasher) error {
 				}
 				switch string(name) {
 				case "role":
-					if role, err = s.str(); err != nil {
+					if s.peek() != '"' {
+						err = s.skip(2) // not a role; the model server will judge
+					} else {
+						role, err = s.str()
+					}
+					if err != nil {
 						return err
 					}
 				case "content":
