@@ -1,0 +1,26 @@
+package overload_test
+
+import (
+	"fmt"
+
+	"github.com/prefixrouter/prefixrouter/overload"
+)
+
+func ExampleReplicaShare() {
+	// ConcurrencyThreshold 10 shared by 3 router replicas: each admits 4,
+	// so the instance sees at most 12 = 10+3-1 in the worst case.
+	fmt.Println(overload.ReplicaShare(10, 3))
+	// Output: 4
+}
+
+func ExampleState_TryAcquire() {
+	st := overload.NewState("i-1", overload.BreakerSettings{})
+	done, ok := st.TryAcquire(1, 1)
+	_, again := st.TryAcquire(1, 1)
+	fmt.Println(ok, again, st.InFlight())
+	done(overload.Status(200)) // the response ended
+	fmt.Println(st.InFlight())
+	// Output:
+	// true false 1
+	// 0
+}
