@@ -1,0 +1,92 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/prefixrouter/prefixrouter/bench"
+)
+
+func newBenchCmd() *cobra.Command {
+	var (
+		cfg     bench.Config
+		out     string
+		presets []string
+	)
+	for _, p := range bench.Presets() {
+		presets = append(presets, fmt.Sprintf("  %-18s %s", p.Name, p.Description))
+	}
+	c := &cobra.Command{
+		Use:   "bench",
+		Short: "Drive a workload against a router or model servers and report TTFT, hit rate and balance",
+		Long: `bench sends an open-loop (Poisson) stream of requests from a workload preset to one or more
+base URLs (router replicas, or a single model server), and measures client-side time to first
+token, end-to-end latency, throughput and success rate. With --metrics-url (each instance's
+/metrics, vLLM's metric names) it also reports the KV-cache hit rate over the measured window,
+against the oracle: the hit rate of the same request stream on one unbounded cache.
+
+Presets:
+` + strings.Join(presets, "\n") + `
+
+Example, against a real vLLM fleet behind a router:
+  prefixrouter bench --target http://router:8080 --preset shared-8k --rate 10 \
+    --requests 2000 --warmup 300 --model meta-llama/Llama-3.1-8B-Instruct \
+    --metrics-url http://vllm-0:8000/metrics --metrics-url http://vllm-1:8000/metrics`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if len(cfg.Targets) == 0 {
+				return usageErr("--target is required")
+			}
+			if _, err := bench.LookupPreset(cfg.Preset); err != nil {
+				return usageErr("%w", err)
+			}
+			if cfg.Requests == 0 && cfg.Duration == 0 {
+				return usageErr("set --requests or --duration")
+			}
+			cfg.Progress = os.Stderr
+			res, err := bench.Run(cmd.Context(), cfg)
+			if res != nil {
+				if werr := res.WriteTable(cmd.OutOrStdout()); werr != nil {
+					return werr
+				}
+				if out != "" {
+					f, ferr := os.Create(out)
+					if ferr != nil {
+						return ferr
+					}
+					defer f.Close()
+					if werr := res.WriteJSON(f); werr != nil {
+						return werr
+					}
+				}
+			}
+			return err
+		},
+	}
+	f := c.Flags()
+	f.StringSliceVar(&cfg.Targets, "target", nil, "base URL(s) to send to, e.g. http://127.0.0.1:8080 (repeat or comma-separate: requests alternate)")
+	f.StringSliceVar(&cfg.MetricsURLs, "metrics-url", nil, "each instance's /metrics URL, for the KV hit rate and capacity")
+	f.StringVar(&cfg.Preset, "preset", "shared-8k", "workload preset (see above)")
+	f.Float64Var(&cfg.Rate, "rate", 5, "mean arrival rate, requests/s (Poisson)")
+	f.Float64Var(&cfg.Burstiness, "burstiness", 0, "gamma shape of inter-arrival times: 0/1 Poisson, <1 burstier")
+	f.IntVar(&cfg.Requests, "requests", 500, "measured requests")
+	f.DurationVar(&cfg.Duration, "duration", 0, "bound on the measured window's arrivals (0: none)")
+	f.IntVar(&cfg.Warmup, "warmup", 100, "requests sent first to warm caches, not measured")
+	f.Int64Var(&cfg.Seed, "seed", 1, "seed of the request stream and arrivals")
+	f.IntVar(&cfg.Tenants, "tenants", 0, "number of tenants (prompt_cache_key / X-Amzn-SageMaker-Prefix-Aware-Id); 0: none")
+	f.Float64Var(&cfg.AdapterMix, "adapter-mix", 0, "share of requests naming a LoRA adapter from --adapters")
+	f.StringSliceVar(&cfg.Adapters, "adapters", nil, "LoRA adapter names for --adapter-mix")
+	f.StringVar(&cfg.Model, "model", "", "base model name for the model field (empty: omitted)")
+	f.StringVar(&cfg.API, "api", bench.APIOpenAI, "openai (/v1/chat/completions) or invoke (SageMaker /invocations)")
+	f.StringVar(&cfg.Endpoint, "endpoint", "", "use the router's /endpoints/{endpoint}/... paths")
+	f.IntVar(&cfg.Concurrency, "concurrency", 0, "cap on requests in flight (0: the default)")
+	f.DurationVar(&cfg.Timeout, "timeout", 2*time.Minute, "per-request timeout")
+	f.BoolVar(&cfg.ResetPrefixCache, "reset-prefix-cache", false, "POST /reset_prefix_cache to each --metrics-url host first (vLLM), so the run starts cold")
+	f.StringVar(&cfg.Label, "label", "", "name of the run in the report")
+	f.StringVar(&out, "out", "", "write the result as JSON to this file")
+	return c
+}

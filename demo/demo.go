@@ -1,0 +1,164 @@
+// Package demo runs the main job of prefixrouter on one machine: a local
+// fleet of simulated model servers behind two router replicas, every
+// workload under every routing strategy (switched live through etcd), and a
+// side-by-side report.
+package demo
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/prefixrouter/prefixrouter/bench"
+	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/localfleet"
+	"github.com/prefixrouter/prefixrouter/sim"
+)
+
+// Workload is one preset and how hard to drive it.
+type Workload struct {
+	Preset   string
+	Rate     float64 // requests/s
+	Warmup   int
+	Requests int
+}
+
+// Config configures the demo. Zero values mean the defaults of Default().
+type Config struct {
+	Instances, Replicas int
+	Profile             string
+	// KVCapacityTokens per instance; see Default for the reasoning.
+	KVCapacityTokens int
+	Workloads        []Workload
+	Strategies       []fleet.Strategy
+	PrefixLength     int
+	Concurrency      int // ConcurrencyThreshold
+	Seed             int64
+	// OutDir receives report.md, report.json and report.html.
+	OutDir string
+	// Progress receives progress lines and bars; Out the final table.
+	Progress, Out io.Writer
+	Logger        *slog.Logger
+}
+
+// Default is the demo `make demo` runs.
+func Default() Config {
+	return Config{
+		Instances:        7, // the seed benchmark's fleet size
+		Replicas:         2,
+		Profile:          sim.ProfileH200Llama8B,
+		KVCapacityTokens: 300_000,
+		Workloads: []Workload{
+			{Preset: "shared-8k", Rate: 14, Warmup: 250, Requests: 500},
+			{Preset: "shared-8k-uniform", Rate: 14, Warmup: 250, Requests: 500},
+			{Preset: "sharegpt-like", Rate: 14, Warmup: 50, Requests: 300},
+		},
+		Strategies:   []fleet.Strategy{fleet.Random, fleet.LeastOutstanding, fleet.PrefixAware},
+		PrefixLength: fleet.DefaultPrefixLength,
+		Concurrency:  fleet.DefaultConcurrencyThresh,
+		Seed:         1,
+		OutDir:       "demo-report",
+		Progress:     os.Stderr,
+		Out:          os.Stdout,
+	}
+}
+
+// Run runs the demo and returns the comparison of every run.
+func Run(ctx context.Context, cfg Config) (*bench.Comparison, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Progress == nil {
+		cfg.Progress = io.Discard
+	}
+	if cfg.Out == nil {
+		cfg.Out = io.Discard
+	}
+	prof, err := sim.LookupProfile(cfg.Profile)
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(cfg.Progress, "demo: starting embedded etcd, %d simulated model servers (profile %s, KV cache %d tokens each) and %d router replicas\n",
+		cfg.Instances, prof.Name, cfg.KVCapacityTokens, cfg.Replicas)
+	f, err := localfleet.Start(ctx, localfleet.Config{
+		Instances: cfg.Instances, Replicas: cfg.Replicas,
+		Sim:     sim.Config{Profile: cfg.Profile, KVCapacityTokens: cfg.KVCapacityTokens},
+		Routing: fleet.RoutingConfig{RoutingStrategy: fleet.PrefixAware},
+		Logger:  cfg.Logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+
+	cmp := &bench.Comparison{
+		Title: "prefixrouter demo: routing strategies side by side",
+		Environment: fmt.Sprintf("Model servers are SIMULATED (prefixrouter modelsim, profile %s: %s), not real GPUs. "+
+			"%d instances with a KV cache of %d tokens each, %d router replicas (the load alternates between them), "+
+			"embedded etcd; routing config switched through etcd between runs; PrefixLength %d, ConcurrencyThreshold %d. "+
+			"Each run starts with cold caches (/reset_prefix_cache) and a warm-up that is not measured.",
+			prof.Name, prof.Description, cfg.Instances, cfg.KVCapacityTokens, cfg.Replicas, cfg.PrefixLength, cfg.Concurrency),
+	}
+	for _, w := range cfg.Workloads {
+		for _, st := range cfg.Strategies {
+			rc := fleet.RoutingConfig{RoutingStrategy: st, PrefixAwareRoutingConfig: &fleet.PrefixAwareConfig{
+				PrefixLength: cfg.PrefixLength, ConcurrencyThreshold: cfg.Concurrency}}
+			sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			err := f.SetRouting(sctx, rc)
+			cancel()
+			if err != nil {
+				return cmp, fmt.Errorf("demo: switching to %s: %w", st, err)
+			}
+			fmt.Fprintf(cfg.Progress, "demo: %s under %s (%d req/s, %d warm-up + %d measured requests)\n", w.Preset, st, w.Rate, w.Warmup, w.Requests)
+			res, err := bench.Run(ctx, bench.Config{
+				Targets: f.RouterURLs(), MetricsURLs: f.MetricsURLs(), Preset: w.Preset,
+				Rate: w.Rate, Warmup: w.Warmup, Requests: w.Requests, Seed: cfg.Seed,
+				Model: sim.DefaultBaseModel, Label: string(st), Progress: cfg.Progress,
+				ResetPrefixCache: true,
+			})
+			if res != nil {
+				cmp.Runs = append(cmp.Runs, res)
+			}
+			if err != nil {
+				return cmp, fmt.Errorf("demo: %s under %s: %w", w.Preset, st, err)
+			}
+		}
+	}
+	if err := writeReports(cfg.OutDir, cmp); err != nil {
+		return cmp, err
+	}
+	if err := cmp.WriteMarkdown(cfg.Out); err != nil {
+		return cmp, err
+	}
+	fmt.Fprintf(cfg.Progress, "demo: reports written to %s/report.{md,json,html}\n", cfg.OutDir)
+	return cmp, nil
+}
+
+func writeReports(dir string, cmp *bench.Comparison) error {
+	if dir == "" {
+		return nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	for name, write := range map[string]func(io.Writer) error{
+		"report.md": cmp.WriteMarkdown, "report.json": cmp.WriteJSON, "report.html": cmp.WriteHTML,
+	} {
+		fh, err := os.Create(filepath.Join(dir, name))
+		if err != nil {
+			return err
+		}
+		werr := write(fh)
+		if cerr := fh.Close(); werr == nil {
+			werr = cerr
+		}
+		if werr != nil {
+			return fmt.Errorf("demo: writing %s: %w", name, werr)
+		}
+	}
+	return nil
+}
