@@ -1,0 +1,269 @@
+package admin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sort"
+
+	"github.com/sony/gobreaker/v2"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/prefixrouter/prefixrouter/admin/adminpb"
+	"github.com/prefixrouter/prefixrouter/fleet"
+)
+
+// maxNameLength matches membership.MaxNameLength: endpoint names become etcd
+// key segments.
+const maxNameLength = 128
+
+// service implements adminpb.AdminServer.
+type service struct {
+	adminpb.UnimplementedAdminServer
+	o Options
+}
+
+var _ adminpb.AdminServer = (*service)(nil)
+
+func (s *service) GetFleet(_ context.Context, req *adminpb.GetFleetRequest) (*adminpb.GetFleetResponse, error) {
+	snap := s.o.Snapshots.Snapshot()
+	if snap == nil {
+		return nil, status.Error(codes.Unavailable, "admin: no fleet snapshot loaded yet")
+	}
+	names := make([]string, 0, len(snap.Endpoints))
+	if req.GetEndpoint() != "" {
+		if snap.Endpoint(req.GetEndpoint()) == nil {
+			return nil, status.Errorf(codes.NotFound, "admin: endpoint %q not found", req.GetEndpoint())
+		}
+		names = append(names, req.GetEndpoint())
+	} else {
+		for name := range snap.Endpoints {
+			names = append(names, name)
+		}
+		sort.Strings(names)
+	}
+	resp := &adminpb.GetFleetResponse{
+		Revision: snap.Revision,
+		Replicas: int32(snap.Replicas),
+		BuiltAt:  timestamppb.New(snap.BuiltAt),
+		Age:      durationpb.New(s.o.Now().Sub(snap.BuiltAt)),
+	}
+	for _, name := range names {
+		ep := snap.Endpoints[name]
+		pe := &adminpb.Endpoint{Name: ep.Name, Config: configToPB(ep.Config)}
+		for _, in := range ep.Instances {
+			pe.Instances = append(pe.Instances, s.instanceToPB(ep.Name, in))
+		}
+		resp.Endpoints = append(resp.Endpoints, pe)
+	}
+	return resp, nil
+}
+
+func (s *service) instanceToPB(endpoint string, in fleet.Instance) *adminpb.Instance {
+	pi := &adminpb.Instance{
+		Id:          in.ID,
+		Addr:        in.Addr,
+		Adapters:    in.Adapters,
+		MaxAdapters: int32(in.MaxAdapters),
+		Weight:      int32(in.EffectiveWeight()),
+		Draining:    in.Draining,
+		Labels:      in.Labels,
+	}
+	if !in.RegisteredAt.IsZero() {
+		pi.RegisteredAt = timestamppb.New(in.RegisteredAt)
+	}
+	if s.o.States != nil {
+		if st, ok := s.o.States.InstanceState(endpoint, in.ID); ok {
+			pi.State = &adminpb.InstanceState{
+				InFlight:     st.InFlight,
+				ExternalLoad: st.ExternalLoad,
+				Breaker:      breakerToPB(st.Breaker),
+			}
+		}
+	}
+	return pi
+}
+
+func breakerToPB(b gobreaker.State) adminpb.BreakerState {
+	switch b {
+	case gobreaker.StateClosed:
+		return adminpb.BreakerState_BREAKER_STATE_CLOSED
+	case gobreaker.StateHalfOpen:
+		return adminpb.BreakerState_BREAKER_STATE_HALF_OPEN
+	case gobreaker.StateOpen:
+		return adminpb.BreakerState_BREAKER_STATE_OPEN
+	}
+	return adminpb.BreakerState_BREAKER_STATE_UNSPECIFIED
+}
+
+func configToPB(c fleet.RoutingConfig) *adminpb.RoutingConfig {
+	c = c.Normalize()
+	return &adminpb.RoutingConfig{
+		Strategy:             string(c.RoutingStrategy),
+		PrefixLength:         int32(c.PrefixAwareRoutingConfig.PrefixLength),
+		ConcurrencyThreshold: int32(c.PrefixAwareRoutingConfig.ConcurrencyThreshold),
+	}
+}
+
+func (s *service) GetRoutingConfig(ctx context.Context, req *adminpb.GetRoutingConfigRequest) (*adminpb.GetRoutingConfigResponse, error) {
+	if err := validateEndpoint(req.GetEndpoint()); err != nil {
+		return nil, err
+	}
+	resp := &adminpb.GetRoutingConfigResponse{}
+	if ep := s.o.Snapshots.Snapshot().Endpoint(req.GetEndpoint()); ep != nil {
+		resp.Applied = configToPB(ep.Config)
+	}
+	if s.o.Configs == nil {
+		if resp.Applied == nil {
+			return nil, status.Errorf(codes.NotFound, "admin: endpoint %q not found", req.GetEndpoint())
+		}
+		resp.Config = resp.Applied
+		return resp, nil
+	}
+	c, set, err := s.o.Configs.GetConfig(ctx, req.GetEndpoint())
+	if err != nil {
+		if errors.Is(err, fleet.ErrInvalidConfig) {
+			// The stored value is bad, not the request: routers keep the
+			// previous config until someone writes a valid one.
+			return nil, status.Errorf(codes.FailedPrecondition, "admin: %v", err)
+		}
+		return nil, storeError("read", err)
+	}
+	if !set && resp.Applied == nil {
+		// Nothing stored and no instance registered: most likely a typo.
+		return nil, status.Errorf(codes.NotFound, "admin: endpoint %q not found (no instance and no stored config)", req.GetEndpoint())
+	}
+	resp.Config = configToPB(c)
+	resp.Stored = set
+	return resp, nil
+}
+
+func (s *service) SetRoutingConfig(ctx context.Context, req *adminpb.SetRoutingConfigRequest) (*adminpb.SetRoutingConfigResponse, error) {
+	if err := validateEndpoint(req.GetEndpoint()); err != nil {
+		return nil, err
+	}
+	c := fleet.RoutingConfig{
+		RoutingStrategy: fleet.Strategy(req.GetStrategy()),
+		PrefixAwareRoutingConfig: &fleet.PrefixAwareConfig{
+			PrefixLength:         int(req.GetPrefixLength()),
+			ConcurrencyThreshold: int(req.GetConcurrencyThreshold()),
+		},
+	}
+	if err := c.Validate(); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	if s.o.Configs == nil {
+		return nil, status.Error(codes.Unavailable, "admin: routing config cannot be set: the router runs without etcd (static fleet)")
+	}
+	if err := s.o.Configs.PutConfig(ctx, req.GetEndpoint(), c); err != nil {
+		if errors.Is(err, fleet.ErrInvalidConfig) {
+			return nil, status.Error(codes.InvalidArgument, err.Error())
+		}
+		return nil, storeError("write", err)
+	}
+	from := ""
+	if p, ok := peer.FromContext(ctx); ok {
+		from = p.Addr.String()
+	}
+	n := c.Normalize()
+	s.o.Logger.InfoContext(ctx, "admin: routing config set", "endpoint", req.GetEndpoint(),
+		"strategy", n.RoutingStrategy, "prefixLength", n.PrefixLength(), "concurrencyThreshold", n.ConcurrencyThreshold(), "peer", from)
+	return &adminpb.SetRoutingConfigResponse{Config: configToPB(n)}, nil
+}
+
+func (s *service) ExplainRoute(ctx context.Context, req *adminpb.ExplainRouteRequest) (*adminpb.ExplainRouteResponse, error) {
+	if err := validateEndpoint(req.GetEndpoint()); err != nil {
+		return nil, err
+	}
+	if s.o.Explainer == nil {
+		return nil, status.Error(codes.Unimplemented, "admin: this router does not explain routes")
+	}
+	snap := s.o.Snapshots.Snapshot()
+	if snap == nil {
+		return nil, status.Error(codes.Unavailable, "admin: no fleet snapshot loaded yet")
+	}
+	ep := snap.Endpoint(req.GetEndpoint())
+	if ep == nil {
+		return nil, status.Errorf(codes.NotFound, "admin: endpoint %q not found", req.GetEndpoint())
+	}
+	path := req.GetPath()
+	if path == "" {
+		path = "/endpoints/" + req.GetEndpoint() + "/invocations"
+	}
+	header := make(http.Header, len(req.GetHeaders()))
+	for k, v := range req.GetHeaders() {
+		header.Set(k, v)
+	}
+	body := req.GetBody()
+	if t, ok := req.GetPayload().(*adminpb.ExplainRouteRequest_BodyText); ok {
+		body = []byte(t.BodyText)
+	}
+	ex, err := s.o.Explainer.Explain(ctx, req.GetEndpoint(), path, header, body)
+	if err != nil {
+		return nil, explainError(err)
+	}
+	resp := &adminpb.ExplainRouteResponse{
+		Endpoint:     req.GetEndpoint(),
+		Strategy:     string(ex.Strategy),
+		Instance:     ex.Instance,
+		Candidates:   ex.Candidates,
+		RoutingKey:   fmt.Sprintf("%016x", ex.Key),
+		Model:        ex.Model,
+		Tenant:       ex.Tenant,
+		PrefixLength: int32(ex.PrefixLength),
+	}
+	for _, in := range ep.Instances {
+		if in.ID == ex.Instance {
+			resp.InstanceAddr = in.Addr
+			break
+		}
+	}
+	return resp, nil
+}
+
+// validateEndpoint applies membership's rule for names, so that a bad name is
+// InvalidArgument here rather than an opaque store error.
+func validateEndpoint(name string) error {
+	if name == "" || len(name) > maxNameLength {
+		return status.Errorf(codes.InvalidArgument, "admin: endpoint name must be 1..%d characters, got %q", maxNameLength, name)
+	}
+	for _, r := range name {
+		if r <= ' ' || r > '~' || r == '/' {
+			return status.Errorf(codes.InvalidArgument, "admin: endpoint name %q must be printable ASCII without spaces or '/'", name)
+		}
+	}
+	return nil
+}
+
+// storeError maps a config store failure: the caller's deadline or
+// cancellation keeps its code; anything else is etcd being unreachable or
+// failing, which a retry may fix.
+func storeError(op string, err error) error {
+	if st := status.FromContextError(err); st.Code() != codes.Unknown {
+		return st.Err()
+	}
+	return status.Errorf(codes.Unavailable, "admin: %s routing config: %v", op, err)
+}
+
+func explainError(err error) error {
+	if st, ok := status.FromError(err); ok {
+		return st.Err()
+	}
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return status.Error(codes.NotFound, err.Error())
+	case errors.Is(err, ErrInvalidRequest):
+		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, ErrNoInstance):
+		return status.Error(codes.Unavailable, err.Error())
+	}
+	if st := status.FromContextError(err); st.Code() != codes.Unknown {
+		return st.Err()
+	}
+	return status.Errorf(codes.Internal, "admin: explain: %v", err)
+}
