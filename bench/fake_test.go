@@ -27,6 +27,8 @@ type fakeServer struct {
 	block bool
 	// arrived gets a value per arrival (if non-nil; never blocks).
 	arrived chan struct{}
+	// noCacheInfo leaves vllm:cache_config_info out of /metrics.
+	noCacheInfo bool
 
 	mu      sync.Mutex // guards the fields below
 	n       int
@@ -129,7 +131,9 @@ func (f *fakeServer) metrics(w http.ResponseWriter, _ *http.Request) {
 	defer f.mu.Unlock()
 	fmt.Fprintf(w, "# HELP vllm:prefix_cache_queries_total Prefix cache queries in tokens.\n# TYPE vllm:prefix_cache_queries_total counter\nvllm:prefix_cache_queries_total{engine=\"0\",model_name=\"m\"} %d\n", f.queries)
 	fmt.Fprintf(w, "# HELP vllm:prefix_cache_hits_total Prefix cache hits in tokens.\n# TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total{engine=\"0\",model_name=\"m\"} %d\n", f.hits)
-	fmt.Fprint(w, "# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"1000\"} 1\n")
+	if !f.noCacheInfo {
+		fmt.Fprint(w, "# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"1000\"} 1\n")
+	}
 }
 
 func (f *fakeServer) count() int {

@@ -135,8 +135,12 @@ func TestQuantilesAndRegime(t *testing.T) {
 		{400, 100, 4, RegimeFitsFleet},
 		{401, 100, 4, RegimeOverflows},
 	}
+	// Unequal instances: the fleet is their sum, not n × the smallest.
+	if got := classify(250, 100, 300, 2); got != RegimeFitsFleet {
+		t.Fatalf("classify(250, 100, fleet 300, 2) = %q", got)
+	}
 	for _, tt := range tests {
-		if got := classify(tt.ws, tt.inst, tt.n); got != tt.want {
+		if got := classify(tt.ws, tt.inst, tt.inst*int64(tt.n), tt.n); got != tt.want {
 			t.Fatalf("classify(%d, %d, %d) = %q, want %q", tt.ws, tt.inst, tt.n, got, tt.want)
 		}
 	}

@@ -111,7 +111,9 @@ type Regime struct {
 	Class                string `json:"class"`
 }
 
-func classify(ws, inst int64, n int) string {
+// classify places working set ws against one instance's capacity inst
+// and the fleet's, fleet, over n instances.
+func classify(ws, inst, fleet int64, n int) string {
 	switch {
 	case inst <= 0:
 		return RegimeUnknown
@@ -119,7 +121,7 @@ func classify(ws, inst int64, n int) string {
 		return RegimeFitsOne
 	case n <= 0:
 		return RegimeNoInstance
-	case ws <= inst*int64(n):
+	case ws <= fleet:
 		return RegimeFitsFleet
 	}
 	return RegimeOverflows
@@ -286,7 +288,6 @@ func (r *runner) result(window time.Duration, before, after []scrape, metricsErr
 	sort.Slice(res.Instances, func(i, j int) bool { return res.Instances[i].Instance < res.Instances[j].Instance })
 
 	res.MetricsErrors = metricsErrs
-	var capTokens int64
 	if len(before) == len(cfg.MetricsURLs) && len(after) == len(before) && len(metricsErrs) == 0 && len(before) > 0 {
 		var hits, queries float64
 		for i, u := range cfg.MetricsURLs {
@@ -297,9 +298,6 @@ func (r *runner) result(window time.Duration, before, after []scrape, metricsErr
 			hits += d.Hits
 			queries += d.Queries
 			res.Metrics = append(res.Metrics, d)
-			if capTokens == 0 {
-				capTokens = after[i].capacityTokens
-			}
 		}
 		if queries > 0 {
 			h := hits / queries
@@ -323,14 +321,19 @@ func (r *runner) result(window time.Duration, before, after []scrape, metricsErr
 		InstanceKVTokens:     cfg.InstanceKVTokens,
 		Instances:            cfg.Instances,
 	}
-	if g.InstanceKVTokens == 0 {
-		g.InstanceKVTokens = capTokens
-	}
 	if g.Instances == 0 {
 		g.Instances = len(cfg.MetricsURLs)
 	}
 	g.FleetKVTokens = g.InstanceKVTokens * int64(g.Instances)
-	g.Class = classify(g.WorkingSetTokens, g.InstanceKVTokens, g.Instances)
+	if g.InstanceKVTokens == 0 {
+		g.InstanceKVTokens = r.instanceKV
+		g.FleetKVTokens = g.InstanceKVTokens * int64(g.Instances)
+		if g.Instances == len(cfg.MetricsURLs) {
+			// The instances read are the fleet: add up their real sizes.
+			g.FleetKVTokens = r.fleetKV
+		}
+	}
+	g.Class = classify(g.WorkingSetTokens, g.InstanceKVTokens, g.FleetKVTokens, g.Instances)
 	res.Regime = g
 	// Empty collections are nil, so a result survives a JSON round trip
 	// (omitempty) unchanged.

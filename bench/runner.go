@@ -79,10 +79,19 @@ type Config struct {
 	// every few seconds (anything else).
 	Progress io.Writer
 	// InstanceKVTokens is one instance's KV-cache capacity in tokens and
-	// Instances the fleet size, for the regime line. 0: read from the
-	// instances' vllm:cache_config_info and len(MetricsURLs) if available.
+	// Instances the fleet size, for the regime line. InstanceKVTokens 0:
+	// read at the start of the run from every metrics URL's
+	// vllm:cache_config_info (block_size × num_gpu_blocks; the smallest
+	// instance's, the fleet's is their sum), "capacity unknown" if any
+	// instance does not export it. Instances 0: len(MetricsURLs).
 	InstanceKVTokens int64
 	Instances        int
+	// ResetPrefixCache, before the warmup, POSTs /reset_prefix_cache
+	// (vLLM's; a real vLLM serves it only with VLLM_SERVER_DEV_MODE=1) to
+	// the host of every metrics URL, so a run on a fleet reused from an
+	// earlier run starts cold. Any answer but 2xx fails the run.
+	// Requires MetricsURLs.
+	ResetPrefixCache bool
 	// Label names the run in reports (e.g. the routing strategy).
 	Label string
 	// Client is the HTTP client (nil: a fresh one, closed after the run).
@@ -109,6 +118,16 @@ func (c *Config) withDefaults() (Preset, error) {
 	for _, t := range c.Targets {
 		if _, err := endpointURL(t, c.API, c.Endpoint); err != nil {
 			return Preset{}, err
+		}
+	}
+	if c.ResetPrefixCache {
+		if len(c.MetricsURLs) == 0 {
+			return Preset{}, errors.New("bench: resetting the prefix cache needs the instances' metrics URLs")
+		}
+		for _, u := range c.MetricsURLs {
+			if _, err := resetURL(u); err != nil {
+				return Preset{}, err
+			}
 		}
 	}
 	if c.Concurrency == 0 {
@@ -148,6 +167,10 @@ type runner struct {
 
 	sent, finished, failed atomic.Int64
 	total                  int64 // planned requests (0: unknown)
+
+	// KV capacities read from vllm:cache_config_info at the start, 0 if
+	// not every instance exported it.
+	instanceKV, fleetKV int64
 }
 
 // Run sends the workload and measures it. If ctx is canceled, Run stops,
@@ -178,6 +201,14 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	for _, t := range cfg.Targets {
 		u, _ := endpointURL(t, cfg.API, cfg.Endpoint)
 		r.urls = append(r.urls, u)
+	}
+	if cfg.ResetPrefixCache {
+		if err := r.resetAll(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.InstanceKVTokens == 0 && len(cfg.MetricsURLs) > 0 {
+		r.readCapacities(ctx)
 	}
 	if cfg.Requests > 0 {
 		r.total = int64(cfg.Requests + cfg.Warmup)

@@ -276,6 +276,8 @@ func TestConfigValidation(t *testing.T) {
 		{"bad url", Config{Targets: []string{"127.0.0.1:1"}, Preset: "bot", Requests: 1}},
 		{"unknown preset", Config{Targets: []string{"http://127.0.0.1:1"}, Preset: "nope", Requests: 1}},
 		{"negative rate", Config{Targets: []string{"http://127.0.0.1:1"}, Preset: "bot", Requests: 1, Rate: -1}},
+		{"reset without metrics URLs", Config{Targets: []string{"http://127.0.0.1:1"}, Preset: "bot", Requests: 1, ResetPrefixCache: true}},
+		{"reset with a bad metrics URL", Config{Targets: []string{"http://127.0.0.1:1"}, Preset: "bot", Requests: 1, ResetPrefixCache: true, MetricsURLs: []string{"127.0.0.1:1/metrics"}}},
 		{"mix without adapters", Config{Targets: []string{"http://127.0.0.1:1"}, Preset: "bot", Requests: 1, AdapterMix: 0.5}},
 	}
 	for _, tt := range tests {
