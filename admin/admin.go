@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -173,10 +174,11 @@ func NewServer(o Options) (*Server, error) {
 		}
 	}
 	logger := interceptorLogger(o.Logger)
-	// Health probes arrive every few seconds from load balancers and
-	// orchestrators: logging them would drown the admin calls.
+	// Health probes arrive every few seconds from load balancers, and
+	// grpcurl opens a reflection stream per command: logging them would
+	// drown the admin calls.
 	notHealth := selector.MatchFunc(func(_ context.Context, c interceptors.CallMeta) bool {
-		return c.Service != healthpb.Health_ServiceDesc.ServiceName
+		return c.Service != healthpb.Health_ServiceDesc.ServiceName && !strings.HasPrefix(c.Service, "grpc.reflection.")
 	})
 	rec := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
 		o.Logger.ErrorContext(ctx, "admin: panic in handler", "panic", p, "stack", string(debug.Stack()))
