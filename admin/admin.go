@@ -277,6 +277,8 @@ func (s *Server) updateHealth() {
 	s.health.SetServingStatus(adminpb.Admin_ServiceDesc.ServiceName, st)
 }
 
+var _ healthpb.HealthServer = (*readyHealth)(nil)
+
 // readyHealth evaluates readiness on every Check, so that a probe never sees
 // a status up to ReadyInterval old.
 type readyHealth struct {
