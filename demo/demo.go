@@ -113,7 +113,7 @@ func Run(ctx context.Context, cfg Config) (*bench.Comparison, error) {
 			if err != nil {
 				return cmp, fmt.Errorf("demo: switching to %s: %w", st, err)
 			}
-			fmt.Fprintf(cfg.Progress, "demo: %s under %s (%d req/s, %d warm-up + %d measured requests)\n", w.Preset, st, w.Rate, w.Warmup, w.Requests)
+			fmt.Fprintf(cfg.Progress, "demo: %s under %s (%g req/s, %d warm-up + %d measured requests)\n", w.Preset, st, w.Rate, w.Warmup, w.Requests)
 			res, err := bench.Run(ctx, bench.Config{
 				Targets: f.RouterURLs(), MetricsURLs: f.MetricsURLs(), Preset: w.Preset,
 				Rate: w.Rate, Warmup: w.Warmup, Requests: w.Requests, Seed: cfg.Seed,
@@ -122,6 +122,7 @@ func Run(ctx context.Context, cfg Config) (*bench.Comparison, error) {
 			})
 			if res != nil {
 				cmp.Runs = append(cmp.Runs, res)
+				_ = res.WriteTable(cfg.Progress)
 			}
 			if err != nil {
 				return cmp, fmt.Errorf("demo: %s under %s: %w", w.Preset, st, err)
