@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/prefixrouter/prefixrouter/lora"
@@ -238,50 +237,4 @@ func (r *Router) serve(w http.ResponseWriter, req *http.Request, kind apiKind, u
 		replicas: v.snap.Replicas, upstreamPath: upstreamPath, cur: p,
 	}
 	r.proxy.serve(w, req, body, a)
-}
-
-// Choose returns the instance the request would go to with no load: the ring
-// primary of its key within its model's set, whatever the endpoint's
-// strategy (chaos and agreement tests compare it across replicas). The body
-// is read and restored. The path decides how the key is extracted: paths
-// ending in chat/completions or /v1/completions are OpenAI, others invoke.
-func (r *Router) Choose(endpoint string, req *http.Request) (string, error) {
-	v := r.view.Load()
-	if v == nil {
-		return "", fmt.Errorf("%w: no fleet snapshot loaded", ErrNoInstance)
-	}
-	ev := v.endpoints[endpoint]
-	if ev == nil {
-		return "", fmt.Errorf("router: endpoint %q not found", endpoint)
-	}
-	kind := kindInvoke
-	switch {
-	case strings.HasSuffix(req.URL.Path, "/chat/completions"):
-		kind = kindChat
-	case strings.HasSuffix(req.URL.Path, "/v1/completions"):
-		kind = kindCompletions
-	}
-	var body []byte
-	if req.Body != nil {
-		b, err := io.ReadAll(io.LimitReader(req.Body, r.opts.MaxBodyBytes+1))
-		if err != nil {
-			return "", fmt.Errorf("router: read body: %w", err)
-		}
-		_ = req.Body.Close()
-		req.Body = io.NopCloser(bytes.NewReader(b))
-		body = b
-	}
-	rr, rerr := parseRequest(kind, req.Header, body, ev.prefixLen)
-	if rerr != nil {
-		return "", fmt.Errorf("router: %s", rerr.msg)
-	}
-	set, err := ev.table.Set(rr.model)
-	if err != nil {
-		return "", err
-	}
-	i := set.Ring().Primary(rr.key)
-	if i < 0 {
-		return "", ErrNoInstance
-	}
-	return set.Instance(i).ID, nil
 }
