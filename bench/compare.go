@@ -48,6 +48,24 @@ func (c *Comparison) regimeOf(preset string) string {
 	return ""
 }
 
+// timeScaleNotes are the header lines for runs whose servers did not run
+// in real time: one line if every run shares the scale, else one per such
+// run.
+func (c *Comparison) timeScaleNotes() []string {
+	var notes []string
+	same := len(c.Runs) > 0
+	for _, r := range c.Runs {
+		if n := r.TimeScaleNote(); n != "" {
+			notes = append(notes, r.Name()+": "+n)
+		}
+		same = same && r.TimeScale == c.Runs[0].TimeScale
+	}
+	if same && len(notes) > 1 {
+		return []string{"all runs: " + c.Runs[0].TimeScaleNote()}
+	}
+	return notes
+}
+
 func mdEscape(s string) string { return strings.ReplaceAll(s, "|", `\|`) }
 
 // WriteMarkdown writes a summary table, the regimes, the environment and
@@ -61,6 +79,9 @@ func (c *Comparison) WriteMarkdown(w io.Writer) error {
 	fmt.Fprintf(&b, "# %s\n\n", title)
 	if c.Environment != "" {
 		fmt.Fprintf(&b, "**Environment:** %s\n\n", c.Environment)
+	}
+	for _, n := range c.timeScaleNotes() {
+		fmt.Fprintf(&b, "**Time scale:** %s\n\n", mdEscape(n))
 	}
 	b.WriteString("## Regimes\n\n")
 	for _, p := range c.presets() {
@@ -146,6 +167,7 @@ type htmlRow struct {
 
 type htmlView struct {
 	Title, Environment string
+	TimeScales         []string
 	Rows               []htmlRow
 	CDFs               []cdfChart
 	Shares             []shareChart
@@ -160,6 +182,7 @@ func (c *Comparison) view() htmlView {
 	if v.Title == "" {
 		v.Title = "prefixrouter benchmark"
 	}
+	v.TimeScales = c.timeScaleNotes()
 	for _, r := range c.Runs {
 		vs := r.MetricsVsOracle
 		if vs == nil {
@@ -282,7 +305,8 @@ svg{font-size:11px;font-family:inherit}.note{color:#555}
 </style></head><body>
 <h1>{{.Title}}</h1>
 {{if .Environment}}<p><b>Environment:</b> {{.Environment}}</p>{{end}}
-<h2>Results</h2>
+{{range .TimeScales}}<p><b>Time scale:</b> {{.}}</p>
+{{end}}<h2>Results</h2>
 <table><tr><th>run</th><th>preset</th><th>requests</th><th>ok</th><th>TTFT p50 ms</th><th>TTFT p90 ms</th><th>TTFT p99 ms</th><th>E2E p50 ms</th><th>E2E p90 ms</th><th>req/s</th><th>out tok/s</th><th>hit (metrics)</th><th>hit (usage)</th><th>oracle</th><th>hit/oracle</th><th>errors</th></tr>
 {{range .Rows}}<tr><td>{{.Run}}</td><td>{{.Preset}}</td><td>{{.Requests}}</td><td>{{.OK}}</td><td>{{.TTFT50}}</td><td>{{.TTFT90}}</td><td>{{.TTFT99}}</td><td>{{.E2E50}}</td><td>{{.E2E90}}</td><td>{{.RPS}}</td><td>{{.TPS}}</td><td>{{.HitM}}</td><td>{{.HitU}}</td><td>{{.Oracle}}</td><td>{{.Vs}}</td><td>{{.Errors}}</td></tr>
 {{end}}</table>

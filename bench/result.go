@@ -6,6 +6,7 @@ import (
 	"io"
 	"math"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -17,7 +18,8 @@ type Sample struct {
 	Target string `json:"target"`
 	// StartMs is when it was sent, from the run's start; DelayMs how late
 	// that was against its scheduled arrival (the concurrency cap or a
-	// session's previous turn held it back).
+	// session's previous turn held it back). Like TTFTMs and E2EMs, both
+	// are in server time (wall time × the run's TimeScale).
 	StartMs float64 `json:"start_ms"`
 	DelayMs float64 `json:"delay_ms"`
 	// TTFTMs is the time to the first non-empty content token; 0 if none.
@@ -170,6 +172,10 @@ type Result struct {
 	Tenants    int      `json:"tenants,omitempty"`
 	AdapterMix float64  `json:"adapter_mix,omitempty"`
 	Warmup     int      `json:"warmup"`
+	// TimeScale is Config.TimeScale when it is not real time (0, omitted,
+	// for real time): every duration and throughput of the result is then
+	// in the servers' simulated time.
+	TimeScale float64 `json:"time_scale,omitempty"`
 	// DurationSec is the measured window: first measured arrival to the
 	// last measured response.
 	DurationSec float64 `json:"duration_sec"`
@@ -180,8 +186,9 @@ type Result struct {
 	Canceled    int            `json:"canceled"`
 	SuccessRate float64        `json:"success_rate"`
 	Errors      map[string]int `json:"errors,omitempty"`
-	// ClientDelayed counts requests sent over 10 ms after their scheduled
-	// arrival (the open loop was not kept).
+	// ClientDelayed counts requests sent over 10 ms of wall-clock time
+	// after their scheduled arrival (the open loop was not kept); with a
+	// TimeScale k that is a DelayMs over 10·k.
 	ClientDelayed int `json:"client_delayed"`
 
 	TTFT               Quantiles `json:"ttft_ms"`
@@ -214,17 +221,19 @@ type Result struct {
 	Samples     []Sample `json:"samples,omitempty"`
 }
 
-func (r *runner) result(window time.Duration, before, after []scrape, metricsErrs []string) *Result {
+func (r *runner) result(wallWindow time.Duration, before, after []scrape, metricsErrs []string) *Result {
 	cfg := r.cfg
 	r.mu.Lock()
 	samples := append([]Sample(nil), r.samples...)
 	r.mu.Unlock()
 	sort.Slice(samples, func(i, j int) bool { return samples[i].Index < samples[j].Index })
+	window := time.Duration(float64(wallWindow) * r.scale) // server time
 	res := &Result{
 		Label: cfg.Label, Preset: r.preset.Name, API: cfg.API, Targets: cfg.Targets, Seed: cfg.Seed,
 		Rate: cfg.Rate, Burstiness: cfg.Burstiness, Tenants: cfg.Tenants, AdapterMix: cfg.AdapterMix,
 		Warmup: cfg.Warmup, DurationSec: window.Seconds(), Samples: samples,
-		Errors: map[string]int{}, Decisions: map[string]int{},
+		TimeScale: timeScaleOf(r.scale),
+		Errors:    map[string]int{}, Decisions: map[string]int{},
 	}
 	var ttft, e2e []float64
 	var outTokens int64
@@ -232,7 +241,7 @@ func (r *runner) result(window time.Duration, before, after []scrape, metricsErr
 	withInst := 0
 	for _, s := range samples {
 		res.Requests++
-		if s.DelayMs > 10 {
+		if s.DelayMs/r.scale > 10 { // wall time: a late client, whatever the servers' speed
 			res.ClientDelayed++
 		}
 		switch s.Error {
@@ -397,11 +406,31 @@ func (res *Result) Name() string {
 	return res.Label + " / " + res.Preset
 }
 
+// timeScaleOf is the Result.TimeScale of a run at scale k: 0 for real time.
+func timeScaleOf(k float64) float64 {
+	if k == 1 {
+		return 0
+	}
+	return k
+}
+
+// TimeScaleNote is "time scale k× (figures in simulated time)" for a run
+// whose servers did not run in real time, else "".
+func (res *Result) TimeScaleNote() string {
+	if res.TimeScale == 0 || res.TimeScale == 1 {
+		return ""
+	}
+	return fmt.Sprintf("time scale %s× (figures in simulated time)", strconv.FormatFloat(res.TimeScale, 'g', -1, 64))
+}
+
 // WriteTable writes an aligned text summary of the run.
 func (res *Result) WriteTable(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	row := func(k, format string, a ...any) { fmt.Fprintf(tw, "%s\t"+format+"\n", append([]any{k}, a...)...) }
 	row("run", "%s (seed %d, %s API, %.3g req/s offered)", res.Name(), res.Seed, res.API, res.Rate)
+	if n := res.TimeScaleNote(); n != "" {
+		row("time", "%s", n)
+	}
 	row("requests", "%d measured (+%d warmup) over %.1f s; %d ok, %d failed, %d canceled; success %s",
 		res.Requests, res.Warmup, res.DurationSec, res.Succeeded, res.Failed, res.Canceled, pct(res.SuccessRate))
 	row("errors", "%s", kv(res.Errors))

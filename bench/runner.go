@@ -92,6 +92,17 @@ type Config struct {
 	// earlier run starts cold. Any answer but 2xx fails the run.
 	// Requires MetricsURLs.
 	ResetPrefixCache bool
+	// TimeScale says the servers run TimeScale times faster than real
+	// time (the simulator's --time-scale); 0 or 1 is real time. Rate,
+	// Duration and Timeout are then in server time: the wall-clock arrival
+	// rate is Rate×TimeScale, the wall-clock Duration Duration/TimeScale
+	// and the wall-clock Timeout Timeout/TimeScale. Every measured
+	// duration (TTFT, E2E, start and delay, the measured window) is
+	// multiplied by TimeScale before it is reported, and throughputs are
+	// per server-time second. Client and router overhead is multiplied
+	// too, so keep TimeScale modest. The client-delayed threshold (10 ms)
+	// stays in wall time: it measures the client, not the servers.
+	TimeScale float64
 	// Label names the run in reports (e.g. the routing strategy).
 	Label string
 	// Client is the HTTP client (nil: a fresh one, closed after the run).
@@ -104,6 +115,9 @@ func (c *Config) withDefaults() (Preset, error) {
 	}
 	if c.Requests <= 0 && c.Duration <= 0 {
 		return Preset{}, errors.New("bench: set requests or duration (an unbounded run is refused)")
+	}
+	if c.TimeScale < 0 || math.IsNaN(c.TimeScale) || math.IsInf(c.TimeScale, 0) {
+		return Preset{}, fmt.Errorf("bench: time scale %v (want 0 or 1 for real time, or a positive factor)", c.TimeScale)
 	}
 	if c.Requests < 0 || c.Warmup < 0 || c.Rate < 0 || c.Burstiness < 0 || c.Concurrency < 0 || c.Timeout < 0 {
 		return Preset{}, errors.New("bench: negative requests, warmup, rate, burstiness, concurrency or timeout")
@@ -156,6 +170,8 @@ type runner struct {
 	arrival *rand.Rand
 	sem     chan struct{}
 	start   time.Time
+	// scale is Config.TimeScale, 1 for real time.
+	scale float64
 
 	// done channels of session turns a later turn waits for; only the
 	// scheduler goroutine touches the map.
@@ -190,6 +206,10 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		sem:     make(chan struct{}, cfg.Concurrency),
 		done:    make(map[int]chan struct{}),
 		hc:      cfg.Client,
+		scale:   cfg.TimeScale,
+	}
+	if r.scale == 0 {
+		r.scale = 1
 	}
 	if r.hc == nil {
 		tr := http.DefaultTransport.(*http.Transport).Clone()
@@ -225,7 +245,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		before, metricsErrs = r.scrapeAll(ctx)
 	}
 	mStart := time.Now()
-	r.phase(ctx, cfg.Requests, cfg.Duration, true)
+	r.phase(ctx, cfg.Requests, r.wall(cfg.Duration), true)
 	mEnd := time.Now()
 	var after []scrape
 	if len(cfg.MetricsURLs) > 0 && ctx.Err() == nil && len(metricsErrs) == 0 {
@@ -259,7 +279,7 @@ func (r *runner) gap() time.Duration {
 	if r.cfg.Rate <= 0 {
 		return 0
 	}
-	mean := 1 / r.cfg.Rate
+	mean := 1 / (r.cfg.Rate * r.scale) // wall-clock seconds
 	var secs float64
 	if r.cfg.Burstiness <= 0 || r.cfg.Burstiness == 1 {
 		secs = r.arrival.ExpFloat64() * mean
@@ -386,7 +406,7 @@ func (r *runner) send(ctx context.Context, target string, req Request, due time.
 	if err != nil {
 		o.errKind, o.errMsg, o.sent = ErrKindTransport, err.Error(), time.Now()
 	} else {
-		o = do(ctx, r.hc, target, r.cfg.API, r.cfg.Timeout, req, body)
+		o = do(ctx, r.hc, target, r.cfg.API, r.wall(r.cfg.Timeout), req, body)
 	}
 	r.finished.Add(1)
 	if o.errKind != "" && o.errKind != ErrKindCanceled {
@@ -397,10 +417,10 @@ func (r *runner) send(ctx context.Context, target string, req Request, due time.
 	}
 	s := Sample{
 		Index: req.Index, Target: target,
-		StartMs:   ms(o.sent.Sub(r.start)),
-		DelayMs:   ms(max(0, o.sent.Sub(due))),
-		TTFTMs:    ms(o.ttft),
-		E2EMs:     ms(o.e2e),
+		StartMs:   r.serverMs(o.sent.Sub(r.start)),
+		DelayMs:   r.serverMs(max(0, o.sent.Sub(due))),
+		TTFTMs:    r.serverMs(o.ttft),
+		E2EMs:     r.serverMs(o.e2e),
 		Error:     o.errKind,
 		ErrorText: truncate(o.errMsg, 200),
 		Instance:  o.instance, Decision: o.decision,
@@ -413,6 +433,17 @@ func (r *runner) send(ctx context.Context, target string, req Request, due time.
 	r.samples = append(r.samples, s)
 	r.mu.Unlock()
 }
+
+// wall converts a server-time duration to wall-clock time.
+func (r *runner) wall(d time.Duration) time.Duration {
+	if r.scale == 1 {
+		return d
+	}
+	return time.Duration(float64(d) / r.scale)
+}
+
+// serverMs converts a wall-clock duration to server-time milliseconds.
+func (r *runner) serverMs(d time.Duration) float64 { return ms(d) * r.scale }
 
 func later(a, b time.Time) time.Time {
 	if b.After(a) {

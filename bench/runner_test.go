@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"errors"
+	"math"
 	"net/http"
 	"strings"
 	"testing"
@@ -278,6 +279,9 @@ func TestConfigValidation(t *testing.T) {
 		{"negative rate", Config{Targets: []string{"http://127.0.0.1:1"}, Preset: "bot", Requests: 1, Rate: -1}},
 		{"reset without metrics URLs", Config{Targets: []string{"http://127.0.0.1:1"}, Preset: "bot", Requests: 1, ResetPrefixCache: true}},
 		{"reset with a bad metrics URL", Config{Targets: []string{"http://127.0.0.1:1"}, Preset: "bot", Requests: 1, ResetPrefixCache: true, MetricsURLs: []string{"127.0.0.1:1/metrics"}}},
+		{"negative time scale", Config{Targets: []string{"http://127.0.0.1:1"}, Preset: "bot", Requests: 1, TimeScale: -2}},
+		{"NaN time scale", Config{Targets: []string{"http://127.0.0.1:1"}, Preset: "bot", Requests: 1, TimeScale: math.NaN()}},
+		{"infinite time scale", Config{Targets: []string{"http://127.0.0.1:1"}, Preset: "bot", Requests: 1, TimeScale: math.Inf(1)}},
 		{"mix without adapters", Config{Targets: []string{"http://127.0.0.1:1"}, Preset: "bot", Requests: 1, AdapterMix: 0.5}},
 	}
 	for _, tt := range tests {
