@@ -58,10 +58,10 @@ type Fleet struct {
 	cfg     Config
 	log     *slog.Logger
 	tempDir string
-	etcd    *membership.Embedded
 	client  *clientv3.Client
 
-	mu        sync.Mutex // guards instances, replicas, next
+	mu        sync.Mutex // guards etcd, instances, replicas, next
+	etcd      *membership.Embedded
 	instances []*Instance
 	replicas  []*replica.Replica
 	next      int
@@ -136,9 +136,11 @@ func Start(ctx context.Context, cfg Config) (f *Fleet, err error) {
 		}
 		f.tempDir = dir
 	}
-	if f.etcd, err = membership.StartEmbedded(dir, "http://127.0.0.1:0"); err != nil {
+	e, err := membership.StartEmbedded(dir, "http://127.0.0.1:0")
+	if err != nil {
 		return nil, fmt.Errorf("localfleet: etcd: %w", err)
 	}
+	f.etcd = e
 	if f.client, err = f.newClient(); err != nil {
 		return nil, err
 	}
@@ -171,14 +173,38 @@ func Start(ctx context.Context, cfg Config) (f *Fleet, err error) {
 }
 
 func (f *Fleet) newClient() (*clientv3.Client, error) {
-	return membership.NewClient(membership.ClientConfig{Endpoints: f.etcd.Endpoints()})
+	return membership.NewClient(membership.ClientConfig{Endpoints: f.Etcd().Endpoints()})
 }
 
 // Client is an etcd client of the fleet's etcd (owned by the fleet).
 func (f *Fleet) Client() *clientv3.Client { return f.client }
 
-// Etcd is the embedded etcd.
-func (f *Fleet) Etcd() *membership.Embedded { return f.etcd }
+// Etcd is the embedded etcd (a new value after RestartEtcd).
+func (f *Fleet) Etcd() *membership.Embedded {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.etcd
+}
+
+// StopEtcd stops the embedded etcd, as an outage of the whole etcd cluster
+// would: every client (agents, replicas, the fleet's own) loses it until
+// RestartEtcd. Calls that need etcd (AddInstance, SetRouting) block or fail
+// meanwhile.
+func (f *Fleet) StopEtcd() error { return f.Etcd().Close() }
+
+// RestartEtcd starts etcd again on the same data directory and client URL,
+// so that every client reconnects by itself and the keys are intact (leases
+// included: etcd renews them when its member becomes leader again).
+func (f *Fleet) RestartEtcd() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	e, err := f.etcd.Restart()
+	if err != nil {
+		return fmt.Errorf("localfleet: restart etcd: %w", err)
+	}
+	f.etcd = e
+	return nil
+}
 
 // Endpoint is the endpoint every instance serves.
 func (f *Fleet) Endpoint() string { return f.cfg.Endpoint }
@@ -437,8 +463,8 @@ func (f *Fleet) Close() {
 	if f.client != nil {
 		_ = f.client.Close()
 	}
-	if f.etcd != nil {
-		if err := f.etcd.Close(); err != nil && !errors.Is(err, context.Canceled) {
+	if e := f.Etcd(); e != nil {
+		if err := e.Close(); err != nil && !errors.Is(err, context.Canceled) {
 			f.log.Warn("localfleet: closing etcd", "err", err)
 		}
 	}
