@@ -234,6 +234,15 @@ func (s *Server) GracefulStop() {
 	s.grpc.GracefulStop()
 }
 
+// Drain marks the health service NOT_SERVING and ends health Watch streams
+// (with UNAVAILABLE, after they received NOT_SERVING) without closing any
+// connection. It is for servers multiplexed through GRPC().ServeHTTP: there
+// GracefulStop cannot wait for pending calls (a ServeHTTP transport's drain
+// cancels them), so the HTTP server's Shutdown waits for them instead, and a
+// Watch would hold that Shutdown until its deadline. Call GracefulStop or
+// Stop afterwards to release the server's goroutines.
+func (s *Server) Drain() { s.stopReady() }
+
 // Stop closes every connection and listener at once.
 func (s *Server) Stop() {
 	s.stopReady()

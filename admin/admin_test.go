@@ -772,3 +772,30 @@ func listServices(t *testing.T, conn *grpc.ClientConn) []string {
 	}
 	return names
 }
+
+// TestDrain: health goes NOT_SERVING and Watch streams end, but the server
+// keeps answering calls on open connections until it is stopped.
+func TestDrain(t *testing.T) {
+	h := start(t, admin.Options{})
+	hc := healthpb.NewHealthClient(h.conn)
+	w, err := hc.Watch(ctx(t), &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := w.Recv(); err != nil || r.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("first watched status = %v, %v", r, err)
+	}
+	h.srv.Drain()
+	if r, err := w.Recv(); err != nil || r.Status != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("status after Drain = %v, %v", r, err)
+	}
+	_, err = w.Recv()
+	wantCode(t, err, codes.Unavailable, "stopping")
+	if r, err := hc.Check(ctx(t), &healthpb.HealthCheckRequest{}); err != nil || r.Status != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("Check after Drain = %v, %v", r, err)
+	}
+	if _, err := h.client.GetFleet(ctx(t), &adminpb.GetFleetRequest{}); err != nil {
+		t.Fatalf("GetFleet after Drain: %v", err)
+	}
+	h.srv.Drain() // idempotent
+}

@@ -1,7 +1,7 @@
 // Package admin serves the router's gRPC admin API: the fleet snapshot, live routing configuration and route explanations.
 //
 // The server consumes small interfaces that the router and membership
-// satisfy through thin adapters wired in cmd/prefixrouter; it imports
+// satisfy through thin adapters wired in replica; it imports
 // neither of them:
 //
 //	srv, err := admin.NewServer(admin.Options{
@@ -15,6 +15,11 @@
 //	})
 //	go srv.Serve(lis)                  // e.g. the --admin-listen listener
 //	defer srv.GracefulStop()           // health goes NOT_SERVING first
+//
+// To share a port with HTTP/1 handlers (as replica does with /metrics),
+// dispatch HTTP/2 requests with Content-Type application/grpc to
+// srv.GRPC().ServeHTTP, and stop with Drain, the HTTP server's Shutdown,
+// then GracefulStop (see Drain).
 //
 // Besides prefixrouter.admin.v1.Admin the server registers the standard
 // grpc.health.v1.Health service (overall status "" and the Admin service

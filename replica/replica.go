@@ -1,6 +1,7 @@
 // Package replica assembles one router replica: the data-plane router, its
 // fleet source (a static fleet or an etcd watcher), its own registration under
-// routers/, and the HTTP listeners. `prefixrouter serve`, the demo and the
+// routers/, the data-plane listener, and the admin listener (metrics, probes
+// and the gRPC admin API on one port). `prefixrouter serve`, the demo and the
 // chaos suite all start replicas through it, so they run the same code.
 package replica
 
@@ -11,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -19,7 +21,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/prefixrouter/prefixrouter/admin"
 	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/lora"
 	"github.com/prefixrouter/prefixrouter/membership"
 	"github.com/prefixrouter/prefixrouter/overload"
 	"github.com/prefixrouter/prefixrouter/router"
@@ -33,8 +37,10 @@ var Version = "dev"
 type Config struct {
 	// ID names the replica under routers/; required with etcd.
 	ID string
-	// Listen and AdminListen are the data-plane and admin (metrics) addresses;
-	// port 0 picks a free port (see Replica.Addr).
+	// Listen and AdminListen are the data-plane and admin addresses; port 0
+	// picks a free port (see Replica.Addr). The admin listener serves
+	// /metrics, /readyz and /healthz over HTTP/1.1 and the gRPC admin API
+	// (docs/admin-api.md) over cleartext HTTP/2.
 	Listen, AdminListen string
 	// Endpoint is the default endpoint of /invocations and /v1/*.
 	Endpoint string
@@ -73,6 +79,7 @@ type Replica struct {
 	reg      *membership.Registration
 	data     *http.Server
 	admin    *http.Server
+	adminRPC *admin.Server
 	dataLn   net.Listener
 	adminLn  net.Listener
 	wg       sync.WaitGroup
@@ -148,12 +155,48 @@ func Start(ctx context.Context, cfg Config) (*Replica, error) {
 		}
 	}
 
+	aopts := admin.Options{
+		Snapshots: r.router,
+		States:    instanceStates{r.router},
+		Explainer: explainer{r.router},
+		Ready:     r.router.Ready,
+		Registry:  cfg.Registry,
+		Logger:    cfg.Logger,
+	}
+	if cfg.Client != nil {
+		aopts.Configs = configStore{cli: cfg.Client, layout: cfg.Membership.Layout}
+	}
+	if r.adminRPC, err = admin.NewServer(aopts); err != nil {
+		if r.reg != nil {
+			_ = r.reg.Close(ctx)
+		}
+		r.closeParts()
+		return nil, err
+	}
+
 	r.data = &http.Server{Handler: r.router, ReadHeaderTimeout: 30 * time.Second, ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)}
 	adminMux := http.NewServeMux()
 	adminMux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{Registry: cfg.Registry}))
 	adminMux.HandleFunc("GET /readyz", r.serveReadyz)
 	adminMux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-	r.admin = &http.Server{Handler: adminMux, ReadHeaderTimeout: 10 * time.Second}
+	// One port for both: gRPC clients speak HTTP/2 with prior knowledge
+	// (h2c), curl and Prometheus HTTP/1.1.
+	var protos http.Protocols
+	protos.SetHTTP1(true)
+	protos.SetUnencryptedHTTP2(true)
+	grpcSrv := r.adminRPC.GRPC()
+	r.admin = &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			if req.ProtoMajor == 2 && strings.HasPrefix(req.Header.Get("Content-Type"), "application/grpc") {
+				grpcSrv.ServeHTTP(w, req)
+				return
+			}
+			adminMux.ServeHTTP(w, req)
+		}),
+		Protocols:         &protos,
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
+	}
 	r.serve(r.data, r.dataLn)
 	r.serve(r.admin, r.adminLn)
 	r.log.Info("router replica serving", "id", cfg.ID, "addr", r.Addr(), "admin", r.AdminAddr(), "endpoint", cfg.Endpoint, "etcd", cfg.Client != nil)
@@ -173,7 +216,8 @@ func (r *Replica) serve(srv *http.Server, ln net.Listener) {
 // Addr is the data-plane address (host:port).
 func (r *Replica) Addr() string { return r.dataLn.Addr().String() }
 
-// AdminAddr is the admin (metrics) address (host:port).
+// AdminAddr is the admin address (host:port): metrics, probes and the gRPC
+// admin API.
 func (r *Replica) AdminAddr() string { return r.adminLn.Addr().String() }
 
 // URL is the data plane's base URL.
@@ -234,7 +278,7 @@ func (r *Replica) Close(ctx context.Context) error {
 		errs = append(errs, fmt.Errorf("replica: draining requests: %w", err))
 		_ = r.data.Close()
 	}
-	_ = r.admin.Close()
+	r.stopAdmin(ctx)
 	r.wg.Wait()
 	r.closeParts()
 	return errors.Join(errs...)
@@ -250,3 +294,89 @@ func (r *Replica) closeParts() {
 		_ = r.adminLn.Close()
 	}
 }
+
+// stopAdmin stops the admin listener. Health turns NOT_SERVING and Watch
+// streams end first; the HTTP server's Shutdown then sends HTTP/2 GOAWAY and
+// waits (up to ctx) for admin calls in flight, which GracefulStop cannot do
+// for calls served through ServeHTTP. GracefulStop, then bounded by ctx too,
+// only releases the gRPC server's own goroutines.
+func (r *Replica) stopAdmin(ctx context.Context) {
+	r.adminRPC.Drain()
+	if err := r.admin.Shutdown(ctx); err != nil {
+		_ = r.admin.Close()
+	}
+	stopped := make(chan struct{})
+	go func() {
+		r.adminRPC.GracefulStop()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+	case <-ctx.Done():
+		r.adminRPC.Stop()
+		<-stopped
+	}
+}
+
+// instanceStates adapts the router's per-instance state to the admin API.
+type instanceStates struct{ r *router.Router }
+
+func (s instanceStates) InstanceState(endpoint, id string) (admin.InstanceState, bool) {
+	st, ok := s.r.InstanceState(endpoint, id)
+	return admin.InstanceState{InFlight: st.InFlight, ExternalLoad: st.ExternalLoad, Breaker: st.Breaker}, ok
+}
+
+// configStore reads and writes routing configs in etcd; every replica
+// (this one included) applies a write through its watcher.
+type configStore struct {
+	cli    *clientv3.Client
+	layout membership.Layout
+}
+
+func (c configStore) GetConfig(ctx context.Context, endpoint string) (fleet.RoutingConfig, bool, error) {
+	return membership.GetConfig(ctx, c.cli, c.layout, endpoint)
+}
+
+func (c configStore) PutConfig(ctx context.Context, endpoint string, rc fleet.RoutingConfig) error {
+	return membership.PutConfig(ctx, c.cli, c.layout, endpoint, rc)
+}
+
+// explainer serves ExplainRoute from the router, classifying its errors into
+// the admin API's.
+type explainer struct{ r *router.Router }
+
+func (e explainer) Explain(ctx context.Context, endpoint, path string, header http.Header, body []byte) (admin.Explanation, error) {
+	if err := ctx.Err(); err != nil {
+		return admin.Explanation{}, err
+	}
+	ex, err := e.r.Explain(endpoint, path, header, body)
+	if err != nil {
+		return admin.Explanation{}, classifyExplainError(err)
+	}
+	return admin.Explanation{
+		Strategy: ex.Strategy, Instance: ex.Instance, Candidates: ex.Candidates, Key: ex.Key,
+		Model: ex.Model, Tenant: ex.Tenant, PrefixLength: ex.PrefixLength,
+	}, nil
+}
+
+func classifyExplainError(err error) error {
+	var kind error
+	switch {
+	case errors.Is(err, router.ErrUnknownEndpoint), errors.Is(err, lora.ErrUnknownModel):
+		kind = admin.ErrNotFound
+	case errors.Is(err, router.ErrInvalidRequest):
+		kind = admin.ErrInvalidRequest
+	case errors.Is(err, router.ErrNoInstance), errors.Is(err, lora.ErrNoInstance):
+		kind = admin.ErrNoInstance
+	default:
+		return err
+	}
+	return &classifiedError{err: err, kind: kind}
+}
+
+// classifiedError keeps the router's message and adds the admin sentinel
+// for errors.Is.
+type classifiedError struct{ err, kind error }
+
+func (e *classifiedError) Error() string   { return e.err.Error() }
+func (e *classifiedError) Unwrap() []error { return []error{e.kind, e.err} }
