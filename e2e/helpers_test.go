@@ -1,0 +1,410 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/goleak"
+
+	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/membership"
+	"github.com/prefixrouter/prefixrouter/membership/etcdtest"
+	"github.com/prefixrouter/prefixrouter/replica"
+	"github.com/prefixrouter/prefixrouter/router"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// ep is the endpoint every test routes to.
+const ep = "chat"
+
+// quiet drops the warnings that the tests provoke on purpose (etcd down,
+// invalid configs); assertions report what matters.
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// waitFor polls cond every 2 ms until it holds and returns how long that
+// took. It fails the test after limit, which callers make much longer than
+// the bound they assert on the returned time, so that a slow run reports
+// the time it measured rather than just "timeout".
+func waitFor(t testing.TB, limit time.Duration, what string, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	deadline := start.Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not true after %v", what, limit)
+		}
+		time.Sleep(2 * time.Millisecond) // polling interval, not a wait for an event
+	}
+	return time.Since(start)
+}
+
+// within fails the test if elapsed exceeds bound.
+func within(t testing.TB, what string, elapsed, bound time.Duration) {
+	t.Helper()
+	t.Logf("%s after %v (bound %v)", what, elapsed.Round(time.Millisecond), bound)
+	if elapsed > bound {
+		t.Errorf("%s after %v, want within %v", what, elapsed.Round(time.Millisecond), bound)
+	}
+}
+
+// backend is a model-server instance: it answers the data-plane paths with
+// its id, holds each request for Hold, counts requests and its peak
+// concurrency, and exports its in-flight count as vLLM's gauges on /metrics.
+type backend struct {
+	id  string
+	srv *httptest.Server
+
+	hold     atomic.Int64 // nanoseconds each request is held
+	inFlight atomic.Int64
+	peak     atomic.Int64
+	served   atomic.Int64
+}
+
+func newBackend(t testing.TB, id string) *backend {
+	t.Helper()
+	b := &backend{id: id}
+	b.srv = httptest.NewServer(b)
+	t.Cleanup(b.srv.Close)
+	return b
+}
+
+func (b *backend) URL() string { return b.srv.URL }
+
+func (b *backend) instance(adapters ...string) fleet.Instance {
+	return fleet.Instance{ID: b.id, Addr: b.srv.URL, Adapters: adapters}
+}
+
+func (b *backend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch r.URL.Path {
+	case "/metrics":
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		fmt.Fprintf(w, "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running %d\n# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 0\n", b.inFlight.Load())
+		return
+	case "/health", "/ping":
+		_, _ = io.WriteString(w, "ok\n")
+		return
+	}
+	n := b.inFlight.Add(1)
+	defer b.inFlight.Add(-1)
+	for p := b.peak.Load(); n > p && !b.peak.CompareAndSwap(p, n); p = b.peak.Load() {
+	}
+	b.served.Add(1)
+	_, _ = io.Copy(io.Discard, r.Body)
+	if d := time.Duration(b.hold.Load()); d > 0 {
+		// Service time of the simulated generation.
+		tm := time.NewTimer(d)
+		select {
+		case <-tm.C:
+		case <-r.Context().Done():
+			tm.Stop()
+		}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	fmt.Fprintf(w, "{\"instance\":%q}\n", b.id)
+}
+
+// reset zeroes the counters between load runs (nothing in flight).
+func (b *backend) reset() {
+	b.peak.Store(0)
+	b.served.Store(0)
+}
+
+// cluster is one embedded etcd, router replicas watching it, and the
+// clients the tests use.
+type cluster struct {
+	t        testing.TB
+	etcd     *membership.Embedded
+	cli      *clientv3.Client // the tests' own etcd client
+	opts     membership.Options
+	replicas []*replica.Replica
+	http     *http.Client
+}
+
+// newCluster starts etcd and an HTTP client; the caller adds replicas.
+func newCluster(t testing.TB, ttl time.Duration) *cluster {
+	t.Helper()
+	e := etcdtest.Start(t)
+	c := &cluster{
+		t:    t,
+		etcd: e,
+		cli:  etcdtest.Client(t, e),
+		opts: membership.Options{TTL: ttl, Logger: quiet},
+	}
+	tr := &http.Transport{MaxIdleConnsPerHost: 512, Proxy: nil}
+	t.Cleanup(tr.CloseIdleConnections)
+	c.http = &http.Client{Transport: tr, Timeout: 30 * time.Second}
+	return c
+}
+
+// replicaOptions tune startReplicas.
+type replicaOptions struct {
+	loadPoll time.Duration
+}
+
+// startReplicas starts n replicas, each with its own etcd client, and
+// waits until each counts all replicas started so far in its snapshot.
+func (c *cluster) startReplicas(n int, ro replicaOptions) {
+	c.t.Helper()
+	for i := 0; i < n; i++ {
+		id := fmt.Sprintf("r%d", len(c.replicas))
+		cli := etcdtest.Client(c.t, c.etcd)
+		tr := router.NewTransport(0)
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		r, err := replica.Start(ctx, replica.Config{
+			ID: id, Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", Endpoint: ep,
+			Client: cli, Membership: c.opts, LoadPollInterval: ro.loadPoll,
+			Logger: quiet, Transport: tr,
+		})
+		cancel()
+		if err != nil {
+			c.t.Fatalf("start replica %s: %v", id, err)
+		}
+		c.t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := r.Close(ctx); err != nil {
+				c.t.Errorf("close replica %s: %v", id, err)
+			}
+			tr.CloseIdleConnections()
+		})
+		c.replicas = append(c.replicas, r)
+	}
+	want := len(c.replicas)
+	waitFor(c.t, 20*time.Second, "every replica counts every replica", func() bool {
+		for _, r := range c.replicas {
+			if s := r.Router().Snapshot(); s == nil || s.Replicas != want {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// register registers in with the cluster's client and closes the
+// registration when the test ends (a no-op if the test closed it).
+func (c *cluster) register(in fleet.Instance) *membership.InstanceRegistration {
+	c.t.Helper()
+	return registerWith(c.t, c.cli, in, c.opts)
+}
+
+func registerWith(t testing.TB, cli *clientv3.Client, in fleet.Instance, opts membership.Options) *membership.InstanceRegistration {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	reg, err := membership.RegisterInstance(ctx, cli, ep, in, opts)
+	if err != nil {
+		t.Fatalf("register %s: %v", in.ID, err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = reg.Close(ctx)
+	})
+	return reg
+}
+
+// lookup returns the instance's record in the replica's snapshot.
+func lookup(r *replica.Replica, id string) (fleet.Instance, bool) {
+	e := r.Router().Snapshot().Endpoint(ep)
+	if e == nil {
+		return fleet.Instance{}, false
+	}
+	for _, in := range e.Instances {
+		if in.ID == id {
+			return in, true
+		}
+	}
+	return fleet.Instance{}, false
+}
+
+// everyReplica reports whether cond holds on every replica.
+func (c *cluster) everyReplica(cond func(*replica.Replica) bool) bool {
+	for _, r := range c.replicas {
+		if !cond(r) {
+			return false
+		}
+	}
+	return true
+}
+
+// hasInstances reports whether every replica's snapshot holds exactly ids
+// (draining or not).
+func (c *cluster) hasInstances(ids ...string) bool {
+	return c.everyReplica(func(r *replica.Replica) bool {
+		e := r.Router().Snapshot().Endpoint(ep)
+		if e == nil || len(e.Instances) != len(ids) {
+			return len(ids) == 0 && (e == nil || len(e.Instances) == 0)
+		}
+		for _, id := range ids {
+			if _, ok := lookup(r, id); !ok {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// seenRevision reports whether every replica's snapshot reflects etcd
+// revision rev or later.
+func (c *cluster) seenRevision(rev int64) bool {
+	return c.everyReplica(func(r *replica.Replica) bool { return r.Router().Snapshot().Revision >= rev })
+}
+
+// answer is what one data-plane request came back with.
+type answer struct {
+	status   int
+	instance string
+	decision string
+	err      error
+}
+
+func (a answer) ok() bool { return a.err == nil && a.status == http.StatusOK }
+
+func (a answer) String() string {
+	if a.err != nil {
+		return a.err.Error()
+	}
+	return fmt.Sprintf("%d from %q (%s)", a.status, a.instance, a.decision)
+}
+
+// invoke sends body to the replica's invoke path for ep; model, when set,
+// names an adapter.
+func invoke(ctx context.Context, client *http.Client, base string, body []byte, model string) answer {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/endpoints/"+ep+"/invocations", bytes.NewReader(body))
+	if err != nil {
+		return answer{err: err}
+	}
+	req.Header.Set("Content-Type", "application/octet-stream")
+	if model != "" {
+		req.Header.Set("X-Amzn-SageMaker-Target-Model", model)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return answer{err: err}
+	}
+	_, err = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return answer{status: resp.StatusCode, instance: resp.Header.Get(router.HeaderInstance), decision: resp.Header.Get(router.HeaderDecision), err: err}
+}
+
+func (c *cluster) invoke(r *replica.Replica, body []byte, model string) answer {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return invoke(ctx, c.http, r.URL(), body, model)
+}
+
+// choose is the replica's no-load choice for body (and model).
+func choose(t testing.TB, r *router.Router, body []byte, model string) string {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, "/endpoints/"+ep+"/invocations", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if model != "" {
+		req.Header.Set("X-Amzn-SageMaker-Target-Model", model)
+	}
+	id, err := r.Choose(ep, req)
+	if err != nil {
+		return "error: " + err.Error()
+	}
+	return id
+}
+
+// predictor is a standalone router over a fixed fleet: it tells, before
+// any replica knows the fleet, where a request will go once they do (the
+// choice depends on the fleet only; STYLE.md rule 3).
+func predict(t testing.TB, insts []fleet.Instance, body []byte, model string) string {
+	t.Helper()
+	rt, err := router.New(router.Options{DefaultEndpoint: ep, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	rt.Update(fleet.NewSnapshot([]fleet.Endpoint{{Name: ep, Config: fleet.DefaultRoutingConfig(), Instances: insts}}, 0, 1, time.Now()))
+	return choose(t, rt, body, model)
+}
+
+// bodyFor returns a body whose primary in the fleet insts is want.
+func bodyFor(t testing.TB, insts []fleet.Instance, want string, model string) []byte {
+	t.Helper()
+	for i := 0; i < 10000; i++ {
+		b := []byte(fmt.Sprintf("prompt %d: you are a helpful assistant", i))
+		if predict(t, insts, b, model) == want {
+			return b
+		}
+	}
+	t.Fatalf("no body with primary %s", want)
+	return nil
+}
+
+// loadLoop sends requests through the replicas from several goroutines
+// until stopped or bounded out (count and time), and tallies the answers.
+type loadLoop struct {
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	ok, failed atomic.Int64
+	mu         sync.Mutex // guards firstErrs
+	firstErrs  []string
+}
+
+// startLoad runs workers goroutines, each sending up to maxPerWorker
+// requests for at most maxTime, cycling over bodies and replicas.
+func (c *cluster) startLoad(workers, maxPerWorker int, maxTime time.Duration, bodies [][]byte) *loadLoop {
+	ctx, cancel := context.WithTimeout(context.Background(), maxTime)
+	l := &loadLoop{cancel: cancel}
+	reps := append([]*replica.Replica(nil), c.replicas...)
+	for w := 0; w < workers; w++ {
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			for i := 0; i < maxPerWorker && ctx.Err() == nil; i++ {
+				r := reps[(w+i)%len(reps)]
+				body := bodies[(w*7+i)%len(bodies)]
+				rctx, rcancel := context.WithTimeout(context.Background(), 10*time.Second)
+				a := invoke(rctx, c.http, r.URL(), body, "")
+				rcancel()
+				if a.ok() {
+					l.ok.Add(1)
+					continue
+				}
+				l.failed.Add(1)
+				l.mu.Lock()
+				if len(l.firstErrs) < 5 {
+					l.firstErrs = append(l.firstErrs, a.String())
+				}
+				l.mu.Unlock()
+			}
+		}()
+	}
+	return l
+}
+
+// stop ends the loop and waits for its workers.
+func (l *loadLoop) stop() (ok, failed int64, errs []string) {
+	l.cancel()
+	l.wg.Wait()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.ok.Load(), l.failed.Load(), l.firstErrs
+}
+
+// bodies returns n distinct request bodies.
+func bodies(n int) [][]byte {
+	out := make([][]byte, n)
+	for i := range out {
+		out[i] = []byte(fmt.Sprintf("conversation %d: system prompt and the user's question", i))
+	}
+	return out
+}

@@ -1,0 +1,200 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/membership"
+	"github.com/prefixrouter/prefixrouter/replica"
+)
+
+// propagation is the bound on a membership change reaching every
+// replica.
+const propagation = time.Second
+
+// fleetOf starts n backends named i0..i(n-1), registers them and returns
+// them once every replica of c holds them.
+func fleetOf(t *testing.T, c *cluster, n int) ([]*backend, []*membership.InstanceRegistration) {
+	t.Helper()
+	var bs []*backend
+	var regs []*membership.InstanceRegistration
+	var ids []string
+	for i := 0; i < n; i++ {
+		b := newBackend(t, fmt.Sprintf("i%d", i))
+		regs = append(regs, c.register(b.instance()))
+		bs = append(bs, b)
+		ids = append(ids, b.id)
+	}
+	waitFor(t, 10*time.Second, "initial fleet on every replica", func() bool { return c.hasInstances(ids...) })
+	return bs, regs
+}
+
+func instances(bs ...*backend) []fleet.Instance {
+	out := make([]fleet.Instance, len(bs))
+	for i, b := range bs {
+		out[i] = b.instance()
+	}
+	return out
+}
+
+// TestRegisterRoutesWithinOneSecond: a new instance receives, through
+// every replica, a key whose primary it is within 1 s of registering.
+func TestRegisterRoutesWithinOneSecond(t *testing.T) {
+	c := newCluster(t, 0)
+	c.startReplicas(2, replicaOptions{})
+	old, _ := fleetOf(t, c, 3)
+	nb := newBackend(t, "new")
+	body := bodyFor(t, instances(append(old, nb)...), nb.id, "")
+	for _, r := range c.replicas {
+		if a := c.invoke(r, body, ""); !a.ok() || a.instance == nb.id {
+			t.Fatalf("before registering: %v", a)
+		}
+	}
+
+	start := time.Now()
+	c.register(nb.instance())
+	for _, r := range c.replicas {
+		waitFor(t, 10*time.Second, "new instance answers through "+r.Addr(), func() bool {
+			return c.invoke(r, body, "").instance == nb.id
+		})
+	}
+	within(t, "new instance routed to by every replica", time.Since(start), propagation)
+	for _, r := range c.replicas {
+		if got := choose(t, r.Router(), body, ""); got != nb.id {
+			t.Errorf("Choose on %s = %s, want %s", r.Addr(), got, nb.id)
+		}
+	}
+}
+
+// TestGracefulStopNoFailedRequest drains and revokes an instance the way
+// the agent does while requests flow through both replicas: the instance
+// leaves every snapshot within 1 s and no request fails.
+func TestGracefulStopNoFailedRequest(t *testing.T) {
+	c := newCluster(t, 0)
+	c.startReplicas(2, replicaOptions{})
+	bs, _ := fleetOf(t, c, 3)
+	leaving := newBackend(t, "leaving")
+	leaving.hold.Store(int64(20 * time.Millisecond)) // requests overlap the drain
+	reg := c.register(leaving.instance())
+	waitFor(t, 10*time.Second, "leaving instance on every replica", func() bool { return c.hasInstances(bs[0].id, bs[1].id, bs[2].id, leaving.id) })
+
+	load := c.startLoad(4, 100000, 60*time.Second, bodies(64))
+	defer load.stop()
+	waitFor(t, 10*time.Second, "load reaches the leaving instance", func() bool { return leaving.served.Load() >= 10 })
+
+	// 1. Draining: routers stop sending new requests.
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := reg.SetDraining(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "draining seen by every replica", func() bool {
+		return c.everyReplica(func(r *replica.Replica) bool { in, ok := lookup(r, leaving.id); return ok && in.Draining })
+	})
+	within(t, "draining flag on every replica", time.Since(start), propagation)
+	// 2. Wait for what is in flight on it (the agent polls the server's
+	// gauges; the routers' own counts are stricter: they end with the
+	// response body).
+	waitFor(t, 10*time.Second, "requests on the draining instance finished", func() bool {
+		return leaving.inFlight.Load() == 0 && c.everyReplica(func(r *replica.Replica) bool {
+			st, ok := r.Router().InstanceState(ep, leaving.id)
+			return ok && st.InFlight == 0
+		})
+	})
+	// 3. Revoke.
+	start = time.Now()
+	if err := reg.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "revoked instance gone from every replica", func() bool { return c.hasInstances(bs[0].id, bs[1].id, bs[2].id) })
+	within(t, "revoked instance gone from every replica", time.Since(start), propagation)
+	// 4. The server exits; traffic keeps flowing on the others.
+	leaving.srv.Close()
+	before := load.ok.Load()
+	waitFor(t, 10*time.Second, "traffic after the stop", func() bool { return load.ok.Load() >= before+100 })
+
+	ok, failed, errs := load.stop()
+	t.Logf("load: %d ok, %d failed; leaving instance served %d", ok, failed, leaving.served.Load())
+	if failed != 0 {
+		t.Errorf("%d requests failed during the graceful stop, first: %v", failed, errs)
+	}
+}
+
+// TestCrashGoneWithinTTL: an instance whose etcd client dies without
+// revoking disappears from every replica within TTL + 1 s.
+func TestCrashGoneWithinTTL(t *testing.T) {
+	const ttl = 2 * time.Second
+	c := newCluster(t, 0)
+	c.startReplicas(2, replicaOptions{})
+	bs, _ := fleetOf(t, c, 2)
+	crashing := newBackend(t, "crashing")
+	cli, err := membership.NewClient(membership.ClientConfig{Endpoints: c.etcd.Endpoints()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	opts := c.opts
+	opts.TTL = ttl
+	reg := registerWith(t, cli, crashing.instance(), opts)
+	waitFor(t, 10*time.Second, "crashing instance on every replica", func() bool { return c.hasInstances(bs[0].id, bs[1].id, crashing.id) })
+
+	// The crash: the process's etcd connection goes away, no revoke.
+	start := time.Now()
+	cli.Close()
+	waitFor(t, 20*time.Second, "crashed instance gone from every replica", func() bool { return c.hasInstances(bs[0].id, bs[1].id) })
+	elapsed := time.Since(start)
+	within(t, "crashed instance gone from every replica", elapsed, ttl+time.Second)
+	// A lease expires no sooner than 2/3 TTL after the last keepalive
+	// (keepalives go every TTL/3): faster means it was revoked, not expired.
+	if elapsed < ttl/3 {
+		t.Errorf("gone after %v: the lease was revoked, not left to expire", elapsed)
+	}
+	if err := reg.Close(context.Background()); err == nil {
+		t.Error("closing a registration whose client is gone: want an error saying the lease expires by itself")
+	}
+}
+
+// TestAdapterChangeRoutesWithinOneSecond: after SetAdapters, a request
+// naming the new adapter goes to the instance that loaded it, on every
+// replica, within 1 s.
+func TestAdapterChangeRoutesWithinOneSecond(t *testing.T) {
+	c := newCluster(t, 0)
+	c.startReplicas(2, replicaOptions{})
+	bs, regs := fleetOf(t, c, 3)
+	const adapter = "lora-x"
+	target := bs[2]
+	// Before the change no instance reports the adapter, so (no instance
+	// declares a base model) it routes over the whole fleet: pick a body
+	// whose primary there is not the target, so that only the change can
+	// send it to the target.
+	body := bodyFor(t, instances(bs...), bs[0].id, adapter)
+	for _, r := range c.replicas {
+		if a := c.invoke(r, body, adapter); !a.ok() || a.instance != bs[0].id {
+			t.Fatalf("before the change: %v, want 200 from %s", a, bs[0].id)
+		}
+	}
+
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := regs[2].SetAdapters(ctx, []string{adapter}); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range c.replicas {
+		waitFor(t, 10*time.Second, "adapter request reaches "+target.id+" through "+r.Addr(), func() bool {
+			return c.invoke(r, body, adapter).instance == target.id
+		})
+	}
+	within(t, "adapter routed to its instance by every replica", time.Since(start), propagation)
+	// The adapter's sticky set is now the target alone: every prefix goes there.
+	for i, b := range bodies(20) {
+		r := c.replicas[i%len(c.replicas)]
+		if a := c.invoke(r, b, adapter); !a.ok() || a.instance != target.id {
+			t.Errorf("adapter request %d through %s: %v, want 200 from %s", i, r.Addr(), a, target.id)
+		}
+	}
+}
