@@ -37,7 +37,10 @@ type Config struct {
 	Strategies       []fleet.Strategy
 	PrefixLength     int
 	Concurrency      int // ConcurrencyThreshold
-	Seed             int64
+	// TimeScale runs the simulated servers this many times faster than real
+	// time; the bench drives them in their time and reports simulated time.
+	TimeScale float64
+	Seed      int64
 	// OutDir receives report.md, report.json and report.html.
 	OutDir string
 	// Progress receives progress lines and bars; Out the final table.
@@ -53,13 +56,14 @@ func Default() Config {
 		Profile:          sim.ProfileH200Llama8B,
 		KVCapacityTokens: 300_000,
 		Workloads: []Workload{
-			{Preset: "shared-8k", Rate: 14, Warmup: 250, Requests: 500},
-			{Preset: "shared-8k-uniform", Rate: 14, Warmup: 250, Requests: 500},
-			{Preset: "sharegpt-like", Rate: 14, Warmup: 50, Requests: 300},
+			{Preset: "shared-8k", Rate: 7, Warmup: 200, Requests: 400},
+			{Preset: "shared-8k-uniform", Rate: 7, Warmup: 200, Requests: 400},
+			{Preset: "sharegpt-like", Rate: 7, Warmup: 50, Requests: 300},
 		},
 		Strategies:   []fleet.Strategy{fleet.Random, fleet.LeastOutstanding, fleet.PrefixAware},
 		PrefixLength: fleet.DefaultPrefixLength,
 		Concurrency:  fleet.DefaultConcurrencyThresh,
+		TimeScale:    5,
 		Seed:         1,
 		OutDir:       "demo-report",
 		Progress:     os.Stderr,
@@ -86,7 +90,7 @@ func Run(ctx context.Context, cfg Config) (*bench.Comparison, error) {
 		cfg.Instances, prof.Name, cfg.KVCapacityTokens, cfg.Replicas)
 	f, err := localfleet.Start(ctx, localfleet.Config{
 		Instances: cfg.Instances, Replicas: cfg.Replicas,
-		Sim:     sim.Config{Profile: cfg.Profile, KVCapacityTokens: cfg.KVCapacityTokens},
+		Sim:     sim.Config{Profile: cfg.Profile, KVCapacityTokens: cfg.KVCapacityTokens, TimeScale: cfg.TimeScale},
 		Routing: fleet.RoutingConfig{RoutingStrategy: fleet.PrefixAware},
 		Logger:  cfg.Logger,
 	})
@@ -100,8 +104,9 @@ func Run(ctx context.Context, cfg Config) (*bench.Comparison, error) {
 		Environment: fmt.Sprintf("Model servers are SIMULATED (prefixrouter modelsim, profile %s: %s), not real GPUs. "+
 			"%d instances with a KV cache of %d tokens each, %d router replicas (the load alternates between them), "+
 			"embedded etcd; routing config switched through etcd between runs; PrefixLength %d, ConcurrencyThreshold %d. "+
-			"Each run starts with cold caches (/reset_prefix_cache) and a warm-up that is not measured.",
-			prof.Name, prof.Description, cfg.Instances, cfg.KVCapacityTokens, cfg.Replicas, cfg.PrefixLength, cfg.Concurrency),
+			"Each run starts with cold caches (/reset_prefix_cache) and a warm-up that is not measured. "+
+			"The simulated servers run %g× faster than real time; every figure is in simulated time.",
+			prof.Name, prof.Description, cfg.Instances, cfg.KVCapacityTokens, cfg.Replicas, cfg.PrefixLength, cfg.Concurrency, cfg.TimeScale),
 	}
 	for _, w := range cfg.Workloads {
 		for _, st := range cfg.Strategies {
@@ -118,7 +123,7 @@ func Run(ctx context.Context, cfg Config) (*bench.Comparison, error) {
 				Targets: f.RouterURLs(), MetricsURLs: f.MetricsURLs(), Preset: w.Preset,
 				Rate: w.Rate, Warmup: w.Warmup, Requests: w.Requests, Seed: cfg.Seed,
 				Model: sim.DefaultBaseModel, Label: string(st), Progress: cfg.Progress,
-				ResetPrefixCache: true,
+				ResetPrefixCache: true, TimeScale: cfg.TimeScale,
 			})
 			if res != nil {
 				cmp.Runs = append(cmp.Runs, res)

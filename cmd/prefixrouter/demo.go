@@ -38,6 +38,7 @@ The model servers are simulated: no GPU is used, and the figures are the simulat
 	f.IntVar(&cfg.Replicas, "replicas", cfg.Replicas, "router replicas")
 	f.StringVar(&cfg.Profile, "profile", cfg.Profile, "simulator cost-model profile")
 	f.IntVar(&cfg.KVCapacityTokens, "kv-capacity-tokens", cfg.KVCapacityTokens, "KV cache capacity of each simulated instance, in tokens")
+	f.Float64Var(&cfg.TimeScale, "time-scale", cfg.TimeScale, "run the simulated servers this many times faster than real time (figures stay in simulated time)")
 	f.Int64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the request streams")
 	f.StringVar(&cfg.OutDir, "out-dir", cfg.OutDir, "directory for report.md, report.json and report.html")
 	f.StringVar(&logLevel, "log-level", "error", "log level of the embedded components")
