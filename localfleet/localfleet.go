@@ -60,9 +60,10 @@ type Fleet struct {
 	tempDir string
 	client  *clientv3.Client
 
-	mu        sync.Mutex // guards etcd, instances, replicas, next
+	mu        sync.Mutex // guards etcd, instances, crashed, replicas, next
 	etcd      *membership.Embedded
 	instances []*Instance
+	crashed   []*Instance // agents still stopping after CrashInstance
 	replicas  []*replica.Replica
 	next      int
 }
@@ -341,8 +342,14 @@ func (f *Fleet) CrashInstance(in *Instance) {
 	_ = in.client.Close() // keepalives stop; the lease is not revoked
 	_ = in.srv.Close()    // connections reset; new ones refused
 	in.Sim.Close()
+	// The agent, told to stop with its client gone, can write nothing, but
+	// its drain may wait out DrainTimeout (its draining flag cannot be
+	// written): Close waits for it, so that a crash returns at once, as a
+	// killed process would.
 	in.cancel()
-	<-in.done
+	f.mu.Lock()
+	f.crashed = append(f.crashed, in)
+	f.mu.Unlock()
 }
 
 // Replicas returns the running router replicas.
@@ -459,6 +466,13 @@ func (f *Fleet) Close() {
 		in.cancel()
 		<-in.done
 		in.stopServer()
+	}
+	f.mu.Lock()
+	crashed := f.crashed
+	f.crashed = nil
+	f.mu.Unlock()
+	for _, in := range crashed {
+		<-in.done
 	}
 	if f.client != nil {
 		_ = f.client.Close()
