@@ -135,16 +135,29 @@ type cluster struct {
 func newCluster(t testing.TB, ttl time.Duration) *cluster {
 	t.Helper()
 	e := etcdtest.Start(t)
-	c := &cluster{
-		t:    t,
-		etcd: e,
-		cli:  etcdtest.Client(t, e),
-		opts: membership.Options{TTL: ttl, Logger: quiet},
-	}
+	c := &cluster{t: t, etcd: e, opts: membership.Options{TTL: ttl, Logger: quiet}}
+	// Registered before everything else, so it runs last: closes the member
+	// running at the end (restartEtcd replaces it).
+	t.Cleanup(func() { c.etcd.Close() })
+	c.cli = etcdtest.Client(t, e)
 	tr := &http.Transport{MaxIdleConnsPerHost: 512, Proxy: nil}
 	t.Cleanup(tr.CloseIdleConnections)
 	c.http = &http.Client{Transport: tr, Timeout: 30 * time.Second}
 	return c
+}
+
+// restartEtcd stops etcd (if running) and starts it again on the same data
+// and URL. The member is closed by newCluster's cleanup, after everything
+// registered later, so that replicas and registrations still reach it
+// when they close (etcdtest.Restart's own cleanup would run first).
+func (c *cluster) restartEtcd() {
+	c.t.Helper()
+	c.etcd.Close()
+	n, err := c.etcd.Restart()
+	if err != nil {
+		c.t.Fatalf("restart etcd: %v", err)
+	}
+	c.etcd = n
 }
 
 // replicaOptions tune startReplicas.

@@ -3,11 +3,13 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
 	"testing"
 	"time"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/membership"
+	"github.com/prefixrouter/prefixrouter/membership/etcdtest"
 	"github.com/prefixrouter/prefixrouter/replica"
 )
 
@@ -195,6 +197,119 @@ func TestAdapterChangeRoutesWithinOneSecond(t *testing.T) {
 		r := c.replicas[i%len(c.replicas)]
 		if a := c.invoke(r, b, adapter); !a.ok() || a.instance != target.id {
 			t.Errorf("adapter request %d through %s: %v, want 200 from %s", i, r.Addr(), a, target.id)
+		}
+	}
+}
+
+// outageWindow is how long TestEtcdOutageStaticStability keeps etcd down:
+// PREFIXROUTER_E2E_OUTAGE (a Go duration) or 5 s.
+func outageWindow(t *testing.T) time.Duration {
+	t.Helper()
+	s := os.Getenv("PREFIXROUTER_E2E_OUTAGE")
+	if s == "" {
+		return 5 * time.Second
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		t.Fatalf("PREFIXROUTER_E2E_OUTAGE=%q: want a positive duration such as 30s", s)
+	}
+	return d
+}
+
+// TestEtcdOutageStaticStability stops etcd: both replicas keep routing on
+// their last snapshot with no failed request over the window; once etcd is
+// back, a change queued during the outage and a change made after it reach
+// every replica.
+func TestEtcdOutageStaticStability(t *testing.T) {
+	window := outageWindow(t)
+	c := newCluster(t, 0)
+	c.startReplicas(2, replicaOptions{})
+	bs, regs := fleetOf(t, c, 3)
+	ids := []string{bs[0].id, bs[1].id, bs[2].id}
+
+	c.etcd.Close()
+	load := c.startLoad(4, 1<<20, window+time.Minute, bodies(64))
+	defer load.stop()
+	// A change made meanwhile: it cannot be written now; the registration
+	// keeps it and writes it once etcd answers.
+	const adapter = "lora-late"
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	err := regs[1].SetAdapters(ctx, []string{adapter})
+	cancel()
+	if err == nil {
+		t.Fatal("SetAdapters succeeded with etcd down")
+	}
+	// The window is the experiment's length, not a wait for an event.
+	windowEnd := time.NewTimer(window)
+	<-windowEnd.C
+	ok, failed, errs := load.stop()
+	t.Logf("etcd down for %v: %d requests ok, %d failed", window, ok, failed)
+	if failed != 0 || ok == 0 {
+		t.Errorf("during the outage: %d ok, %d failed (first: %v); want 0 failed", ok, failed, errs)
+	}
+	if !c.hasInstances(ids...) {
+		t.Error("a replica's fleet changed while etcd was down")
+	}
+	for _, r := range c.replicas {
+		if age := r.Watcher().SnapshotAge(); age < window {
+			t.Errorf("replica %s reports snapshot age %v after a %v outage", r.Addr(), age, window)
+		}
+	}
+
+	start := time.Now()
+	c.restartEtcd()
+	waitFor(t, 30*time.Second, "change made during the outage on every replica", func() bool {
+		return c.everyReplica(func(r *replica.Replica) bool { in, ok := lookup(r, bs[1].id); return ok && in.HasAdapter(adapter) })
+	})
+	t.Logf("change made during the outage on every replica %v after etcd restarted", time.Since(start).Round(time.Millisecond))
+	for _, r := range c.replicas {
+		if a := c.invoke(r, []byte("after the outage"), adapter); !a.ok() || a.instance != bs[1].id {
+			t.Errorf("adapter request through %s after the outage: %v, want 200 from %s", r.Addr(), a, bs[1].id)
+		}
+	}
+
+	// A change made after: a new instance, within the usual bound.
+	nb := newBackend(t, "after")
+	start = time.Now()
+	c.register(nb.instance())
+	waitFor(t, 10*time.Second, "instance registered after the outage on every replica", func() bool { return c.hasInstances(append(ids, nb.id)...) })
+	within(t, "instance registered after the outage on every replica", time.Since(start), propagation)
+}
+
+// TestRevokedLeaseReestablished: someone else revokes an instance's lease;
+// the registration grants a new one and every replica holds the instance
+// again within one TTL.
+func TestRevokedLeaseReestablished(t *testing.T) {
+	const ttl = 2 * time.Second
+	c := newCluster(t, ttl)
+	c.startReplicas(2, replicaOptions{})
+	bs, regs := fleetOf(t, c, 3)
+	ids := []string{bs[0].id, bs[1].id, bs[2].id}
+	old := regs[0].LeaseID()
+	other := etcdtest.Client(t, c.etcd)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	start := time.Now()
+	if _, err := other.Revoke(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "instance back under a new lease on every replica", func() bool {
+		id := regs[0].LeaseID()
+		if id == 0 || id == old {
+			return false
+		}
+		resp, err := c.cli.Get(ctx, regs[0].Key())
+		if err != nil || len(resp.Kvs) != 1 || resp.Kvs[0].Lease != int64(id) {
+			return false
+		}
+		return c.seenRevision(resp.Kvs[0].ModRevision) && c.hasInstances(ids...)
+	})
+	within(t, "revoked instance re-registered on every replica", time.Since(start), ttl)
+	body := bodyFor(t, instances(bs...), bs[0].id, "")
+	for _, r := range c.replicas {
+		if a := c.invoke(r, body, ""); !a.ok() || a.instance != bs[0].id {
+			t.Errorf("through %s: %v, want 200 from %s", r.Addr(), a, bs[0].id)
 		}
 	}
 }
