@@ -228,9 +228,15 @@ func summarize(recs []record, skipped int, dur time.Duration, crash *inFlightAt)
 			s.FailedOther++
 		}
 		if len(s.Examples) < 5 {
-			s.Examples = append(s.Examples, fmt.Sprintf("+%.3fs %s via replica %d instance %q: %.160s",
-				r.start.Sub(recs[0].start).Seconds(), r.kind, r.replica, r.instance, r.msg))
+			at := ""
+			if crash != nil {
+				at = fmt.Sprintf(" (started %+.1f ms, ended %+.1f ms from the crash)", ms64(r.start.Sub(crash.from)), ms64(r.end.Sub(crash.from)))
+			}
+			s.Examples = append(s.Examples, fmt.Sprintf("+%.3fs %s via replica %d instance %q%s: %.160s",
+				r.start.Sub(recs[0].start).Seconds(), r.kind, r.replica, r.instance, at, r.msg))
 		}
 	}
 	return s
 }
+
+func ms64(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
