@@ -86,6 +86,7 @@ Example, against a real vLLM fleet behind a router:
 	f.IntVar(&cfg.Concurrency, "concurrency", 0, "cap on requests in flight (0: the default)")
 	f.DurationVar(&cfg.Timeout, "timeout", 2*time.Minute, "per-request timeout")
 	f.BoolVar(&cfg.ResetPrefixCache, "reset-prefix-cache", false, "POST /reset_prefix_cache to each --metrics-url host first (vLLM), so the run starts cold")
+	f.Float64Var(&cfg.TimeScale, "time-scale", 1, "the servers run this many times faster than real time (modelsim --time-scale): rates and timeouts are in server time, figures are reported in server time")
 	f.StringVar(&cfg.Label, "label", "", "name of the run in the report")
 	f.StringVar(&out, "out", "", "write the result as JSON to this file")
 	return c

@@ -158,7 +158,7 @@ share the fleet, and keeps routing on its last good snapshot while etcd is unrea
 	}
 	f := c.Flags()
 	f.StringVar(&listen, "listen", "127.0.0.1:8080", "data-plane address")
-	f.StringVar(&adminListen, "admin-listen", "127.0.0.1:9090", "admin address: /metrics, /readyz, /healthz")
+	f.StringVar(&adminListen, "admin-listen", "127.0.0.1:9090", "admin address: /metrics, /readyz, /healthz and the gRPC admin API (same port)")
 	f.StringVar(&endpoint, "endpoint", "default", "default endpoint, served on /invocations and /v1/*")
 	f.StringVar(&replicaID, "replica-id", "", "this replica's id under routers/ (default: hostname and a random suffix)")
 	f.StringVar(&static, "static-instances", "", "fixed fleet without etcd: id=url,id=url,...")
