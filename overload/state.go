@@ -131,11 +131,22 @@ func (s *State) HasRoom(threshold, replicas int) bool {
 // and its breaker lets it through, reserving the in-flight slot at once so
 // that concurrent picks cannot overshoot. ok is false if it was not admitted.
 func (s *State) TryAcquire(threshold, replicas int) (done Done, ok bool) {
+	return s.TryAcquireBounded(threshold, replicas, 0)
+}
+
+// TryAcquireBounded is TryAcquire with a second, balance bound (consistent
+// hashing with bounded loads): the instance's load before this request, own
+// in-flight plus the known external load as in Load, must also be below
+// bound. bound ≤ 0 means no balance bound. The slot is reserved before the
+// checks, so concurrent picks cannot both take the instance's last place
+// under either bound; the bound itself is computed by the caller from a
+// racy sum and is therefore soft.
+func (s *State) TryAcquireBounded(threshold, replicas int, bound int64) (done Done, ok bool) {
 	if s.Open() {
 		return nil, false
 	}
 	n := s.inFlight.Add(1)
-	if !s.hasRoom(n, threshold, replicas) {
+	if !s.hasRoom(n, threshold, replicas) || (bound > 0 && n-1+max(s.external.Load(), 0) >= bound) {
 		s.inFlight.Add(-1)
 		return nil, false
 	}

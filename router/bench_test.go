@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -28,8 +29,8 @@ func benchBodies(tb testing.TB) (invoke, chat []byte) {
 	return invoke, chat
 }
 
-func benchRouter(b *testing.B, n int) (*Router, *endpointView, int) {
-	r, err := New(Options{DefaultEndpoint: "ep"})
+func benchRouter(b *testing.B, n int, balance float64) (*Router, *endpointView, int) {
+	r, err := New(Options{DefaultEndpoint: "ep", BalanceFactor: balance})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -44,8 +45,15 @@ func benchRouter(b *testing.B, n int) (*Router, *endpointView, int) {
 }
 
 // BenchmarkPick is the whole pick for a 16 KiB body: prefix extraction and
-// hash, the model's set, ring candidates and admission (then release).
+// hash, the model's set, ring candidates and admission (then release),
+// without and with a balance factor (which adds the sum over the set).
 func BenchmarkPick(b *testing.B) {
+	for _, balance := range []float64{0, 1.25} {
+		b.Run(fmt.Sprintf("balance=%v", balance), func(b *testing.B) { benchPick(b, balance) })
+	}
+}
+
+func benchPick(b *testing.B, balance float64) {
 	invoke, chat := benchBodies(b)
 	for _, n := range []int{4, 16, 64} {
 		for _, tc := range []struct {
@@ -58,7 +66,7 @@ func BenchmarkPick(b *testing.B) {
 			{"chat", kindChat, chat, http.Header{}},
 		} {
 			b.Run(fmt.Sprintf("%s/instances=%d", tc.name, n), func(b *testing.B) {
-				r, ev, replicas := benchRouter(b, n)
+				r, ev, replicas := benchRouter(b, n, balance)
 				b.SetBytes(int64(len(tc.body)))
 				b.ReportAllocs()
 				for b.Loop() {
@@ -115,4 +123,44 @@ func BenchmarkChatKey(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkSetLoad compares ways to get a set's total load for the balance
+// bound at 64 instances: the sum over the cached states (what pick does),
+// the same sum looking each instance up by pointer, and the alternative of a
+// shared atomic total, which every acquire and release of the endpoint would
+// have to add to (measured under parallel contention; it also cannot serve
+// adapter sets that are subsets of the endpoint).
+func BenchmarkSetLoad(b *testing.B) {
+	_, ev, _ := benchRouter(b, 64, 1.25)
+	set, err := ev.table.Set("")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("cached-states", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_ = ev.setLoad(set)
+		}
+	})
+	b.Run("map-lookup", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			var total int64
+			for i := range set.Len() {
+				total += ev.byPtr[set.Instance(i)].state.Load()
+			}
+			_ = total
+		}
+	})
+	b.Run("shared-atomic-add-release", func(b *testing.B) {
+		var total atomic.Int64
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				total.Add(1)
+				total.Add(-1)
+			}
+		})
+	})
 }

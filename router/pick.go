@@ -73,10 +73,15 @@ func (r *Router) pick(ev *endpointView, set *lora.Set, key uint64, replicas int,
 }
 
 // pickPrefix is PREFIX_AWARE: the ring's primary; else the next candidate in
-// the key's ring order with room under the threshold and a breaker that lets
-// it through; else the least loaded instance whose breaker is closed.
+// the key's ring order with room under the threshold (and, with a balance
+// factor, a load below the balance bound) and a breaker that lets it
+// through; else the least loaded instance whose breaker is closed.
 func (r *Router) pickPrefix(ev *endpointView, set *lora.Set, key uint64, replicas int, skip bitset) (pick, bool) {
 	n := set.Len()
+	var bound int64 // 0: no balance bound
+	if r.balance > 0 {
+		bound = balanceBound(r.balance, ev.setLoad(set), n)
+	}
 	var buf [firstCandidates]int
 	cands := set.Ring().Candidates(key, min(n, firstCandidates), buf[:0])
 	for j := 0; ; j++ {
@@ -95,7 +100,7 @@ func (r *Router) pickPrefix(ev *endpointView, set *lora.Set, key uint64, replica
 		if iv == nil {
 			continue
 		}
-		if done, ok := iv.state.TryAcquire(ev.threshold, replicas); ok {
+		if done, ok := iv.state.TryAcquireBounded(ev.threshold, replicas, bound); ok {
 			d := DecisionSpill
 			if j == 0 {
 				d = DecisionAffinity

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -73,6 +74,14 @@ type Options struct {
 	// LoadMetricsPath is the path polled on each instance; empty means
 	// "/metrics".
 	LoadMetricsPath string
+	// BalanceFactor > 0 bounds PREFIX_AWARE loads (consistent hashing with
+	// bounded loads, as HAProxy's hash-balance-factor): a candidate is
+	// admitted only if its load is below
+	// ceil(BalanceFactor × (total load of the model's set + 1) / set size),
+	// otherwise the request spills to the next candidate. Zero (default)
+	// disables it; otherwise it must be in [1, 10] and is used to 0.001.
+	// See docs/balance.md.
+	BalanceFactor float64
 }
 
 // Router is an http.Handler routing requests over the current fleet snapshot.
@@ -80,6 +89,7 @@ type Router struct {
 	opts    Options
 	log     *slog.Logger
 	rand    func(int) int
+	balance int64 // BalanceFactor in thousandths; 0 = off
 	mux     *http.ServeMux
 	proxy   *proxy
 	metrics *metrics
@@ -107,6 +117,11 @@ type endpointView struct {
 	strategy  fleet.Strategy
 	prefixLen int
 	threshold int
+	// setStates caches, per model set (*lora.Set), the states of its
+	// instances in set order ([]*overload.State), so that the balance bound
+	// sums loads without a map lookup per instance. Filled on first use;
+	// the table's sets live exactly as long as this view.
+	setStates sync.Map
 }
 
 type instanceView struct {
@@ -132,10 +147,13 @@ func New(opts Options) (*Router, error) {
 	if opts.LoadPollInterval < 0 {
 		return nil, fmt.Errorf("router: LoadPollInterval %v is negative", opts.LoadPollInterval)
 	}
+	if f := opts.BalanceFactor; !(f == 0 || (f >= 1 && f <= 10)) {
+		return nil, fmt.Errorf("router: BalanceFactor %v must be 0 (off) or in [1, 10]", f)
+	}
 	if opts.LoadMetricsPath == "" {
 		opts.LoadMetricsPath = "/metrics"
 	}
-	r := &Router{opts: opts, log: opts.Logger, rand: opts.Rand, trackers: map[string]*overload.Tracker{}}
+	r := &Router{opts: opts, log: opts.Logger, rand: opts.Rand, balance: int64(math.Round(opts.BalanceFactor * 1000)), trackers: map[string]*overload.Tracker{}}
 	if r.log == nil {
 		r.log = slog.Default()
 	}
