@@ -130,6 +130,43 @@ func TestTryAcquireThreshold(t *testing.T) {
 	}
 }
 
+func TestTryAcquireBounded(t *testing.T) {
+	tests := []struct {
+		threshold int
+		external  int64
+		bound     int64
+		admitted  int
+	}{
+		{threshold: 10, external: -1, bound: 0, admitted: 10}, // no bound: threshold only
+		{threshold: 10, external: -1, bound: 3, admitted: 3},  // load before each < 3
+		{threshold: 2, external: -1, bound: 5, admitted: 2},   // threshold tighter
+		{threshold: 10, external: 2, bound: 3, admitted: 1},   // external counts: 2+0 < 3, 2+1 ≥ 3
+		{threshold: 10, external: 3, bound: 3, admitted: 0},
+		{threshold: 10, external: 0, bound: 1, admitted: 1}, // bound ≥ 1 admits an idle instance
+	}
+	for _, tc := range tests {
+		t.Run(fmt.Sprintf("T%d_ext%d_bound%d", tc.threshold, tc.external, tc.bound), func(t *testing.T) {
+			s := NewState("a", BreakerSettings{})
+			s.SetExternalLoad(tc.external)
+			var dones []Done
+			for range tc.threshold + 5 {
+				if d, ok := s.TryAcquireBounded(tc.threshold, 1, tc.bound); ok {
+					dones = append(dones, d)
+				}
+			}
+			if len(dones) != tc.admitted {
+				t.Fatalf("admitted %d, want %d", len(dones), tc.admitted)
+			}
+			for _, d := range dones {
+				d(nil)
+			}
+			if n := s.InFlight(); n != 0 {
+				t.Fatalf("in flight %d after release", n)
+			}
+		})
+	}
+}
+
 func TestTryAcquireConcurrentNeverOvershoots(t *testing.T) {
 	s := NewState("a", BreakerSettings{})
 	const threshold = 8

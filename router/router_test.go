@@ -80,13 +80,14 @@ type hopts struct {
 	maxBody  int64
 	labels   map[string]string
 	adapters []string
+	balance  float64
 }
 
 func newHarness(t *testing.T, o hopts, backends ...*backend) *harness {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	tr := NewTransport(0)
-	r, err := New(Options{DefaultEndpoint: "ep", Registry: reg, Transport: tr, Breaker: o.breaker, MaxBodyBytes: o.maxBody})
+	r, err := New(Options{DefaultEndpoint: "ep", Registry: reg, Transport: tr, Breaker: o.breaker, MaxBodyBytes: o.maxBody, BalanceFactor: o.balance})
 	if err != nil {
 		t.Fatal(err)
 	}
