@@ -47,6 +47,7 @@ type Config struct {
 	// Breaker and LoadPollInterval configure every replica's router.
 	Breaker          overload.BreakerSettings
 	LoadPollInterval time.Duration
+	BalanceFactor    float64
 	// DrainTimeout bounds an instance's graceful stop (default 10 s).
 	DrainTimeout time.Duration
 	// Logger; nil discards.
@@ -158,7 +159,7 @@ func Start(ctx context.Context, cfg Config) (f *Fleet, err error) {
 			ID: fmt.Sprintf("router-%d", i), Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0",
 			Endpoint: cfg.Endpoint, Client: f.client, Logger: cfg.Logger,
 			Membership: membership.Options{TTL: cfg.TTL, Logger: cfg.Logger},
-			Breaker:    cfg.Breaker, LoadPollInterval: cfg.LoadPollInterval,
+			Breaker:    cfg.Breaker, LoadPollInterval: cfg.LoadPollInterval, BalanceFactor: cfg.BalanceFactor,
 		})
 		if err != nil {
 			return nil, err

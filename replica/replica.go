@@ -56,6 +56,9 @@ type Config struct {
 	MaxBodyBytes     int64
 	Breaker          overload.BreakerSettings
 	LoadPollInterval time.Duration
+	// BalanceFactor bounds each instance's load to this multiple of its
+	// set's average under PREFIX_AWARE (0: off); see router.Options.
+	BalanceFactor float64
 	// StaleAfter is the snapshot age past which /readyz reports the
 	// snapshot as stale. It stays ready regardless (static stability: a
 	// replica routing on its last good snapshot beats no replica), so this
@@ -117,6 +120,7 @@ func Start(ctx context.Context, cfg Config) (*Replica, error) {
 		Breaker:          cfg.Breaker,
 		Ready:            r.ready,
 		LoadPollInterval: cfg.LoadPollInterval,
+		BalanceFactor:    cfg.BalanceFactor,
 	})
 	if err != nil {
 		return nil, err

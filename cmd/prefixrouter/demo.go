@@ -8,7 +8,10 @@ import (
 
 func newDemoCmd() *cobra.Command {
 	cfg := demo.Default()
-	var logLevel string
+	var (
+		logLevel  string
+		workloads []string
+	)
 	c := &cobra.Command{
 		Use:   "demo",
 		Short: "Run everything embedded: simulated fleet, two router replicas, every strategy side by side",
@@ -28,6 +31,21 @@ The model servers are simulated: no GPU is used, and the figures are the simulat
 				return err
 			}
 			cfg.Logger = logger
+			if len(workloads) > 0 {
+				var keep []demo.Workload
+				for _, name := range workloads {
+					found := false
+					for _, w := range cfg.Workloads {
+						if w.Preset == name {
+							keep, found = append(keep, w), true
+						}
+					}
+					if !found {
+						return usageErr("--workload %q is not one of the demo's workloads", name)
+					}
+				}
+				cfg.Workloads = keep
+			}
 			cfg.Out = cmd.OutOrStdout()
 			_, err = demo.Run(cmd.Context(), cfg)
 			return err
@@ -39,6 +57,8 @@ The model servers are simulated: no GPU is used, and the figures are the simulat
 	f.StringVar(&cfg.Profile, "profile", cfg.Profile, "simulator cost-model profile")
 	f.IntVar(&cfg.KVCapacityTokens, "kv-capacity-tokens", cfg.KVCapacityTokens, "KV cache capacity of each simulated instance, in tokens")
 	f.Float64Var(&cfg.TimeScale, "time-scale", cfg.TimeScale, "run the simulated servers this many times faster than real time (figures stay in simulated time)")
+	f.Float64Var(&cfg.BalanceFactor, "balance-factor", cfg.BalanceFactor, "bounded-load factor of the router replicas under PREFIX_AWARE (0: off)")
+	f.StringSliceVar(&workloads, "workload", nil, "run only these workload presets (default: all of the demo's)")
 	f.Int64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the request streams")
 	f.StringVar(&cfg.OutDir, "out-dir", cfg.OutDir, "directory for report.md, report.json and report.html")
 	f.StringVar(&logLevel, "log-level", "error", "log level of the embedded components")

@@ -61,6 +61,7 @@ func newServeCmd() *cobra.Command {
 		maxBody             int64
 		breaker             overload.BreakerSettings
 		loadPoll            time.Duration
+		balance             float64
 		ttl                 time.Duration
 		shutdown            time.Duration
 		logLevel            string
@@ -102,7 +103,7 @@ share the fleet, and keeps routing on its last good snapshot while etcd is unrea
 			}
 			cfg := replica.Config{
 				ID: replicaID, Listen: listen, AdminListen: adminListen, Endpoint: endpoint,
-				Routing: routing, MaxBodyBytes: maxBody, Breaker: breaker, LoadPollInterval: loadPoll,
+				Routing: routing, MaxBodyBytes: maxBody, Breaker: breaker, LoadPollInterval: loadPoll, BalanceFactor: balance,
 				Logger:     logger,
 				Membership: membership.Options{Layout: ef.layout(), TTL: ttl, Logger: logger},
 			}
@@ -168,6 +169,7 @@ share the fleet, and keeps routing on its last good snapshot while etcd is unrea
 	f.Uint32Var(&breaker.ConsecutiveFailures, "breaker-failures", overload.DefaultConsecutiveFailures, "consecutive upstream failures that open an instance's circuit breaker")
 	f.DurationVar(&breaker.OpenTimeout, "breaker-open-timeout", overload.DefaultOpenTimeout, "how long an open breaker waits before letting a probe through")
 	f.DurationVar(&loadPoll, "load-poll-interval", 0, "poll each instance's /metrics (vllm:num_requests_running+waiting) this often and count load from other replicas against the concurrency threshold (0: off)")
+	f.Float64Var(&balance, "balance-factor", 0, "PREFIX_AWARE: no instance takes more than this multiple of its set's average in-flight load; beyond it the request spills to the next candidate in ring order (bounded-load consistent hashing, like HAProxy's hash-balance-factor; 0: off, else 1..10)")
 	f.DurationVar(&ttl, "ttl", membership.DefaultTTL, "lease TTL of this replica's registration")
 	f.DurationVar(&shutdown, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long to wait for requests in flight")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
