@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"strings"
@@ -33,24 +34,34 @@ func usageErr(format string, args ...any) error {
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run executes the command line and returns the process exit code: 0 on
+// success, 2 on invalid input (flags, values, an invalid routing config), 1
+// on any other failure.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	root := newRootCmd()
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
 	err := root.ExecuteContext(ctx)
 	if err == nil {
-		return
+		return 0
 	}
-	fmt.Fprintln(os.Stderr, "prefixrouter:", err)
+	fmt.Fprintln(stderr, "prefixrouter:", err)
 	var ee *exitError
-	if errors.As(err, &ee) {
-		os.Exit(ee.code)
+	switch {
+	case errors.As(err, &ee):
+		return ee.code
+	case errors.Is(err, fleet.ErrInvalidConfig):
+		return 2
+	case strings.HasPrefix(err.Error(), "unknown command"), strings.Contains(err.Error(), "required flag"):
+		return 2
 	}
-	if errors.Is(err, fleet.ErrInvalidConfig) {
-		os.Exit(2)
-	}
-	if strings.Contains(err.Error(), "flag") || strings.HasPrefix(err.Error(), "unknown command") {
-		os.Exit(2)
-	}
-	os.Exit(1)
+	return 1
 }
 
 func newRootCmd() *cobra.Command {

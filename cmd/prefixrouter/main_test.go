@@ -1,0 +1,127 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/membership/etcdtest"
+)
+
+// runCLI runs the command line in process and returns its outputs and exit code.
+func runCLI(t *testing.T, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var out, errb bytes.Buffer
+	code = run(ctx, args, &out, &errb)
+	return out.String(), errb.String(), code
+}
+
+func TestEnvName(t *testing.T) {
+	if got := envName("etcd-endpoints"); got != "PREFIXROUTER_ETCD_ENDPOINTS" {
+		t.Fatalf("envName = %q", got)
+	}
+}
+
+func TestHelpListsEnvironment(t *testing.T) {
+	out, _, code := runCLI(t, "serve", "--help")
+	if code != 0 {
+		t.Fatalf("serve --help exited %d", code)
+	}
+	for _, want := range []string{"--static-instances", "$PREFIXROUTER_STATIC_INSTANCES", "--embedded-etcd", "--concurrency-threshold"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("serve --help lacks %q", want)
+		}
+	}
+	for _, sub := range []string{"register", "config", "modelsim", "bench", "demo", "chaos"} {
+		if _, _, code := runCLI(t, sub, "--help"); code != 0 {
+			t.Errorf("%s --help exited %d", sub, code)
+		}
+	}
+}
+
+func TestUsageErrorsExit2(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"unknown flag", []string{"serve", "--no-such-flag"}, "unknown flag"},
+		{"unknown command", []string{"frobnicate"}, "unknown command"},
+		{"prefix length out of range", []string{"serve", "--static-instances", "a=http://127.0.0.1:1", "--prefix-length", "100"}, "PrefixLength 100"},
+		{"threshold out of range", []string{"serve", "--static-instances", "a=http://127.0.0.1:1", "--concurrency-threshold", "2000"}, "ConcurrencyThreshold 2000"},
+		{"bad strategy", []string{"serve", "--static-instances", "a=http://127.0.0.1:1", "--strategy", "ROUND_ROBIN"}, "RoutingStrategy"},
+		{"bad static fleet", []string{"serve", "--static-instances", "nourl"}, "--static-instances"},
+		{"static with etcd", []string{"serve", "--static-instances", "a=http://127.0.0.1:1", "--etcd-endpoints", "http://127.0.0.1:1"}, "excludes"},
+		{"register without id", []string{"register", "--addr", "http://127.0.0.1:1"}, "required flag"},
+		{"bench without target", []string{"bench"}, "--target"},
+		{"unknown preset", []string{"bench", "--target", "http://127.0.0.1:1", "--preset", "nope"}, "nope"},
+		{"config set bad json", []string{"config", "set", "--routing-config", "{bad"}, "--routing-config"},
+		{"demo unknown workload", []string{"demo", "--workload", "nope"}, "nope"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, stderr, code := runCLI(t, tt.args...)
+			if code != 2 || !strings.Contains(stderr, tt.want) {
+				t.Fatalf("exit %d, stderr %q; want exit 2 mentioning %q", code, stderr, tt.want)
+			}
+		})
+	}
+}
+
+func TestEnvironmentSetsFlags(t *testing.T) {
+	t.Setenv("PREFIXROUTER_PREFIX_LENGTH", "100")
+	_, stderr, code := runCLI(t, "serve", "--static-instances", "a=http://127.0.0.1:1")
+	if code != 2 || !strings.Contains(stderr, "PrefixLength 100") {
+		t.Fatalf("env PREFIXROUTER_PREFIX_LENGTH=100 not applied: exit %d, %q", code, stderr)
+	}
+	t.Setenv("PREFIXROUTER_CONCURRENCY_THRESHOLD", "many")
+	_, stderr, code = runCLI(t, "serve", "--static-instances", "a=http://127.0.0.1:1")
+	if code != 2 || !strings.Contains(stderr, "PREFIXROUTER_CONCURRENCY_THRESHOLD") {
+		t.Fatalf("a malformed environment value must name the variable: exit %d, %q", code, stderr)
+	}
+}
+
+func TestConfigSetGetAgainstEtcd(t *testing.T) {
+	e := etcdtest.Start(t)
+	url := e.ClientURL()
+	_, stderr, code := runCLI(t, "config", "get", "--etcd-endpoints", url, "--endpoint", "chat")
+	if code != 0 || !strings.Contains(stderr, "no config set") {
+		t.Fatalf("config get on an empty etcd: exit %d, %q", code, stderr)
+	}
+	out, stderr, code := runCLI(t, "config", "set", "--etcd-endpoints", url, "--endpoint", "chat",
+		"--strategy", "least_outstanding_requests", "--prefix-length", "2048", "--concurrency-threshold", "4")
+	if code != 0 {
+		t.Fatalf("config set: exit %d, %q", code, stderr)
+	}
+	var set fleet.RoutingConfig
+	if err := json.Unmarshal([]byte(out), &set); err != nil || set.RoutingStrategy != fleet.LeastOutstanding {
+		t.Fatalf("config set printed %q (%v)", out, err)
+	}
+	// An invalid value is refused with exit 2 and nothing is written.
+	_, stderr, code = runCLI(t, "config", "set", "--etcd-endpoints", url, "--endpoint", "chat",
+		"--routing-config", `{"RoutingStrategy":"PREFIX_AWARE","PrefixAwareRoutingConfig":{"PrefixLength":70000}}`)
+	if code != 2 || !strings.Contains(stderr, "PrefixLength 70000") {
+		t.Fatalf("invalid config set: exit %d, %q", code, stderr)
+	}
+	out, _, code = runCLI(t, "config", "get", "--etcd-endpoints", url, "--endpoint", "chat")
+	var got fleet.RoutingConfig
+	if code != 0 || json.Unmarshal([]byte(out), &got) != nil {
+		t.Fatalf("config get: exit %d, %q", code, out)
+	}
+	if got.RoutingStrategy != fleet.LeastOutstanding || got.PrefixLength() != 2048 || got.ConcurrencyThreshold() != 4 {
+		t.Fatalf("config get = %+v, want the last valid config", got.Normalize().PrefixAwareRoutingConfig)
+	}
+}
+
+func TestConfigGetEtcdDown(t *testing.T) {
+	_, stderr, code := runCLI(t, "config", "get", "--etcd-endpoints", "http://127.0.0.1:1", "--etcd-dial-timeout", "300ms")
+	if code != 1 || !strings.Contains(stderr, "config get") {
+		t.Fatalf("etcd down: exit %d, %q; want exit 1 with a clear error", code, stderr)
+	}
+}

@@ -1,0 +1,111 @@
+package fleet
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestRoutingConfigValidate(t *testing.T) {
+	pa := func(pl, ct int) *PrefixAwareConfig { return &PrefixAwareConfig{PrefixLength: pl, ConcurrencyThreshold: ct} }
+	tests := []struct {
+		name    string
+		cfg     RoutingConfig
+		wantErr string
+	}{
+		{"zero value means defaults", RoutingConfig{}, ""},
+		{"each strategy", RoutingConfig{RoutingStrategy: LeastOutstanding}, ""},
+		{"random", RoutingConfig{RoutingStrategy: Random}, ""},
+		{"bounds low", RoutingConfig{RoutingStrategy: PrefixAware, PrefixAwareRoutingConfig: pa(1024, 1)}, ""},
+		{"bounds high", RoutingConfig{RoutingStrategy: PrefixAware, PrefixAwareRoutingConfig: pa(65536, 1024)}, ""},
+		{"unknown strategy", RoutingConfig{RoutingStrategy: "ROUND_ROBIN"}, "RoutingStrategy"},
+		{"lowercase strategy", RoutingConfig{RoutingStrategy: "prefix_aware"}, "RoutingStrategy"},
+		{"prefix too short", RoutingConfig{PrefixAwareRoutingConfig: pa(1023, 0)}, "PrefixLength 1023"},
+		{"prefix too long", RoutingConfig{PrefixAwareRoutingConfig: pa(65537, 0)}, "PrefixLength 65537"},
+		{"negative prefix", RoutingConfig{PrefixAwareRoutingConfig: pa(-1, 0)}, "PrefixLength -1"},
+		{"threshold too high", RoutingConfig{PrefixAwareRoutingConfig: pa(0, 1025)}, "ConcurrencyThreshold 1025"},
+		{"negative threshold", RoutingConfig{PrefixAwareRoutingConfig: pa(0, -3)}, "ConcurrencyThreshold -3"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.cfg.Validate()
+			if tt.wantErr == "" {
+				if err != nil {
+					t.Fatalf("Validate() = %v, want nil", err)
+				}
+				return
+			}
+			if err == nil || !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("Validate() = %v, want an ErrInvalidConfig mentioning %q", err, tt.wantErr)
+			}
+		})
+	}
+}
+
+func TestRoutingConfigNormalize(t *testing.T) {
+	got := RoutingConfig{}.Normalize()
+	if got.RoutingStrategy != PrefixAware || got.PrefixLength() != DefaultPrefixLength || got.ConcurrencyThreshold() != DefaultConcurrencyThresh {
+		t.Fatalf("zero config normalizes to %+v", got)
+	}
+	c := RoutingConfig{RoutingStrategy: Random, PrefixAwareRoutingConfig: &PrefixAwareConfig{ConcurrencyThreshold: 7}}
+	n := c.Normalize()
+	if n.RoutingStrategy != Random || n.PrefixLength() != DefaultPrefixLength || n.ConcurrencyThreshold() != 7 {
+		t.Fatalf("partial config normalizes to %+v", n.PrefixAwareRoutingConfig)
+	}
+	if c.PrefixAwareRoutingConfig.PrefixLength != 0 {
+		t.Fatal("Normalize modified its receiver's nested config")
+	}
+}
+
+func TestInstanceValidate(t *testing.T) {
+	ok := Instance{ID: "vllm-0", Addr: "http://127.0.0.1:8000"}
+	tests := []struct {
+		name string
+		in   Instance
+		ok   bool
+	}{
+		{"valid", ok, true},
+		{"empty id", Instance{Addr: ok.Addr}, false},
+		{"id with slash", Instance{ID: "a/b", Addr: ok.Addr}, false},
+		{"id with space", Instance{ID: "a b", Addr: ok.Addr}, false},
+		{"id too long", Instance{ID: strings.Repeat("x", MaxIDLength+1), Addr: ok.Addr}, false},
+		{"no addr", Instance{ID: "a"}, false},
+		{"negative weight", Instance{ID: "a", Addr: ok.Addr, Weight: -1}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := tt.in.Validate(); (err == nil) != tt.ok {
+				t.Fatalf("Validate() = %v, want ok=%v", err, tt.ok)
+			}
+		})
+	}
+	if (Instance{}).EffectiveWeight() != 1 || (Instance{Weight: 3}).EffectiveWeight() != 3 {
+		t.Fatal("EffectiveWeight")
+	}
+	if !(Instance{Adapters: []string{"a", "b"}}).HasAdapter("b") || (Instance{}).HasAdapter("b") {
+		t.Fatal("HasAdapter")
+	}
+}
+
+func TestNewSnapshotSortsAndCopies(t *testing.T) {
+	insts := []Instance{{ID: "c", Addr: "x"}, {ID: "a", Addr: "x"}, {ID: "b", Addr: "x"}}
+	s := NewSnapshot([]Endpoint{{Name: "ep", Instances: insts}}, 42, 0, time.Unix(1, 0))
+	ep := s.Endpoint("ep")
+	if ep == nil || ep.Instances[0].ID != "a" || ep.Instances[2].ID != "c" {
+		t.Fatalf("instances not sorted: %+v", ep)
+	}
+	if insts[0].ID != "c" {
+		t.Fatal("NewSnapshot sorted the caller's slice")
+	}
+	if s.Replicas != 1 || s.Revision != 42 || s.InstanceCount() != 3 {
+		t.Fatalf("snapshot fields: %+v", s)
+	}
+	if ep.Config.RoutingStrategy != PrefixAware {
+		t.Fatal("endpoint config not normalized")
+	}
+	var nilSnap *Snapshot
+	if nilSnap.Endpoint("ep") != nil || nilSnap.InstanceCount() != 0 {
+		t.Fatal("nil snapshot accessors")
+	}
+}
