@@ -8,7 +8,9 @@ import (
 )
 
 func TestRoutingConfigValidate(t *testing.T) {
-	pa := func(pl, ct int) *PrefixAwareConfig { return &PrefixAwareConfig{PrefixLength: pl, ConcurrencyThreshold: ct} }
+	pa := func(pl, ct int) *PrefixAwareConfig {
+		return &PrefixAwareConfig{PrefixLength: pl, ConcurrencyThreshold: ct}
+	}
 	tests := []struct {
 		name    string
 		cfg     RoutingConfig
