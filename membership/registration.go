@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,8 +27,14 @@ const DefaultTTL = 5 * time.Second
 // unreachable etcd never blocks the owner goroutine for long.
 const maxOpTimeout = 5 * time.Second
 
-// ErrClosed is returned by the methods of a closed registration.
+// ErrClosed is returned by the methods of a closed registration, and of one
+// whose etcd client was closed (errClientClosed wraps it).
 var ErrClosed = errors.New("membership: registration closed")
+
+// errClientClosed: nothing can be written any more and the lease expires by
+// itself. It matches both ErrClosed and context.Canceled (what the closed
+// client's calls fail with).
+var errClientClosed = fmt.Errorf("%w (etcd client closed: %w)", ErrClosed, context.Canceled)
 
 // Options are the settings shared by registrations and the watcher. The zero
 // value is usable: DefaultPrefix, DefaultTTL, slog.Default(), no metrics.
@@ -63,6 +70,13 @@ func (o Options) logger() *slog.Logger {
 // when the lease is lost (expired during an outage or revoked by someone
 // else), grants a new one and puts the latest value again. One goroutine
 // owns the lease and performs every write, so writes are applied in order.
+//
+// Put never hands its value to the owner directly: it stores it in a
+// latest-value slot and wakes the owner through a 1-buffered channel. The
+// owner, whenever it is free (it may spend seconds granting a lease while
+// etcd is down), writes whatever the slot holds then, so a caller that gives
+// up waiting never loses its value and bursts of updates coalesce into one
+// write of the latest.
 type Registration struct {
 	cli     *clientv3.Client
 	key     string
@@ -70,9 +84,14 @@ type Registration struct {
 	log     *slog.Logger
 	metrics *Metrics
 
-	sendMu  sync.Mutex // serializes Put callers so that their values reach the owner in call order
-	updates chan putRequest
 	leaseID atomic.Int64 // current lease, 0 while none; written by the owner
+
+	stateMu sync.Mutex // guards value, seq, waiters and stopped
+	value   []byte     // the latest value asked for
+	seq     uint64     // how many Puts set value; the owner writes by seq
+	waiters []*putWaiter
+	stopped error         // why no more values are accepted (Close, closed client); nil while running
+	notify  chan struct{} // 1-buffered: value changed since the owner last looked
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -82,9 +101,11 @@ type Registration struct {
 	closeErr  error
 }
 
-type putRequest struct {
-	value []byte
-	reply chan error
+// putWaiter is a Put waiting for the first write attempt that carries its
+// value (or a later one).
+type putWaiter struct {
+	seq   uint64
+	reply chan error // 1-buffered; receives exactly once
 }
 
 // RouterInfo is a router replica's record under routers/<replica-id>.
@@ -119,7 +140,8 @@ func Register(ctx context.Context, cli *clientv3.Client, key string, value []byt
 		cli: cli, key: key, ttl: ttl,
 		log:     opts.logger().With("key", key),
 		metrics: opts.Metrics,
-		updates: make(chan putRequest),
+		value:   value,
+		notify:  make(chan struct{}, 1),
 		ctx:     rctx, cancel: cancel,
 	}
 	lease, err := r.grantLocked(ctx)
@@ -136,7 +158,7 @@ func Register(ctx context.Context, cli *clientv3.Client, key string, value []byt
 		return nil, err
 	}
 	r.wg.Add(1)
-	go r.run(lease, value)
+	go r.run(lease)
 	return r, nil
 }
 
@@ -148,47 +170,113 @@ func (r *Registration) Key() string { return r.key }
 func (r *Registration) LeaseID() clientv3.LeaseID { return clientv3.LeaseID(r.leaseID.Load()) }
 
 // Put replaces the value under the current lease. It returns the result of
-// the first attempt; when that fails the owner keeps retrying in the
-// background with the latest value, so the record converges once etcd
-// answers again.
+// the first write attempt that carries value, or ctx's error if that takes
+// longer (etcd unreachable); in both cases the owner keeps writing the
+// latest value in the background until it succeeds, so the record
+// converges once etcd answers again. It fails at once with ErrClosed after
+// Close or once the etcd client is closed.
 func (r *Registration) Put(ctx context.Context, value []byte) error {
-	r.sendMu.Lock()
-	reply, err := r.sendLocked(ctx, value)
-	r.sendMu.Unlock()
+	w, err := r.set(value)
 	if err != nil {
 		return err
 	}
-	return r.wait(ctx, reply)
+	return r.wait(ctx, w)
 }
 
-// sendLocked hands value to the owner; sendMu must be held.
-func (r *Registration) sendLocked(ctx context.Context, value []byte) (chan error, error) {
-	reply := make(chan error, 1)
-	select {
-	case r.updates <- putRequest{value: value, reply: reply}:
-		return reply, nil
-	case <-r.ctx.Done():
-		return nil, ErrClosed
-	case <-ctx.Done():
-		return nil, ctx.Err()
+// set stores value as the latest and wakes the owner; it never blocks on
+// the owner. Callers that must order their values (InstanceRegistration)
+// call it under their own lock.
+func (r *Registration) set(value []byte) (*putWaiter, error) {
+	if r.cli.Ctx().Err() != nil {
+		return nil, errClientClosed
 	}
+	r.stateMu.Lock()
+	if r.stopped != nil {
+		err := r.stopped
+		r.stateMu.Unlock()
+		return nil, err
+	}
+	r.value = value
+	r.seq++
+	w := &putWaiter{seq: r.seq, reply: make(chan error, 1)}
+	r.waiters = append(r.waiters, w)
+	r.stateMu.Unlock()
+	select {
+	case r.notify <- struct{}{}:
+	default: // already pending: the owner reads the slot, not the signal
+	}
+	return w, nil
 }
 
-func (r *Registration) wait(ctx context.Context, reply chan error) error {
+func (r *Registration) wait(ctx context.Context, w *putWaiter) error {
 	select {
-	case err := <-reply:
+	case err := <-w.reply:
 		return err
+	case <-r.cli.Ctx().Done():
+		// The owner may be inside an etcd call; do not wait for it.
+		r.forget(w)
+		return errClientClosed
 	case <-ctx.Done():
-		return ctx.Err()
+		r.forget(w)
+		return fmt.Errorf("membership: %s not written yet, retrying in the background: %w", r.key, ctx.Err())
 	}
+}
+
+// forget drops w from the waiters (its caller left); the value stays.
+func (r *Registration) forget(w *putWaiter) {
+	r.stateMu.Lock()
+	defer r.stateMu.Unlock()
+	if i := slices.Index(r.waiters, w); i >= 0 {
+		r.waiters = slices.Delete(r.waiters, i, i+1)
+	}
+}
+
+// answer replies err to every waiter whose value is at most seq (the
+// attempt wrote their value or a later one).
+func (r *Registration) answer(seq uint64, err error) {
+	r.stateMu.Lock()
+	defer r.stateMu.Unlock()
+	r.waiters = slices.DeleteFunc(r.waiters, func(w *putWaiter) bool {
+		if w.seq > seq {
+			return false
+		}
+		w.reply <- err
+		return true
+	})
+}
+
+// stop refuses further values with err (the first reason wins) and answers
+// every waiter with it.
+func (r *Registration) stop(err error) {
+	r.stateMu.Lock()
+	defer r.stateMu.Unlock()
+	if r.stopped == nil {
+		r.stopped = err
+	}
+	for _, w := range r.waiters {
+		w.reply <- r.stopped
+	}
+	r.waiters = nil
+}
+
+// latest returns the value to write and its seq.
+func (r *Registration) latest() ([]byte, uint64) {
+	r.stateMu.Lock()
+	defer r.stateMu.Unlock()
+	return r.value, r.seq
 }
 
 // Close stops the keepalive and revokes the lease, which deletes the key at
 // once (a graceful stop; a crash lets the lease expire instead). It is safe
-// to call more than once and returns the first call's result.
+// to call more than once and returns the first call's result. If the etcd
+// client was closed first it returns at once: the record then expires with
+// its lease.
 func (r *Registration) Close(ctx context.Context) error {
 	r.closeOnce.Do(func() {
+		r.stop(ErrClosed)
 		r.cancel()
+		// Every etcd call of the owner runs under r.ctx, so it returns
+		// promptly now.
 		r.wg.Wait()
 		if id := r.LeaseID(); id != 0 && r.cli.Ctx().Err() != nil {
 			// Revoking on a closed client only spins in its retries.
@@ -242,56 +330,50 @@ func (r *Registration) putLocked(ctx context.Context, id clientv3.LeaseID, value
 	return nil
 }
 
-// run owns the lease: it drains the keepalive channel, applies updates and
-// re-grants the lease when it is lost.
-func (r *Registration) run(lease activeLease, value []byte) {
+// run owns the lease: it drains the keepalive channel, writes the latest
+// value whenever it changed or the lease was re-granted, and re-grants the
+// lease when it is lost.
+func (r *Registration) run(lease activeLease) {
 	defer r.wg.Done()
 	defer func() {
 		if lease.stop != nil {
 			lease.stop()
 		}
 	}()
-	dirty := false // value not yet written under the current lease
-	var waiters []chan error
-	reply := func(err error) {
-		for _, w := range waiters {
-			w <- err
-		}
-		waiters = nil
-	}
+	var written uint64 // seq of the value last written under the current lease
+	dirty := false     // the current lease holds no value yet (granted, put failed)
 	bo := retryBackoff{min: 100 * time.Millisecond, max: min(time.Duration(r.ttl)*time.Second/2, 2*time.Second)}
 	var retry <-chan time.Time
 	for {
 		if r.cli.Ctx().Err() != nil {
 			// The client was closed under us: nothing can be written any
 			// more, and the lease expires by itself.
-			reply(ErrClosed)
-			<-r.ctx.Done()
+			r.stop(errClientClosed)
 			return
 		}
-		if (lease.id == 0 || dirty) && retry == nil {
+		if r.ctx.Err() != nil {
+			r.stop(ErrClosed)
+			return
+		}
+		value, seq := r.latest()
+		if (lease.id == 0 || dirty || seq != written) && retry == nil {
 			err := r.stepLocked(&lease, value, &dirty)
-			reply(err)
+			if err != nil && (r.cli.Ctx().Err() != nil || r.ctx.Err() != nil) {
+				continue // the checks above answer the waiters
+			}
 			if err != nil {
 				r.log.Warn("membership: registration not written, retrying", "err", err)
 				retry = time.After(bo.next())
 			} else {
+				written = seq
 				bo.reset()
 			}
+			r.answer(seq, err)
 		}
 		select {
 		case <-r.ctx.Done():
-			reply(ErrClosed)
-			return
 		case <-r.cli.Ctx().Done():
-			// The client was closed under us: nothing can be written any
-			// more, and the lease expires by itself.
-			reply(ErrClosed)
-			<-r.ctx.Done()
-			return
-		case req := <-r.updates:
-			value, dirty = req.value, true
-			waiters = append(waiters, req.reply)
+		case <-r.notify:
 			retry = nil
 		case _, ok := <-lease.ka:
 			if !ok {
@@ -308,8 +390,7 @@ func (r *Registration) run(lease activeLease, value []byte) {
 	}
 }
 
-// stepLocked grants a lease if there is none and writes the value if it is
-// not written under the current lease.
+// stepLocked grants a lease if there is none and writes value under it.
 func (r *Registration) stepLocked(lease *activeLease, value []byte, dirty *bool) error {
 	if lease.id == 0 {
 		l, err := r.grantLocked(r.ctx)
@@ -393,9 +474,11 @@ func (r *InstanceRegistration) Instance() fleet.Instance {
 func (r *InstanceRegistration) Endpoint() string { return r.endpoint }
 
 // Update applies fn to a copy of the record and writes it in place under
-// the same lease. The id cannot change. On error (other than an invalid
-// record) the new record is still retried in the background; see
-// Registration.Put.
+// the same lease. The id cannot change. Instance reports the new record at
+// once. Like Registration.Put, Update does not lose the record when it
+// returns ctx's error or a failed write: the owner keeps writing the latest
+// record until etcd accepts it. After Close, or once the etcd client is
+// closed, it fails at once with ErrClosed and leaves the record unchanged.
 func (r *InstanceRegistration) Update(ctx context.Context, fn func(*fleet.Instance)) error {
 	r.mu.Lock()
 	next := cloneInstance(r.inst)
@@ -413,17 +496,16 @@ func (r *InstanceRegistration) Update(ctx context.Context, fn func(*fleet.Instan
 		r.mu.Unlock()
 		return fmt.Errorf("membership: encode instance: %w", err)
 	}
-	r.inst = next
-	// Taking sendMu before releasing mu hands concurrent Updates to the
-	// owner in the order they changed r.inst, so the last write wins.
-	r.sendMu.Lock()
-	r.mu.Unlock()
-	reply, err := r.sendLocked(ctx, data)
-	r.sendMu.Unlock()
+	// set under mu: the slot takes records in the order they changed
+	// r.inst, so the last change is the one written.
+	w, err := r.set(data)
 	if err != nil {
+		r.mu.Unlock()
 		return err
 	}
-	return r.wait(ctx, reply)
+	r.inst = next
+	r.mu.Unlock()
+	return r.wait(ctx, w)
 }
 
 // SetAdapters replaces the instance's adapter list.

@@ -1,0 +1,222 @@
+package membership_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/membership"
+	"github.com/prefixrouter/prefixrouter/membership/etcdtest"
+)
+
+var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// pollUntil polls cond every 5 ms until it holds or limit passes.
+func pollUntil(t *testing.T, limit time.Duration, what string, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > limit {
+			t.Fatalf("not within %v: %s", limit, what)
+		}
+		time.Sleep(5 * time.Millisecond) // polling interval, not a wait for an event
+	}
+	return time.Since(start)
+}
+
+// stored reads the instance record from etcd through cli; ok is false when
+// the key is absent or etcd does not answer.
+func stored(cli *clientv3.Client, key string) (fleet.Instance, bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	resp, err := cli.Get(ctx, key)
+	if err != nil || len(resp.Kvs) == 0 {
+		return fleet.Instance{}, false
+	}
+	var in fleet.Instance
+	if json.Unmarshal(resp.Kvs[0].Value, &in) != nil {
+		return fleet.Instance{}, false
+	}
+	return in, true
+}
+
+// TestUpdateDuringOutageNotLost: updates whose callers gave up while etcd
+// was down (the owner busy granting a new lease) are not lost: once etcd is
+// back the latest of them is written, and none of them blocked its caller
+// beyond its context.
+func TestUpdateDuringOutageNotLost(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		updates  [][]string // SetAdapters calls made during the outage, in order
+		wantLast []string
+	}{
+		{"one update", [][]string{{"lora-late"}}, []string{"lora-late"}},
+		{"latest of several wins", [][]string{{"a"}, {"a", "b"}, {"c"}}, []string{"c"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := etcdtest.Start(t)
+			cli := etcdtest.Client(t, e)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			reg, err := membership.RegisterInstance(ctx, cli, "ep", fleet.Instance{ID: "i-1", Addr: "http://127.0.0.1:9", Adapters: []string{"old"}}, membership.Options{TTL: time.Second, Logger: discard})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer reg.Close(ctx)
+
+			e.Close()
+			// The keepalive got no answer for a TTL: the owner now
+			// tries to grant a new lease, each attempt blocking.
+			pollUntil(t, 10*time.Second, "lease lost", func() bool { return reg.LeaseID() == 0 })
+			const callTimeout = 200 * time.Millisecond
+			for _, adapters := range tc.updates {
+				uctx, ucancel := context.WithTimeout(ctx, callTimeout)
+				began := time.Now()
+				err := reg.SetAdapters(uctx, adapters)
+				took := time.Since(began)
+				ucancel()
+				if !errors.Is(err, context.DeadlineExceeded) {
+					t.Fatalf("SetAdapters(%v) during the outage = %v, want a deadline error", adapters, err)
+				}
+				// Bounded by the caller's context, not by the owner's
+				// etcd call (up to a TTL).
+				if took > callTimeout+500*time.Millisecond {
+					t.Fatalf("SetAdapters(%v) took %v with a %v context", adapters, took, callTimeout)
+				}
+			}
+			if got := reg.Instance().Adapters; !slices.Equal(got, tc.wantLast) {
+				t.Fatalf("Instance().Adapters = %v, want %v", got, tc.wantLast)
+			}
+
+			e2 := etcdtest.Restart(t, e)
+			other := etcdtest.Client(t, e2)
+			took := pollUntil(t, 15*time.Second, "latest record written after the outage", func() bool {
+				in, ok := stored(other, reg.Key())
+				return ok && slices.Equal(in.Adapters, tc.wantLast)
+			})
+			t.Logf("written %v after etcd restarted", took)
+			// A later update is acknowledged normally again.
+			if err := reg.SetDraining(ctx, true); err != nil {
+				t.Fatal(err)
+			}
+			if in, _ := stored(other, reg.Key()); !in.Draining || !slices.Equal(in.Adapters, tc.wantLast) {
+				t.Fatalf("record after SetDraining = %+v", in)
+			}
+		})
+	}
+}
+
+// TestConcurrentUpdatesLastWins: concurrent updates are written in the
+// order they changed the record, so etcd ends with what Instance reports.
+func TestConcurrentUpdatesLastWins(t *testing.T) {
+	e := etcdtest.Start(t)
+	cli := etcdtest.Client(t, e)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	reg, err := membership.RegisterInstance(ctx, cli, "ep", fleet.Instance{ID: "i-1", Addr: "http://127.0.0.1:9"}, membership.Options{TTL: 2 * time.Second, Logger: discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close(ctx)
+	var wg sync.WaitGroup
+	errs := make(chan error, 8*10)
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 10 {
+				errs <- reg.SetAdapters(ctx, []string{fmt.Sprintf("g%d-%d", g, i)})
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := reg.Instance().Adapters
+	if in, ok := stored(cli, reg.Key()); !ok || !slices.Equal(in.Adapters, want) {
+		t.Fatalf("stored adapters %v, Instance() reports %v", in.Adapters, want)
+	}
+}
+
+// TestClosedClientFailsFast: once the registration's client is closed (a
+// crashed agent), updates fail at once with ErrClosed instead of waiting
+// for their context, and Close returns promptly, whether the owner held a
+// lease or was granting one during an outage.
+func TestClosedClientFailsFast(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		etcdDown bool
+	}{
+		{"lease held", false},
+		{"owner granting during an outage", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := etcdtest.Start(t)
+			cli, err := membership.NewClient(membership.ClientConfig{Endpoints: e.Endpoints()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cli.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			reg, err := membership.RegisterInstance(ctx, cli, "ep", fleet.Instance{ID: "i-1", Addr: "http://127.0.0.1:9"}, membership.Options{TTL: time.Second, Logger: discard})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.etcdDown {
+				e.Close()
+				pollUntil(t, 10*time.Second, "lease lost", func() bool { return reg.LeaseID() == 0 })
+			}
+			cli.Close()
+
+			const bound = time.Second // the callers allow 10 s
+			for _, call := range []struct {
+				name string
+				fn   func(context.Context) error
+			}{
+				{"SetDraining", func(ctx context.Context) error { return reg.SetDraining(ctx, true) }},
+				{"Update", func(ctx context.Context) error {
+					return reg.Update(ctx, func(in *fleet.Instance) { in.Adapters = []string{"x"} })
+				}},
+			} {
+				cctx, ccancel := context.WithTimeout(ctx, 10*time.Second)
+				began := time.Now()
+				err := call.fn(cctx)
+				took := time.Since(began)
+				ccancel()
+				if !errors.Is(err, membership.ErrClosed) {
+					t.Errorf("%s after the client closed = %v, want ErrClosed", call.name, err)
+				}
+				if took > bound {
+					t.Errorf("%s after the client closed took %v, want within %v", call.name, took, bound)
+				}
+			}
+			cctx, ccancel := context.WithTimeout(ctx, 10*time.Second)
+			began := time.Now()
+			err = reg.Close(cctx)
+			took := time.Since(began)
+			ccancel()
+			t.Logf("Close: %v", err)
+			if took > bound {
+				t.Errorf("Close after the client closed took %v, want within %v", took, bound)
+			}
+			if err := reg.SetDraining(ctx, false); !errors.Is(err, membership.ErrClosed) {
+				t.Errorf("SetDraining after Close = %v, want ErrClosed", err)
+			}
+		})
+	}
+}
