@@ -32,6 +32,10 @@ const (
 	DefaultDrainGrace        = time.Second
 	DefaultDrainPollInterval = 250 * time.Millisecond
 	DefaultRequestTimeout    = 5 * time.Second
+	// EtcdCallTimeout bounds each etcd call of the drain (the draining
+	// flag, the revoke), so that an unreachable etcd costs the shutdown at
+	// most about this much beyond DrainTimeout.
+	EtcdCallTimeout = time.Second
 	// ModelLabel is the Labels key that carries the base model's id.
 	ModelLabel = "model"
 )
@@ -74,7 +78,9 @@ type Config struct {
 	PollInterval time.Duration
 	// HealthInterval between health probes while waiting for the server.
 	HealthInterval time.Duration
-	// DrainTimeout bounds the wait for in-flight requests on shutdown.
+	// DrainTimeout bounds the wait for in-flight requests on shutdown. The
+	// whole drain takes at most DrainTimeout plus EtcdCallTimeout (the
+	// revoke), even when etcd is unreachable.
 	DrainTimeout time.Duration
 	// DrainGrace is the least time between marking the instance draining
 	// and revoking it, so that requests routed just before the routers saw
@@ -324,14 +330,21 @@ func parseModels(r io.Reader) (discovery, error) {
 }
 
 // drain marks the instance draining, waits for the server to finish its
-// requests (or DrainTimeout) and revokes the registration.
+// requests (or DrainTimeout) and revokes the registration. Each etcd call
+// has its own short deadline: with etcd unreachable, waiting for the flag
+// would only eat into the wait for requests (the registration keeps
+// writing the flag in the background anyway), and the revoke would
+// stretch the shutdown past DrainTimeout.
 func (a *agent) drain(reg *membership.InstanceRegistration) {
 	start := time.Now()
 	deadline := start.Add(a.cfg.DrainTimeout)
 	dctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	a.log.Info("agent: draining", "timeout", a.cfg.DrainTimeout)
-	if err := reg.SetDraining(dctx, true); err != nil {
+	fctx, fcancel := context.WithTimeout(dctx, EtcdCallTimeout)
+	err := reg.SetDraining(fctx, true)
+	fcancel()
+	if err != nil {
 		a.log.Warn("agent: draining flag not written", "err", err)
 	}
 	t := time.NewTicker(a.cfg.DrainPollInterval)
@@ -345,7 +358,10 @@ wait:
 		case <-t.C:
 		}
 	}
-	rctx, rcancel := context.WithTimeout(context.Background(), DefaultRequestTimeout)
+	// What is left of the drain, but at least EtcdCallTimeout (a revoke
+	// after a drain timeout still gets its chance) and at most
+	// DefaultRequestTimeout.
+	rctx, rcancel := context.WithTimeout(context.Background(), min(max(time.Until(deadline), EtcdCallTimeout), DefaultRequestTimeout))
 	defer rcancel()
 	if err := reg.Close(rctx); err != nil {
 		a.log.Warn("agent: revoke failed; the record expires with its lease", "err", err)

@@ -242,6 +242,47 @@ func TestAgentDrainTimeout(t *testing.T) {
 	}
 }
 
+// TestAgentDrainEtcdGone: with etcd unreachable or the agent's client
+// closed, the drain still waits for the busy server until DrainTimeout, and
+// its etcd calls (the draining flag, the revoke) add at most about
+// EtcdCallTimeout to it.
+func TestAgentDrainEtcdGone(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cut  func(e *membership.Embedded, agentCli *clientv3.Client)
+	}{
+		{"etcd down", func(e *membership.Embedded, _ *clientv3.Client) { e.Close() }},
+		{"client closed", func(_ *membership.Embedded, c *clientv3.Client) { c.Close() }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := etcdtest.Start(t)
+			cli := etcdtest.Client(t, e)
+			agentCli := etcdtest.Client(t, e)
+			f := newFakeServer(t, "/health")
+			f.healthy.Store(true)
+			f.running.Store(1) // busy until the drain timeout
+			cfg := baseConfig(agentCli, f, "i-1")
+			cfg.DrainTimeout = time.Second
+			r := start(t, cfg)
+			eventually(t, 5*time.Second, "registered", func() bool { _, ok := record(t, cli, "i-1"); return ok })
+			tc.cut(e, agentCli)
+			began := time.Now()
+			if err := r.stop(t, 15*time.Second); err != nil {
+				t.Fatal(err)
+			}
+			took := time.Since(began)
+			bound := cfg.DrainTimeout + EtcdCallTimeout + time.Second // slack for a loaded machine
+			t.Logf("drain took %v (DrainTimeout %v, bound %v)", took, cfg.DrainTimeout, bound)
+			if took < cfg.DrainTimeout {
+				t.Fatalf("drain ended after %v, before the %v timeout with the server busy", took, cfg.DrainTimeout)
+			}
+			if took > bound {
+				t.Fatalf("drain took %v, want within %v", took, bound)
+			}
+		})
+	}
+}
+
 func TestAgentServerGoneEndsDrain(t *testing.T) {
 	e := etcdtest.Start(t)
 	cli := etcdtest.Client(t, e)
