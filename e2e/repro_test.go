@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"os"
 	"testing"
 	"time"
 )
@@ -10,13 +9,9 @@ import (
 // TestUpdateDuringOutageNotLost: an instance update attempted while the
 // registration's owner is busy re-granting a lost lease (etcd down) must
 // still be written once etcd is back, as InstanceRegistration.Update
-// promises. It fails today (the update is dropped when the caller's
-// context ends before the owner takes it; see docs/concurrency.md), so it
-// runs only with PREFIXROUTER_E2E_KNOWN_BUGS=1.
+// promises. It is the regression test of a bug where the update was
+// dropped when the caller's context ended before the owner took it.
 func TestUpdateDuringOutageNotLost(t *testing.T) {
-	if os.Getenv("PREFIXROUTER_E2E_KNOWN_BUGS") == "" {
-		t.Skip("known bug in membership.Registration (update dropped during a re-grant); set PREFIXROUTER_E2E_KNOWN_BUGS=1")
-	}
 	c := newCluster(t, 2*time.Second)
 	c.startReplicas(1, replicaOptions{})
 	bs, regs := fleetOf(t, c, 1)
