@@ -111,10 +111,11 @@ func Run(ctx context.Context, cfg Config) (*bench.Comparison, error) {
 		Title: "prefixrouter demo: routing strategies side by side",
 		Environment: fmt.Sprintf("Model servers are SIMULATED (prefixrouter modelsim, profile %s: %s), not real GPUs. "+
 			"%d instances with a KV cache of %d tokens each, %d router replicas (the load alternates between them), "+
-			"embedded etcd; routing config switched through etcd between runs; PrefixLength %d, ConcurrencyThreshold %d. "+
+			"embedded etcd; routing config switched through etcd between runs; PrefixLength %d, ConcurrencyThreshold %d, "+
+			"balance factor %g (PREFIX_AWARE only). "+
 			"Each run starts with cold caches (/reset_prefix_cache) and a warm-up that is not measured. "+
 			"The simulated servers run %g× faster than real time; every figure is in simulated time.",
-			prof.Name, prof.Description, cfg.Instances, cfg.KVCapacityTokens, cfg.Replicas, cfg.PrefixLength, cfg.Concurrency, cfg.TimeScale),
+			prof.Name, prof.Description, cfg.Instances, cfg.KVCapacityTokens, cfg.Replicas, cfg.PrefixLength, cfg.Concurrency, cfg.BalanceFactor, cfg.TimeScale),
 	}
 	for _, w := range cfg.Workloads {
 		for _, st := range cfg.Strategies {
