@@ -139,6 +139,10 @@ func Run(ctx context.Context, cfg Config) (*bench.Comparison, error) {
 				Rate: w.Rate, Warmup: w.Warmup, Requests: w.Requests, Seed: cfg.Seed,
 				Model: sim.DefaultBaseModel, Label: string(st), Progress: cfg.Progress,
 				ResetPrefixCache: true, TimeScale: cfg.TimeScale,
+				// Generations of a thousand tokens behind long prefills take
+				// minutes on an overloaded instance; a client that gives up
+				// sooner would count slowness as failure.
+				Timeout: 10 * time.Minute,
 			})
 			if res != nil {
 				cmp.Runs = append(cmp.Runs, res)
