@@ -17,7 +17,24 @@ type Comparison struct {
 	// (e.g. "simulated model servers, profile h200-llama8b").
 	Environment string    `json:"environment"`
 	Runs        []*Result `json:"runs"`
+	// Overheads, if measured, are the latency the router adds per strategy.
+	Overheads []Overhead `json:"router_overhead,omitempty"`
 }
+
+// overheadRows renders the overhead table's rows (wall-clock ms).
+func (c *Comparison) overheadRows() [][]string {
+	var rows [][]string
+	for _, o := range c.Overheads {
+		rows = append(rows, []string{o.Label, fmt.Sprint(o.Requests),
+			fmt.Sprintf("%.2f", o.Direct.P50), fmt.Sprintf("%.2f", o.Routed.P50),
+			fmt.Sprintf("%.2f", o.AddedP50Ms), fmt.Sprintf("%.2f", o.AddedP90Ms)})
+	}
+	return rows
+}
+
+var overheadHeader = []string{"strategy", "requests", "direct p50 ms", "via router p50 ms", "added p50 ms", "added p90 ms"}
+
+const overheadNote = "Router overhead: tiny requests (one output token, distinct text) sent one at a time on the idle fleet, alternately straight to the instances and through the router replicas; wall-clock milliseconds, not scaled."
 
 // WriteJSON writes the comparison as indented JSON.
 func (c *Comparison) WriteJSON(w io.Writer) error {
@@ -118,6 +135,14 @@ func (c *Comparison) WriteMarkdown(w io.Writer) error {
 		}
 		b.WriteString("\n")
 	}
+	if rows := c.overheadRows(); len(rows) > 0 {
+		b.WriteString("\n## Router overhead\n\n")
+		b.WriteString("| " + strings.Join(overheadHeader, " | ") + " |\n|---|--:|--:|--:|--:|--:|\n")
+		for _, r := range rows {
+			b.WriteString("| " + mdEscape(strings.Join(r, " | ")) + " |\n")
+		}
+		b.WriteString("\n" + overheadNote + "\n")
+	}
 	_, err := io.WriteString(w, b.String())
 	return err
 }
@@ -174,6 +199,9 @@ type htmlView struct {
 	W, H, PadL, PadT   float64
 	PlotR, PlotB       float64
 	ShareW, LabelW     float64
+	Overhead           [][]string
+	OverheadHeader     []string
+	OverheadNote       string
 }
 
 func (c *Comparison) view() htmlView {
@@ -183,6 +211,7 @@ func (c *Comparison) view() htmlView {
 		v.Title = "prefixrouter benchmark"
 	}
 	v.TimeScales = c.timeScaleNotes()
+	v.Overhead, v.OverheadHeader, v.OverheadNote = c.overheadRows(), overheadHeader, overheadNote
 	for _, r := range c.Runs {
 		vs := r.MetricsVsOracle
 		if vs == nil {
@@ -329,6 +358,11 @@ svg{font-size:11px;font-family:inherit}.note{color:#555}
 {{range .Bars}}<text x="{{sub $.LabelW 6}}" y="{{add .Y 12}}" text-anchor="end">{{.Label}}</text><rect x="{{$.LabelW}}" y="{{.Y}}" width="{{.W}}" height="16" fill="#1f77b4"/><text x="{{add $.LabelW (add .W 4)}}" y="{{add .Y 12}}">{{.Value}}</text>
 {{end}}</svg>{{else}}<p class="note">no instance header in the responses</p>{{end}}
 {{end}}
+{{if .Overhead}}<h2>Router overhead</h2>
+<table><tr>{{range .OverheadHeader}}<th>{{.}}</th>{{end}}</tr>
+{{range .Overhead}}<tr>{{range .}}<td>{{.}}</td>{{end}}</tr>
+{{end}}</table>
+<p class="note">{{.OverheadNote}}</p>{{end}}
 </body></html>
 `))
 

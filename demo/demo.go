@@ -37,6 +37,9 @@ type Config struct {
 	Strategies       []fleet.Strategy
 	PrefixLength     int
 	Concurrency      int // ConcurrencyThreshold
+	// OverheadProbes is the number of tiny requests sent each way to
+	// measure the router's own latency per strategy (0: skip).
+	OverheadProbes int
 	// BalanceFactor of every replica (0: off); see router.Options.
 	BalanceFactor float64
 	// TimeScale runs the simulated servers this many times faster than real
@@ -77,11 +80,12 @@ func Default() Config {
 		BalanceFactor: 1.5,
 		// Fast enough for `make demo` to finish within minutes; the client's
 		// and router's own overhead (well under a millisecond) is scaled too.
-		TimeScale: 12,
-		Seed:      1,
-		OutDir:    "demo-report",
-		Progress:  os.Stderr,
-		Out:       os.Stdout,
+		TimeScale:      12,
+		OverheadProbes: 200,
+		Seed:           1,
+		OutDir:         "demo-report",
+		Progress:       os.Stderr,
+		Out:            os.Stdout,
 	}
 }
 
@@ -123,7 +127,7 @@ func Run(ctx context.Context, cfg Config) (*bench.Comparison, error) {
 			"The simulated servers run %g× faster than real time; every figure is in simulated time.",
 			prof.Name, prof.Description, cfg.Instances, cfg.KVCapacityTokens, cfg.Replicas, cfg.PrefixLength, cfg.Concurrency, cfg.BalanceFactor, cfg.TimeScale),
 	}
-	for _, w := range cfg.Workloads {
+	for wi, w := range cfg.Workloads {
 		for _, st := range cfg.Strategies {
 			rc := fleet.RoutingConfig{RoutingStrategy: st, PrefixAwareRoutingConfig: &fleet.PrefixAwareConfig{
 				PrefixLength: cfg.PrefixLength, ConcurrencyThreshold: cfg.Concurrency}}
@@ -132,6 +136,15 @@ func Run(ctx context.Context, cfg Config) (*bench.Comparison, error) {
 			cancel()
 			if err != nil {
 				return cmp, fmt.Errorf("demo: switching to %s: %w", st, err)
+			}
+			if wi == 0 && cfg.OverheadProbes > 0 {
+				o, err := bench.MeasureOverhead(ctx, nil, f.RouterURLs(), instanceURLs(f), cfg.OverheadProbes, sim.DefaultBaseModel, string(st))
+				if err != nil {
+					return cmp, fmt.Errorf("demo: measuring the router's overhead under %s: %w", st, err)
+				}
+				cmp.Overheads = append(cmp.Overheads, o)
+				fmt.Fprintf(cfg.Progress, "demo: router overhead under %s: +%.2f ms at p50 (%.2f ms direct, %.2f ms through the router; wall clock)\n",
+					st, o.AddedP50Ms, o.Direct.P50, o.Routed.P50)
 			}
 			fmt.Fprintf(cfg.Progress, "demo: %s under %s (%g req/s, %d warm-up + %d measured requests)\n", w.Preset, st, w.Rate, w.Warmup, w.Requests)
 			res, err := bench.Run(ctx, bench.Config{
@@ -161,6 +174,14 @@ func Run(ctx context.Context, cfg Config) (*bench.Comparison, error) {
 	}
 	fmt.Fprintf(cfg.Progress, "demo: reports written to %s/report.{md,json,html}\n", cfg.OutDir)
 	return cmp, nil
+}
+
+func instanceURLs(f *localfleet.Fleet) []string {
+	var out []string
+	for _, in := range f.Instances() {
+		out = append(out, in.URL())
+	}
+	return out
 }
 
 func writeReports(dir string, cmp *bench.Comparison) error {

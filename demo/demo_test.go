@@ -42,6 +42,9 @@ func TestDemoSmall(t *testing.T) {
 			t.Errorf("%s: %d of 40 succeeded (%v)", r.Label, r.Succeeded, r.Errors)
 		}
 	}
+	if len(cmp.Overheads) != 2 || cmp.Overheads[0].Routed.N != cfg.OverheadProbes {
+		t.Errorf("router overhead per strategy: %+v", cmp.Overheads)
+	}
 	// The strategy really switched between runs: decisions say so.
 	if cmp.Runs[0].Decisions["random"] != 40 {
 		t.Errorf("RANDOM run decisions = %v", cmp.Runs[0].Decisions)
