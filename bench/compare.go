@@ -17,6 +17,9 @@ type Comparison struct {
 	// (e.g. "simulated model servers, profile h200-llama8b").
 	Environment string    `json:"environment"`
 	Runs        []*Result `json:"runs"`
+	// Notes are Markdown lines the caller adds under "Summary" (e.g. how the
+	// runs compare with a published headline).
+	Notes []string `json:"notes,omitempty"`
 	// Overheads, if measured, are the latency the router adds per strategy.
 	Overheads []Overhead `json:"router_overhead,omitempty"`
 }
@@ -99,6 +102,17 @@ func (c *Comparison) WriteMarkdown(w io.Writer) error {
 	}
 	for _, n := range c.timeScaleNotes() {
 		fmt.Fprintf(&b, "**Time scale:** %s\n\n", mdEscape(n))
+	}
+	if len(c.Notes) > 0 {
+		b.WriteString("## Summary\n\n")
+		for _, n := range c.Notes {
+			if strings.HasPrefix(n, "  ") {
+				b.WriteString(n + "\n")
+			} else {
+				b.WriteString("- " + n + "\n")
+			}
+		}
+		b.WriteString("\n")
 	}
 	b.WriteString("## Regimes\n\n")
 	for _, p := range c.presets() {
@@ -199,6 +213,7 @@ type htmlView struct {
 	W, H, PadL, PadT   float64
 	PlotR, PlotB       float64
 	ShareW, LabelW     float64
+	Notes              []string
 	Overhead           [][]string
 	OverheadHeader     []string
 	OverheadNote       string
@@ -211,6 +226,9 @@ func (c *Comparison) view() htmlView {
 		v.Title = "prefixrouter benchmark"
 	}
 	v.TimeScales = c.timeScaleNotes()
+	for _, n := range c.Notes {
+		v.Notes = append(v.Notes, strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(n), "- ")))
+	}
 	v.Overhead, v.OverheadHeader, v.OverheadNote = c.overheadRows(), overheadHeader, overheadNote
 	for _, r := range c.Runs {
 		vs := r.MetricsVsOracle
@@ -335,7 +353,8 @@ svg{font-size:11px;font-family:inherit}.note{color:#555}
 <h1>{{.Title}}</h1>
 {{if .Environment}}<p><b>Environment:</b> {{.Environment}}</p>{{end}}
 {{range .TimeScales}}<p><b>Time scale:</b> {{.}}</p>
-{{end}}<h2>Results</h2>
+{{end}}{{if .Notes}}<h2>Summary</h2><ul>{{range .Notes}}<li>{{.}}</li>{{end}}</ul>{{end}}
+<h2>Results</h2>
 <table><tr><th>run</th><th>preset</th><th>requests</th><th>ok</th><th>TTFT p50 ms</th><th>TTFT p90 ms</th><th>TTFT p99 ms</th><th>E2E p50 ms</th><th>E2E p90 ms</th><th>req/s</th><th>out tok/s</th><th>hit (metrics)</th><th>hit (usage)</th><th>oracle</th><th>hit/oracle</th><th>errors</th></tr>
 {{range .Rows}}<tr><td>{{.Run}}</td><td>{{.Preset}}</td><td>{{.Requests}}</td><td>{{.OK}}</td><td>{{.TTFT50}}</td><td>{{.TTFT90}}</td><td>{{.TTFT99}}</td><td>{{.E2E50}}</td><td>{{.E2E90}}</td><td>{{.RPS}}</td><td>{{.TPS}}</td><td>{{.HitM}}</td><td>{{.HitU}}</td><td>{{.Oracle}}</td><td>{{.Vs}}</td><td>{{.Errors}}</td></tr>
 {{end}}</table>

@@ -166,6 +166,7 @@ func Run(ctx context.Context, cfg Config) (*bench.Comparison, error) {
 			}
 		}
 	}
+	cmp.Notes = headline(cmp, prof)
 	if err := writeReports(cfg.OutDir, cmp); err != nil {
 		return cmp, err
 	}

@@ -1,0 +1,46 @@
+package demo
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/prefixrouter/prefixrouter/bench"
+	"github.com/prefixrouter/prefixrouter/sim"
+)
+
+func run(label, preset string, p50, p90, hit, rps float64) *bench.Result {
+	r := &bench.Result{Label: label, Preset: preset, SuccessRate: 1, ThroughputRPS: rps, UsageHitRate: hit,
+		UsagePromptTokens: 8175 * 100, UsageRequests: 100}
+	r.TTFT.P50, r.TTFT.P90 = p50, p90
+	r.Oracle.HitRate = 0.85
+	return r
+}
+
+func TestHeadline(t *testing.T) {
+	prof, err := sim.LookupProfile(sim.ProfileH200Llama8B)
+	if err != nil {
+		t.Fatal(err)
+	}
+	meets := &bench.Comparison{Runs: []*bench.Result{
+		run("RANDOM", "shared-8k", 300, 600, 0.25, 4), run("PREFIX_AWARE", "shared-8k", 50, 300, 0.82, 4.1),
+	}}
+	notes := strings.Join(headline(meets, prof), "\n")
+	if strings.Contains(notes, "SHORT") || strings.Contains(notes, "why") || !strings.Contains(notes, "−83%") {
+		t.Fatalf("a run that meets every figure:\n%s", notes)
+	}
+	short := &bench.Comparison{Runs: []*bench.Result{
+		run("RANDOM", "shared-8k", 200, 500, 0.55, 4), run("PREFIX_AWARE", "shared-8k", 120, 360, 0.81, 3.9),
+	}}
+	notes = strings.Join(headline(short, prof), "\n")
+	for _, want := range []string{"SHORT: P50 TTFT cut 40%", "SHORT: P90 TTFT cut 28%", "meets: KV hit rate", "SHORT: throughput 0.97×", "why:", "itself mostly served from cache"} {
+		if !strings.Contains(notes, want) {
+			t.Errorf("notes lack %q:\n%s", want, notes)
+		}
+	}
+	uniform := run("PREFIX_AWARE", "shared-8k-uniform", 100, 300, 0.8, 5)
+	uniform.Instances = []bench.InstanceShare{{Instance: "a", Share: 0.12}, {Instance: "b", Share: 0.15}}
+	notes = strings.Join(headline(&bench.Comparison{Runs: []*bench.Result{run("RANDOM", "shared-8k-uniform", 400, 900, 0.14, 5), uniform}}, prof), "\n")
+	if !strings.Contains(notes, "SHORT: per-instance share 12.0–15.0%") {
+		t.Errorf("share check:\n%s", notes)
+	}
+}
