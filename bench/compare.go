@@ -153,7 +153,11 @@ func (c *Comparison) WriteMarkdown(w io.Writer) error {
 		b.WriteString("\n## Router overhead\n\n")
 		b.WriteString("| " + strings.Join(overheadHeader, " | ") + " |\n|---|--:|--:|--:|--:|--:|\n")
 		for _, r := range rows {
-			b.WriteString("| " + mdEscape(strings.Join(r, " | ")) + " |\n")
+			cells := make([]string, len(r))
+			for i, c := range r {
+				cells[i] = mdEscape(c)
+			}
+			b.WriteString("| " + strings.Join(cells, " | ") + " |\n")
 		}
 		b.WriteString("\n" + overheadNote + "\n")
 	}
