@@ -217,10 +217,16 @@ type htmlView struct {
 	W, H, PadL, PadT   float64
 	PlotR, PlotB       float64
 	ShareW, LabelW     float64
-	Notes              []string
+	Notes              []htmlNote
 	Overhead           [][]string
 	OverheadHeader     []string
 	OverheadNote       string
+}
+
+// htmlNote is one summary line; Sub lines are details of the line above.
+type htmlNote struct {
+	Text string
+	Sub  bool
 }
 
 func (c *Comparison) view() htmlView {
@@ -231,7 +237,8 @@ func (c *Comparison) view() htmlView {
 	}
 	v.TimeScales = c.timeScaleNotes()
 	for _, n := range c.Notes {
-		v.Notes = append(v.Notes, strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(n), "- ")))
+		text := strings.ReplaceAll(strings.TrimPrefix(strings.TrimSpace(n), "- "), "`", "")
+		v.Notes = append(v.Notes, htmlNote{Text: text, Sub: strings.HasPrefix(n, "  ")})
 	}
 	v.Overhead, v.OverheadHeader, v.OverheadNote = c.overheadRows(), overheadHeader, overheadNote
 	for _, r := range c.Runs {
@@ -352,12 +359,12 @@ var htmlPage = template.Must(template.New("page").Funcs(template.FuncMap{
 body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:2em;color:#222;max-width:1100px}
 table{border-collapse:collapse;font-size:13px}th,td{border:1px solid #ccc;padding:3px 6px;text-align:right}
 th:first-child,td:first-child,td:nth-child(2){text-align:left}th{background:#f3f3f3}
-svg{font-size:11px;font-family:inherit}.note{color:#555}
+svg{font-size:11px;font-family:inherit}.note{color:#555}li.sub{margin-left:2em;list-style:circle}
 </style></head><body>
 <h1>{{.Title}}</h1>
 {{if .Environment}}<p><b>Environment:</b> {{.Environment}}</p>{{end}}
 {{range .TimeScales}}<p><b>Time scale:</b> {{.}}</p>
-{{end}}{{if .Notes}}<h2>Summary</h2><ul>{{range .Notes}}<li>{{.}}</li>{{end}}</ul>{{end}}
+{{end}}{{if .Notes}}<h2>Summary</h2><ul>{{range .Notes}}<li{{if .Sub}} class="sub"{{end}}>{{.Text}}</li>{{end}}</ul>{{end}}
 <h2>Results</h2>
 <table><tr><th>run</th><th>preset</th><th>requests</th><th>ok</th><th>TTFT p50 ms</th><th>TTFT p90 ms</th><th>TTFT p99 ms</th><th>E2E p50 ms</th><th>E2E p90 ms</th><th>req/s</th><th>out tok/s</th><th>hit (metrics)</th><th>hit (usage)</th><th>oracle</th><th>hit/oracle</th><th>errors</th></tr>
 {{range .Rows}}<tr><td>{{.Run}}</td><td>{{.Preset}}</td><td>{{.Requests}}</td><td>{{.OK}}</td><td>{{.TTFT50}}</td><td>{{.TTFT90}}</td><td>{{.TTFT99}}</td><td>{{.E2E50}}</td><td>{{.E2E90}}</td><td>{{.RPS}}</td><td>{{.TPS}}</td><td>{{.HitM}}</td><td>{{.HitU}}</td><td>{{.Oracle}}</td><td>{{.Vs}}</td><td>{{.Errors}}</td></tr>
