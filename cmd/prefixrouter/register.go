@@ -1,11 +1,13 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/prefixrouter/prefixrouter/agent"
 	"github.com/prefixrouter/prefixrouter/fleet"
@@ -99,6 +101,22 @@ instance.`,
 	return c
 }
 
+// withEndpointEtcd validates the endpoint name, connects to etcd and runs
+// one bounded call.
+func withEndpointEtcd(cmd *cobra.Command, ef *etcdFlags, endpoint string, call func(context.Context, *clientv3.Client) error) error {
+	if err := membership.ValidateName("endpoint", endpoint); err != nil {
+		return usageErr("--endpoint: %w", err)
+	}
+	cli, err := ef.client()
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	ctx, cancel := contextTimeout(cmd, ef.dial)
+	defer cancel()
+	return call(ctx, cli)
+}
+
 func newConfigCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "config",
@@ -141,20 +159,12 @@ a restart. An invalid value is refused with exit code 2 and nothing is written.`
 					return err
 				}
 			}
-			if err := membership.ValidateName("endpoint", endpoint); err != nil {
-				return usageErr("--endpoint: %w", err)
-			}
-			cli, err := ef.client()
-			if err != nil {
-				return err
-			}
-			defer cli.Close()
-			ctx, cancel := contextTimeout(cmd, ef.dial)
-			defer cancel()
-			if err := membership.PutConfig(ctx, cli, ef.layout(), endpoint, rc); err != nil {
-				return fmt.Errorf("config set: %w", err)
-			}
-			return printJSON(cmd.OutOrStdout(), rc.Normalize())
+			return withEndpointEtcd(cmd, &ef, endpoint, func(ctx context.Context, cli *clientv3.Client) error {
+				if err := membership.PutConfig(ctx, cli, ef.layout(), endpoint, rc); err != nil {
+					return fmt.Errorf("config set: %w", err)
+				}
+				return printJSON(cmd.OutOrStdout(), rc.Normalize())
+			})
 		},
 	}
 	f := c.Flags()
@@ -175,24 +185,16 @@ func newConfigGetCmd() *cobra.Command {
 		Short: "Print an endpoint's routing config (the default when none is set)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := membership.ValidateName("endpoint", endpoint); err != nil {
-				return usageErr("--endpoint: %w", err)
-			}
-			cli, err := ef.client()
-			if err != nil {
-				return err
-			}
-			defer cli.Close()
-			ctx, cancel := contextTimeout(cmd, ef.dial)
-			defer cancel()
-			rc, set, err := membership.GetConfig(ctx, cli, ef.layout(), endpoint)
-			if err != nil {
-				return fmt.Errorf("config get: %w", err)
-			}
-			if !set {
-				fmt.Fprintf(cmd.ErrOrStderr(), "no config set for endpoint %q; routers use the default:\n", endpoint)
-			}
-			return printJSON(cmd.OutOrStdout(), rc)
+			return withEndpointEtcd(cmd, &ef, endpoint, func(ctx context.Context, cli *clientv3.Client) error {
+				rc, set, err := membership.GetConfig(ctx, cli, ef.layout(), endpoint)
+				if err != nil {
+					return fmt.Errorf("config get: %w", err)
+				}
+				if !set {
+					fmt.Fprintf(cmd.ErrOrStderr(), "no config set for endpoint %q; routers use the default:\n", endpoint)
+				}
+				return printJSON(cmd.OutOrStdout(), rc)
+			})
 		},
 	}
 	ef.register(c.Flags())
