@@ -46,8 +46,8 @@ func (c *Comparison) WriteJSON(w io.Writer) error {
 	return enc.Encode(c)
 }
 
-// presets returns the runs' presets in first-seen order.
-func (c *Comparison) presets() []string {
+// Presets returns the runs' presets in first-seen order.
+func (c *Comparison) Presets() []string {
 	var out []string
 	seen := map[string]bool{}
 	for _, r := range c.Runs {
@@ -115,7 +115,7 @@ func (c *Comparison) WriteMarkdown(w io.Writer) error {
 		b.WriteString("\n")
 	}
 	b.WriteString("## Regimes\n\n")
-	for _, p := range c.presets() {
+	for _, p := range c.Presets() {
 		fmt.Fprintf(&b, "- `%s`: %s\n", p, c.regimeOf(p))
 	}
 	b.WriteString("\n## Results\n\n")
@@ -256,7 +256,7 @@ func (c *Comparison) view() htmlView {
 		})
 	}
 	colors := strings.Fields(palette)
-	for _, p := range c.presets() {
+	for _, p := range c.Presets() {
 		var runs []*Result
 		for _, r := range c.Runs {
 			if r.Preset == p {

@@ -25,7 +25,7 @@ const (
 // and the simulator's cost model rather than from prose written in advance.
 func headline(cmp *bench.Comparison, prof sim.Profile) []string {
 	var notes []string
-	for _, preset := range presetsOf(cmp) {
+	for _, preset := range cmp.Presets() {
 		pa, rnd := runOf(cmp, preset, fleet.PrefixAware), runOf(cmp, preset, fleet.Random)
 		if pa == nil || rnd == nil || rnd.TTFT.P50 <= 0 || rnd.TTFT.P90 <= 0 {
 			continue
@@ -122,18 +122,6 @@ func hitRate(r *bench.Result) float64 {
 		return *r.MetricsHitRate
 	}
 	return r.UsageHitRate
-}
-
-func presetsOf(cmp *bench.Comparison) []string {
-	var out []string
-	seen := map[string]bool{}
-	for _, r := range cmp.Runs {
-		if !seen[r.Preset] {
-			seen[r.Preset] = true
-			out = append(out, r.Preset)
-		}
-	}
-	return out
 }
 
 func runOf(cmp *bench.Comparison, preset string, st fleet.Strategy) *bench.Result {

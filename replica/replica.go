@@ -118,7 +118,6 @@ func Start(ctx context.Context, cfg Config) (*Replica, error) {
 		Logger:           cfg.Logger,
 		Transport:        cfg.Transport,
 		Breaker:          cfg.Breaker,
-		Ready:            r.ready,
 		LoadPollInterval: cfg.LoadPollInterval,
 		BalanceFactor:    cfg.BalanceFactor,
 	})
@@ -236,12 +235,10 @@ func (r *Replica) Registry() *prometheus.Registry { return r.registry }
 // Watcher is the replica's etcd watcher, nil for a static fleet.
 func (r *Replica) Watcher() *membership.Watcher { return r.watcher }
 
-// ready is the router's extra readiness check. Static stability: a replica
-// stays ready on its last good snapshot while etcd is away; the age is
-// reported by serveReadyz and the prefixrouter_snapshot_age_seconds metric.
-func (r *Replica) ready() error { return nil }
-
 // serveReadyz reports readiness with the snapshot's revision and age.
+// Static stability: a replica stays ready on its last good snapshot while
+// etcd is away; the age tells how old it is (also in the
+// prefixrouter_snapshot_age_seconds metric).
 func (r *Replica) serveReadyz(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	if err := r.router.Ready(); err != nil {
