@@ -68,8 +68,13 @@ type Config struct {
 	Logger *slog.Logger
 	// Registry for metrics; nil means a new one with Go and process collectors.
 	Registry *prometheus.Registry
-	// Transport for upstream requests; nil means the router's default.
+	// Transport for upstream requests; nil means router.NewTransport with
+	// UpstreamHeaderTimeout.
 	Transport http.RoundTripper
+	// UpstreamHeaderTimeout bounds the wait for an instance's response
+	// headers (0: no bound). A timeout counts against the instance's
+	// breaker; the client gets the router's error answer.
+	UpstreamHeaderTimeout time.Duration
 }
 
 // Replica is a running router replica.
@@ -108,6 +113,12 @@ func Start(ctx context.Context, cfg Config) (*Replica, error) {
 	}
 	if err := cfg.Routing.Validate(); err != nil {
 		return nil, err
+	}
+	if cfg.UpstreamHeaderTimeout < 0 {
+		return nil, fmt.Errorf("replica: negative upstream header timeout %v", cfg.UpstreamHeaderTimeout)
+	}
+	if cfg.Transport == nil {
+		cfg.Transport = router.NewTransport(cfg.UpstreamHeaderTimeout)
 	}
 	r := &Replica{cfg: cfg, log: cfg.Logger, registry: cfg.Registry}
 	var err error

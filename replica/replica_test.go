@@ -299,3 +299,45 @@ func TestStaticFleetAdmin(t *testing.T) {
 	tr.CloseIdleConnections()
 	goleak.VerifyNone(t, ignore)
 }
+
+// TestUpstreamHeaderTimeout: an instance that accepts a request and never
+// answers is given up on after the header timeout; the client gets an error
+// answer, not a hang, and the failure counts against the instance.
+func TestUpstreamHeaderTimeout(t *testing.T) {
+	release := make(chan struct{})
+	hung := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	defer hung.Close()
+	defer close(release)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rep, err := Start(ctx, Config{
+		Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", Endpoint: "chat", Logger: quiet,
+		Static: []fleet.Instance{{ID: "hung", Addr: hung.URL}}, UpstreamHeaderTimeout: 200 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rep.Close(context.Background())
+	start := time.Now()
+	resp, err := http.Post(rep.URL()+"/invocations", "application/json", strings.NewReader(`{"inputs":"hello"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode < 400 || time.Since(start) > 10*time.Second {
+		t.Fatalf("status %d after %v; want an error answer soon after the 200 ms timeout", resp.StatusCode, time.Since(start))
+	}
+	st, ok := rep.Router().InstanceState("chat", "hung")
+	if !ok || st.InFlight != 0 {
+		t.Fatalf("instance state %+v %v: the slot must be released", st, ok)
+	}
+	if _, err := Start(ctx, Config{Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", Endpoint: "chat",
+		Static: []fleet.Instance{{ID: "a", Addr: hung.URL}}, UpstreamHeaderTimeout: -time.Second}); err == nil {
+		t.Fatal("a negative timeout must be refused")
+	}
+}

@@ -62,6 +62,7 @@ func newServeCmd() *cobra.Command {
 		breaker             overload.BreakerSettings
 		loadPoll            time.Duration
 		balance             float64
+		headerTimeout       time.Duration
 		ttl                 time.Duration
 		shutdown            time.Duration
 		logLevel            string
@@ -98,14 +99,18 @@ share the fleet, and keeps routing on its last good snapshot while etcd is unrea
 			if err := membership.ValidateName("endpoint", endpoint); err != nil {
 				return usageErr("--endpoint: %w", err)
 			}
+			if headerTimeout < 0 {
+				return usageErr("--upstream-header-timeout must not be negative")
+			}
 			if err := breaker.Validate(); err != nil {
 				return usageErr("%w", err)
 			}
 			cfg := replica.Config{
 				ID: replicaID, Listen: listen, AdminListen: adminListen, Endpoint: endpoint,
 				Routing: routing, MaxBodyBytes: maxBody, Breaker: breaker, LoadPollInterval: loadPoll, BalanceFactor: balance,
-				Logger:     logger,
-				Membership: membership.Options{Layout: ef.layout(), TTL: ttl, Logger: logger},
+				UpstreamHeaderTimeout: headerTimeout,
+				Logger:                logger,
+				Membership:            membership.Options{Layout: ef.layout(), TTL: ttl, Logger: logger},
 			}
 			ctx := cmd.Context()
 			switch {
@@ -170,6 +175,7 @@ share the fleet, and keeps routing on its last good snapshot while etcd is unrea
 	f.DurationVar(&breaker.OpenTimeout, "breaker-open-timeout", overload.DefaultOpenTimeout, "how long an open breaker waits before letting a probe through")
 	f.DurationVar(&loadPoll, "load-poll-interval", 0, "poll each instance's /metrics (vllm:num_requests_running+waiting) this often and count load from other replicas against the concurrency threshold (0: off)")
 	f.Float64Var(&balance, "balance-factor", 0, "PREFIX_AWARE: no instance takes more than this multiple of its set's average in-flight load; beyond it the request spills to the next candidate in ring order (bounded-load consistent hashing, like HAProxy's hash-balance-factor; 0: off, else 1..10)")
+	f.DurationVar(&headerTimeout, "upstream-header-timeout", 0, "give up on an instance that sends no response headers within this long; counts against its circuit breaker (0: wait indefinitely; a non-streamed generation sends its headers only when it is done, so allow for the longest one)")
 	f.DurationVar(&ttl, "ttl", membership.DefaultTTL, "lease TTL of this replica's registration")
 	f.DurationVar(&shutdown, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long to wait for requests in flight")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
