@@ -119,6 +119,15 @@ func TestConfigSetGetAgainstEtcd(t *testing.T) {
 	}
 }
 
+func TestServeEtcdDown(t *testing.T) {
+	start := time.Now()
+	_, stderr, code := runCLI(t, "serve", "--etcd-endpoints", "http://127.0.0.1:1", "--startup-timeout", "1s",
+		"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0")
+	if code != 1 || !strings.Contains(stderr, "is etcd reachable") || time.Since(start) > 20*time.Second {
+		t.Fatalf("serve with etcd down: exit %d after %v, %q", code, time.Since(start), stderr)
+	}
+}
+
 func TestConfigGetEtcdDown(t *testing.T) {
 	_, stderr, code := runCLI(t, "config", "get", "--etcd-endpoints", "http://127.0.0.1:1", "--etcd-dial-timeout", "300ms")
 	if code != 1 || !strings.Contains(stderr, "config get") {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -63,6 +64,7 @@ func newServeCmd() *cobra.Command {
 		loadPoll            time.Duration
 		balance             float64
 		headerTimeout       time.Duration
+		startTimeout        time.Duration
 		ttl                 time.Duration
 		shutdown            time.Duration
 		logLevel            string
@@ -149,10 +151,13 @@ share the fleet, and keeps routing on its last good snapshot while etcd is unrea
 				defer cli.Close()
 				cfg.Client = cli
 			}
-			startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			startCtx, cancel := context.WithTimeout(ctx, startTimeout)
 			rep, err := replica.Start(startCtx, cfg)
 			cancel()
 			if err != nil {
+				if cfg.Client != nil && errors.Is(err, context.DeadlineExceeded) {
+					return fmt.Errorf("no fleet snapshot from etcd %v within --startup-timeout %v (is etcd reachable?): %w", ef.endpoints, startTimeout, err)
+				}
 				return err
 			}
 			<-ctx.Done()
@@ -176,6 +181,7 @@ share the fleet, and keeps routing on its last good snapshot while etcd is unrea
 	f.DurationVar(&loadPoll, "load-poll-interval", 0, "poll each instance's /metrics (vllm:num_requests_running+waiting) this often and count load from other replicas against the concurrency threshold (0: off)")
 	f.Float64Var(&balance, "balance-factor", 0, "PREFIX_AWARE: no instance takes more than this multiple of its set's average in-flight load; beyond it the request spills to the next candidate in ring order (bounded-load consistent hashing, like HAProxy's hash-balance-factor; 0: off, else 1..10)")
 	f.DurationVar(&headerTimeout, "upstream-header-timeout", 0, "give up on an instance that sends no response headers within this long; counts against its circuit breaker (0: wait indefinitely; a non-streamed generation sends its headers only when it is done, so allow for the longest one)")
+	f.DurationVar(&startTimeout, "startup-timeout", 30*time.Second, "how long to wait for the first fleet snapshot from etcd before giving up")
 	f.DurationVar(&ttl, "ttl", membership.DefaultTTL, "lease TTL of this replica's registration")
 	f.DurationVar(&shutdown, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long to wait for requests in flight")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
