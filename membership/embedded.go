@@ -43,6 +43,13 @@ type embeddedOptions struct {
 	tickMs   uint
 	electMs  uint
 	compact  string
+	tls      *clientTLS
+}
+
+// clientTLS is the client-side TLS of an embedded member (WithClientTLS).
+type clientTLS struct {
+	certFile, keyFile, trustedCAFile string
+	clientCertAuth                   bool
 }
 
 // WithPeerURL sets the peer URL. The default, http://127.0.0.1:0, binds an
@@ -70,6 +77,18 @@ func WithAutoCompactionRetention(retention string) EmbeddedOption {
 	return func(o *embeddedOptions) { o.compact = retention }
 }
 
+// WithClientTLS serves clients over TLS with the PEM certificate certFile and
+// its key keyFile, as etcd's --cert-file and --key-file do. trustedCAFile
+// (--trusted-ca-file) is the CA that client certificates must chain to; with
+// clientCertAuth (--client-cert-auth) a client without such a certificate is
+// refused. The client URL must then be https:// (an http:// URL is switched
+// to https://). Without this option clients are served in plain text.
+func WithClientTLS(certFile, keyFile, trustedCAFile string, clientCertAuth bool) EmbeddedOption {
+	return func(o *embeddedOptions) {
+		o.tls = &clientTLS{certFile: certFile, keyFile: keyFile, trustedCAFile: trustedCAFile, clientCertAuth: clientCertAuth}
+	}
+}
+
 // StartEmbedded starts a single-member etcd with its data in dir (created if
 // missing; an existing data dir is reused, keeping its keys), serving clients
 // on clientURL (DefaultClientURL when empty; a port of 0 picks a free port,
@@ -91,6 +110,20 @@ func StartEmbedded(dir, clientURL string, opts ...EmbeddedOption) (*Embedded, er
 	cu, err := url.Parse(clientURL)
 	if err != nil || cu.Host == "" {
 		return nil, fmt.Errorf("membership: embedded etcd client URL %q: want e.g. http://127.0.0.1:2379", clientURL)
+	}
+	if o.tls != nil {
+		if o.tls.certFile == "" || o.tls.keyFile == "" {
+			return nil, errors.New("membership: embedded etcd client TLS needs a certificate and a key")
+		}
+		if o.tls.clientCertAuth && o.tls.trustedCAFile == "" {
+			return nil, errors.New("membership: embedded etcd client certificate auth needs a trusted CA file")
+		}
+		if cu.Scheme == "http" {
+			cu.Scheme = "https"
+		}
+		if cu.Scheme != "https" {
+			return nil, fmt.Errorf("membership: embedded etcd client URL %q: TLS wants https://", clientURL)
+		}
 	}
 	pu, err := url.Parse(o.peerURL)
 	if err != nil || pu.Host == "" {
@@ -118,6 +151,13 @@ func StartEmbedded(dir, clientURL string, opts ...EmbeddedOption) (*Embedded, er
 	cfg.EnableGRPCGateway = false
 	if o.tickMs > 0 {
 		cfg.TickMs, cfg.ElectionMs = o.tickMs, o.electMs
+	}
+	if o.tls != nil {
+		cfg.ClientAutoTLS = false
+		cfg.ClientTLSInfo.CertFile = o.tls.certFile
+		cfg.ClientTLSInfo.KeyFile = o.tls.keyFile
+		cfg.ClientTLSInfo.TrustedCAFile = o.tls.trustedCAFile
+		cfg.ClientTLSInfo.ClientCertAuth = o.tls.clientCertAuth
 	}
 	if o.compact != "" {
 		cfg.AutoCompactionMode = "periodic"
