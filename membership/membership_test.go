@@ -494,3 +494,31 @@ func TestInstanceJSONShape(t *testing.T) {
 		}
 	}
 }
+
+// TestDefaultConfigForUnsetEndpoints: an endpoint without a config key gets
+// the watcher's DefaultConfig (serve's routing flags); a key, once written,
+// wins over it.
+func TestDefaultConfigForUnsetEndpoints(t *testing.T) {
+	e := startEtcd(t)
+	cli := newClient(t, e.Endpoints()...)
+	ctx := testCtx(t)
+	def := fleet.RoutingConfig{RoutingStrategy: fleet.Random, PrefixAwareRoutingConfig: &fleet.PrefixAwareConfig{PrefixLength: 2048, ConcurrencyThreshold: 7}}
+	w := StartWatcher(cli, WatcherOptions{DefaultConfig: def}, nil)
+	t.Cleanup(func() { w.Close() })
+	reg, err := RegisterInstance(ctx, cli, "ep", fleet.Instance{ID: "a", Addr: "http://127.0.0.1:1"}, Options{TTL: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { reg.Close(context.Background()) })
+	eventually(t, 2*time.Second, "the default config on an endpoint with no key", func() bool {
+		ep := w.Snapshot().Endpoint("ep")
+		return ep != nil && ep.Config.RoutingStrategy == fleet.Random && ep.Config.PrefixLength() == 2048 && ep.Config.ConcurrencyThreshold() == 7
+	})
+	if err := PutConfig(ctx, cli, Layout{}, "ep", fleet.RoutingConfig{RoutingStrategy: fleet.LeastOutstanding}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 2*time.Second, "the stored config wins", func() bool {
+		ep := w.Snapshot().Endpoint("ep")
+		return ep != nil && ep.Config.RoutingStrategy == fleet.LeastOutstanding && ep.Config.PrefixLength() == fleet.DefaultPrefixLength
+	})
+}

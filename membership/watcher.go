@@ -34,6 +34,10 @@ type WatcherOptions struct {
 	ProgressInterval time.Duration
 	// Now is the clock for BuiltAt and the sync time; nil means time.Now.
 	Now func() time.Time
+	// DefaultConfig is the routing config of an endpoint whose config key is
+	// not set (serve's --strategy, --prefix-length, --concurrency-threshold).
+	// The zero value means fleet.DefaultRoutingConfig(). It must be valid.
+	DefaultConfig fleet.RoutingConfig
 }
 
 // Watcher lists the layout's prefix at a revision, watches from the next
@@ -54,6 +58,7 @@ type Watcher struct {
 	publish  func(*fleet.Snapshot)
 	progress time.Duration
 	now      func() time.Time
+	defCfg   fleet.RoutingConfig
 
 	snap     atomic.Pointer[fleet.Snapshot]
 	lastSync atomic.Int64 // unix nanoseconds; 0 = never
@@ -78,6 +83,7 @@ func StartWatcher(cli *clientv3.Client, opts WatcherOptions, onSnapshot func(*fl
 		publish:  onSnapshot,
 		progress: opts.ProgressInterval,
 		now:      opts.Now,
+		defCfg:   opts.DefaultConfig.Normalize(),
 		synced:   make(chan struct{}),
 		ctx:      ctx,
 		cancel:   cancel,
@@ -348,7 +354,7 @@ func (w *Watcher) emit(st *state) {
 	for ep := range names {
 		cfg, ok := st.configs[ep]
 		if !ok {
-			cfg = fleet.DefaultRoutingConfig()
+			cfg = w.defCfg
 		}
 		insts := make([]fleet.Instance, 0, len(st.instances[ep]))
 		for _, in := range st.instances[ep] {

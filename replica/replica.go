@@ -45,7 +45,8 @@ type Config struct {
 	// Endpoint is the default endpoint of /invocations and /v1/*.
 	Endpoint string
 	// Static, when non-empty, is a fixed fleet for Endpoint with routing
-	// config Routing; no etcd is used.
+	// config Routing; no etcd is used. With etcd, Routing is the config of
+	// every endpoint whose config key is not set.
 	Static  []fleet.Instance
 	Routing fleet.RoutingConfig
 	// Client reaches etcd; the replica does not close it.
@@ -155,7 +156,8 @@ func Start(ctx context.Context, cfg Config) (*Replica, error) {
 		if mopts.Metrics == nil {
 			mopts.Metrics = membership.NewMetrics(cfg.Registry)
 		}
-		r.watcher = membership.StartWatcher(cfg.Client, membership.WatcherOptions{Options: mopts}, r.router.Update)
+		// Routing is the default of endpoints with no config key in etcd.
+		r.watcher = membership.StartWatcher(cfg.Client, membership.WatcherOptions{Options: mopts, DefaultConfig: cfg.Routing}, r.router.Update)
 		select {
 		case <-r.watcher.Synced():
 		case <-ctx.Done():

@@ -81,7 +81,8 @@ The fleet comes from one of:
   --static-instances id=url,...   a fixed fleet, no etcd (routing config from the flags)
   --etcd-endpoints URL,...        an etcd cluster the instances register in (the default,
                                   http://127.0.0.1:2379); routing config per endpoint from
-                                  etcd ('prefixrouter config set'), live
+                                  etcd ('prefixrouter config set'), live; the routing flags
+                                  apply to endpoints with no config in etcd
   --embedded-etcd DIR             start a single-node etcd in this process, serving clients
                                   on --embedded-etcd-client-url so that 'register' and other
                                   replicas can join (local use and demos)
