@@ -138,7 +138,7 @@ func Run(ctx context.Context, cfg Config) (*bench.Comparison, error) {
 				return cmp, fmt.Errorf("demo: switching to %s: %w", st, err)
 			}
 			if wi == 0 && cfg.OverheadProbes > 0 {
-				o, err := bench.MeasureOverhead(ctx, nil, f.RouterURLs(), instanceURLs(f), cfg.OverheadProbes, sim.DefaultBaseModel, string(st))
+				o, err := bench.MeasureOverhead(ctx, nil, f.RouterURLs(), f.InstanceURLs(), cfg.OverheadProbes, sim.DefaultBaseModel, string(st))
 				if err != nil {
 					return cmp, fmt.Errorf("demo: measuring the router's overhead under %s: %w", st, err)
 				}
@@ -175,14 +175,6 @@ func Run(ctx context.Context, cfg Config) (*bench.Comparison, error) {
 	}
 	fmt.Fprintf(cfg.Progress, "demo: reports written to %s/report.{md,json,html}\n", cfg.OutDir)
 	return cmp, nil
-}
-
-func instanceURLs(f *localfleet.Fleet) []string {
-	var out []string
-	for _, in := range f.Instances() {
-		out = append(out, in.URL())
-	}
-	return out
 }
 
 func writeReports(dir string, cmp *bench.Comparison) error {

@@ -369,11 +369,20 @@ func (f *Fleet) RouterURLs() []string {
 	return out
 }
 
-// MetricsURLs are the instances' /metrics URLs.
-func (f *Fleet) MetricsURLs() []string {
+// InstanceURLs are the instances' base URLs.
+func (f *Fleet) InstanceURLs() []string {
 	var out []string
 	for _, in := range f.Instances() {
-		out = append(out, in.URL()+"/metrics")
+		out = append(out, in.URL())
+	}
+	return out
+}
+
+// MetricsURLs are the instances' /metrics URLs.
+func (f *Fleet) MetricsURLs() []string {
+	out := f.InstanceURLs()
+	for i := range out {
+		out[i] += "/metrics"
 	}
 	return out
 }
@@ -444,13 +453,6 @@ func (f *Fleet) IDs() []string {
 		ids = append(ids, in.ID)
 	}
 	return ids
-}
-
-// ResetPrefixCaches empties every instance's prefix cache (between runs).
-func (f *Fleet) ResetPrefixCaches() {
-	for _, in := range f.Instances() {
-		in.Sim.ResetPrefixCache()
-	}
 }
 
 // Close stops everything and waits for it.
