@@ -34,6 +34,11 @@ type State struct {
 	brState   atomic.Int32
 	openUntil atomic.Int64
 	timeout   time.Duration
+	// down is set by active health checks (a HealthChecker) after enough
+	// consecutive failed probes; healthFails counts them. The zero value is
+	// healthy, so instances that are never probed are never marked down.
+	down        atomic.Bool
+	healthFails atomic.Int32
 }
 
 // NewState returns the state of a fresh instance with a closed breaker.
@@ -88,6 +93,25 @@ func (s *State) Load() int64 {
 // breaker whose timeout has passed reports false: the next Allow half-opens it.
 func (s *State) Open() bool {
 	return gobreaker.State(s.brState.Load()) == gobreaker.StateOpen && time.Now().UnixNano() < s.openUntil.Load()
+}
+
+// Healthy reports whether active health checks consider the instance up
+// (always true when it is not probed).
+func (s *State) Healthy() bool { return !s.down.Load() }
+
+// ObserveProbe records the outcome of one health probe: the instance is
+// marked down after threshold consecutive failures (threshold < 1 means 1)
+// and up after one success. It reports whether Healthy changed. Probes of one
+// instance are expected to be serialized (one checker).
+func (s *State) ObserveProbe(ok bool, threshold int) (changed bool) {
+	if ok {
+		s.healthFails.Store(0)
+		return s.down.Swap(false)
+	}
+	if int(s.healthFails.Add(1)) < max(threshold, 1) {
+		return false
+	}
+	return !s.down.Swap(true)
 }
 
 // BreakerState returns the breaker's current state (taking its lock; for

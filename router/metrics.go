@@ -78,6 +78,8 @@ var (
 		"Circuit breaker state of the instance: 0 closed, 1 half-open, 2 open.", []string{"endpoint", "instance"}, nil)
 	externalDesc = prometheus.NewDesc("prefixrouter_instance_external_load",
 		"Load other sources put on the instance, from its /metrics (-1 unknown or not polled).", []string{"endpoint", "instance"}, nil)
+	healthyDesc = prometheus.NewDesc("prefixrouter_instance_healthy",
+		"1 unless active health checks marked the instance down (always 1 when they are off).", []string{"endpoint", "instance"}, nil)
 )
 
 // stateCollector reads per-instance state at scrape time from the current
@@ -88,6 +90,7 @@ func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- inFlightDesc
 	ch <- breakerDesc
 	ch <- externalDesc
+	ch <- healthyDesc
 }
 
 func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
@@ -100,6 +103,11 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(inFlightDesc, prometheus.GaugeValue, float64(iv.state.InFlight()), name, id)
 			ch <- prometheus.MustNewConstMetric(breakerDesc, prometheus.GaugeValue, float64(iv.state.BreakerState()), name, id)
 			ch <- prometheus.MustNewConstMetric(externalDesc, prometheus.GaugeValue, float64(iv.state.ExternalLoad()), name, id)
+			healthy := 0.0
+			if iv.state.Healthy() {
+				healthy = 1
+			}
+			ch <- prometheus.MustNewConstMetric(healthyDesc, prometheus.GaugeValue, healthy, name, id)
 		}
 	}
 }

@@ -62,21 +62,52 @@ func (ev *endpointView) instance(set *lora.Set, i int) *instanceView {
 // false when no instance can take the request. It never blocks and takes no
 // lock beyond the chosen breaker's own.
 func (r *Router) pick(ev *endpointView, set *lora.Set, key uint64, replicas int, skip bitset) (pick, bool) {
+	h := healthFilter{ev: ev, set: set}
 	switch ev.strategy {
 	case fleet.Random:
-		return r.pickRandom(ev, set, skip)
+		return r.pickRandom(ev, set, skip, &h)
 	case fleet.LeastOutstanding:
-		return r.pickLeast(ev, set, skip, DecisionLeastOutstanding)
+		return r.pickLeast(ev, set, skip, &h, DecisionLeastOutstanding)
 	default:
-		return r.pickPrefix(ev, set, key, replicas, skip)
+		return r.pickPrefix(ev, set, key, replicas, skip, &h)
 	}
+}
+
+// healthFilter decides whether a pick skips an instance that active health
+// checks marked down. It fails open: if no instance of the set is healthy,
+// health is ignored, so that a broken health endpoint (or a checker that
+// cannot reach the fleet) does not take the whole set down; the breakers
+// still guard against instances that really fail. The set is scanned at most
+// once per pick, and only when an unhealthy instance is met.
+type healthFilter struct {
+	ev      *endpointView
+	set     *lora.Set
+	decided bool
+	ignore  bool
+}
+
+func (h *healthFilter) skip(iv *instanceView) bool {
+	if iv.state.Healthy() {
+		return false
+	}
+	if !h.decided {
+		h.decided = true
+		h.ignore = true
+		for i := 0; i < h.set.Len(); i++ {
+			if o := h.ev.instance(h.set, i); o != nil && o.state.Healthy() {
+				h.ignore = false
+				break
+			}
+		}
+	}
+	return !h.ignore
 }
 
 // pickPrefix is PREFIX_AWARE: the ring's primary; else the next candidate in
 // the key's ring order with room under the threshold (and, with a balance
 // factor, a load below the balance bound) and a breaker that lets it
 // through; else the least loaded instance whose breaker is closed.
-func (r *Router) pickPrefix(ev *endpointView, set *lora.Set, key uint64, replicas int, skip bitset) (pick, bool) {
+func (r *Router) pickPrefix(ev *endpointView, set *lora.Set, key uint64, replicas int, skip bitset, h *healthFilter) (pick, bool) {
 	n := set.Len()
 	var bound int64 // 0: no balance bound
 	if r.balance > 0 {
@@ -97,7 +128,7 @@ func (r *Router) pickPrefix(ev *endpointView, set *lora.Set, key uint64, replica
 			continue
 		}
 		iv := ev.instance(set, i)
-		if iv == nil {
+		if iv == nil || h.skip(iv) {
 			continue
 		}
 		if done, ok := iv.state.TryAcquireBounded(ev.threshold, replicas, bound); ok {
@@ -108,12 +139,12 @@ func (r *Router) pickPrefix(ev *endpointView, set *lora.Set, key uint64, replica
 			return pick{iv: iv, idx: i, done: done, decision: d}, true
 		}
 	}
-	return r.pickLeast(ev, set, skip, DecisionFallback)
+	return r.pickLeast(ev, set, skip, h, DecisionFallback)
 }
 
 // pickLeast admits the instance with the lowest load among those whose
-// breaker is not open, ties broken at random.
-func (r *Router) pickLeast(ev *endpointView, set *lora.Set, skip bitset, decision string) (pick, bool) {
+// breaker is not open and that are not marked down, ties broken at random.
+func (r *Router) pickLeast(ev *endpointView, set *lora.Set, skip bitset, h *healthFilter, decision string) (pick, bool) {
 	n := set.Len()
 	for {
 		best, ties := -1, 0
@@ -124,7 +155,7 @@ func (r *Router) pickLeast(ev *endpointView, set *lora.Set, skip bitset, decisio
 				continue
 			}
 			iv := ev.instance(set, i)
-			if iv == nil || iv.state.Open() {
+			if iv == nil || iv.state.Open() || h.skip(iv) {
 				continue
 			}
 			l := iv.state.Load()
@@ -150,9 +181,9 @@ func (r *Router) pickLeast(ev *endpointView, set *lora.Set, skip bitset, decisio
 	}
 }
 
-// pickRandom admits a uniformly random instance; if its breaker refuses, the
-// next ones in set order.
-func (r *Router) pickRandom(ev *endpointView, set *lora.Set, skip bitset) (pick, bool) {
+// pickRandom admits a uniformly random instance; if it is marked down or its
+// breaker refuses, the next ones in set order.
+func (r *Router) pickRandom(ev *endpointView, set *lora.Set, skip bitset, h *healthFilter) (pick, bool) {
 	n := set.Len()
 	if n == 0 {
 		return pick{}, false
@@ -164,7 +195,7 @@ func (r *Router) pickRandom(ev *endpointView, set *lora.Set, skip bitset) (pick,
 			continue
 		}
 		iv := ev.instance(set, i)
-		if iv == nil {
+		if iv == nil || h.skip(iv) {
 			continue
 		}
 		if done, ok := iv.state.Acquire(); ok {

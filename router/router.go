@@ -82,6 +82,19 @@ type Options struct {
 	// disables it; otherwise it must be in [1, 10] and is used to 0.001.
 	// See docs/balance.md.
 	BalanceFactor float64
+	// HealthCheckInterval > 0 starts active health checks: every interval,
+	// each instance's HealthCheckPath is fetched (see overload.HealthChecker;
+	// any status below 500 is healthy, so a 404 is) and an instance that
+	// fails overload.DefaultUnhealthyThreshold probes in a row is skipped by
+	// every strategy until a probe succeeds. If no instance of a model's set
+	// is healthy, health is ignored for it (fail open: a broken health
+	// endpoint must not take the fleet down). Explain and Choose's ring
+	// primary do not depend on it. Zero (default) disables it.
+	HealthCheckInterval time.Duration
+	// HealthCheckPath is the path probed; empty means "/health".
+	HealthCheckPath string
+	// HealthCheckTimeout bounds each probe; zero means 1 s.
+	HealthCheckTimeout time.Duration
 }
 
 // Router is an http.Handler routing requests over the current fleet snapshot.
@@ -94,6 +107,7 @@ type Router struct {
 	proxy   *proxy
 	metrics *metrics
 	poller  *overload.Poller
+	health  *overload.HealthChecker
 
 	view atomic.Pointer[view] // nil until the first Update
 
@@ -147,6 +161,15 @@ func New(opts Options) (*Router, error) {
 	if opts.LoadPollInterval < 0 {
 		return nil, fmt.Errorf("router: LoadPollInterval %v is negative", opts.LoadPollInterval)
 	}
+	if opts.HealthCheckInterval < 0 || opts.HealthCheckTimeout < 0 {
+		return nil, fmt.Errorf("router: HealthCheckInterval %v and HealthCheckTimeout %v must not be negative", opts.HealthCheckInterval, opts.HealthCheckTimeout)
+	}
+	if opts.HealthCheckPath == "" {
+		opts.HealthCheckPath = overload.DefaultHealthCheckPath
+	}
+	if opts.HealthCheckTimeout == 0 {
+		opts.HealthCheckTimeout = overload.DefaultHealthCheckTimeout
+	}
 	if f := opts.BalanceFactor; !(f == 0 || (f >= 1 && f <= 10)) {
 		return nil, fmt.Errorf("router: BalanceFactor %v must be 0 (off) or in [1, 10]", f)
 	}
@@ -187,6 +210,20 @@ func New(opts Options) (*Router, error) {
 		}
 		r.poller = p
 	}
+	if opts.HealthCheckInterval > 0 {
+		h, err := overload.NewHealthChecker(overload.HealthCheckerOptions{
+			Interval: opts.HealthCheckInterval,
+			Timeout:  opts.HealthCheckTimeout,
+			Client:   &http.Client{Transport: tr},
+			Targets:  r.healthTargets,
+			Logger:   r.log,
+		})
+		if err != nil {
+			r.Close()
+			return nil, err
+		}
+		r.health = h
+	}
 	return r, nil
 }
 
@@ -208,10 +245,13 @@ func NewTransport(responseHeaderTimeout time.Duration) *http.Transport {
 	}
 }
 
-// Close stops the load poller, if any.
+// Close stops the load poller and the health checker, if any.
 func (r *Router) Close() error {
 	if r.poller != nil {
-		return r.poller.Close()
+		r.poller.Close()
+	}
+	if r.health != nil {
+		r.health.Close()
 	}
 	return nil
 }
@@ -276,7 +316,12 @@ func (r *Router) Snapshot() *fleet.Snapshot {
 	return nil
 }
 
-func (r *Router) pollTargets() []overload.Target {
+func (r *Router) pollTargets() []overload.Target { return r.targets(r.opts.LoadMetricsPath) }
+
+func (r *Router) healthTargets() []overload.Target { return r.targets(r.opts.HealthCheckPath) }
+
+// targets returns path on every pickable, non-draining instance of the view.
+func (r *Router) targets(path string) []overload.Target {
 	v := r.view.Load()
 	if v == nil {
 		return nil
@@ -288,7 +333,7 @@ func (r *Router) pollTargets() []overload.Target {
 				continue
 			}
 			u := *iv.target
-			u.Path = joinPath(u.Path, r.opts.LoadMetricsPath)
+			u.Path = joinPath(u.Path, path)
 			out = append(out, overload.Target{URL: u.String(), State: iv.state})
 		}
 	}

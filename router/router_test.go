@@ -81,13 +81,15 @@ type hopts struct {
 	labels   map[string]string
 	adapters []string
 	balance  float64
+	health   time.Duration // HealthCheckInterval
+	hTimeout time.Duration // HealthCheckTimeout
 }
 
 func newHarness(t *testing.T, o hopts, backends ...*backend) *harness {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	tr := NewTransport(0)
-	r, err := New(Options{DefaultEndpoint: "ep", Registry: reg, Transport: tr, Breaker: o.breaker, MaxBodyBytes: o.maxBody, BalanceFactor: o.balance})
+	r, err := New(Options{DefaultEndpoint: "ep", Registry: reg, Transport: tr, Breaker: o.breaker, MaxBodyBytes: o.maxBody, BalanceFactor: o.balance, HealthCheckInterval: o.health, HealthCheckTimeout: o.hTimeout})
 	if err != nil {
 		t.Fatal(err)
 	}

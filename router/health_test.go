@@ -1,0 +1,224 @@
+package router
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/prefixrouter/prefixrouter/fleet"
+)
+
+// healthHang as a /health status makes the probe block until the client
+// gives up.
+const healthHang = -1
+
+// healthBackend is a backend whose /health answers the status in health
+// (200 initially; healthHang blocks) and counts probes.
+type healthBackend struct {
+	*backend
+	health atomic.Int32
+	probes atomic.Int64
+}
+
+func newHealthBackend(t *testing.T, id string) *healthBackend {
+	t.Helper()
+	hb := &healthBackend{backend: newBackend(t, id)}
+	hb.health.Store(http.StatusOK)
+	hb.handler = func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" {
+			hb.probes.Add(1)
+			code := int(hb.health.Load())
+			if code == healthHang {
+				<-r.Context().Done()
+				return
+			}
+			w.WriteHeader(code)
+			return
+		}
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"id":%q,"path":%q}`, id, r.URL.Path)
+	}
+	return hb
+}
+
+func healthBackends(t *testing.T) []*healthBackend {
+	return []*healthBackend{newHealthBackend(t, "i-a"), newHealthBackend(t, "i-b"), newHealthBackend(t, "i-c")}
+}
+
+func newHealthHarness(t *testing.T, cfg fleet.RoutingConfig, hbs []*healthBackend) *harness {
+	t.Helper()
+	bs := make([]*backend, len(hbs))
+	for i, hb := range hbs {
+		bs[i] = hb.backend
+	}
+	return newHarness(t, hopts{cfg: cfg, health: 20 * time.Millisecond, hTimeout: 100 * time.Millisecond}, bs...)
+}
+
+func healthyGauge(t *testing.T, h *harness, id string) float64 {
+	t.Helper()
+	fams, err := h.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != "prefixrouter_instance_healthy" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "instance" && l.GetValue() == id {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("prefixrouter_instance_healthy{instance=%q} missing", id)
+	return 0
+}
+
+// TestHealthCheckSkipsUnhealthy marks one instance down through its /health
+// (500, or a probe that outlasts the timeout) and checks that every strategy
+// avoids it (PREFIX_AWARE spills to the next candidate when it is the
+// primary) and uses it again once it recovers.
+func TestHealthCheckSkipsUnhealthy(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  fleet.RoutingConfig
+		bad  int32
+	}{
+		{"prefix/500", prefixCfg(100), http.StatusInternalServerError},
+		{"prefix/hang", prefixCfg(100), healthHang},
+		{"random/500", fleet.RoutingConfig{RoutingStrategy: fleet.Random}, http.StatusServiceUnavailable},
+		{"least/hang", fleet.RoutingConfig{RoutingStrategy: fleet.LeastOutstanding}, healthHang},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			hbs := healthBackends(t)
+			h := newHealthHarness(t, tc.cfg, hbs)
+			body := strings.Repeat("health me ", 200)
+			rr, _ := parseRequest(kindInvoke, http.Header{}, []byte(body), 1024)
+			order := ringOrder(t, h, rr.key)
+			var down *healthBackend
+			for _, hb := range hbs {
+				if hb.id == order[0] {
+					down = hb
+				}
+			}
+
+			down.health.Store(tc.bad)
+			before := down.probes.Load()
+			waitFor(t, "instance marked down", func() bool { return !h.state(down.id).Healthy() })
+			if n := down.probes.Load() - before; n < 2 {
+				t.Fatalf("marked down after %d failed probes, want ≥ 2", n)
+			}
+			if g := healthyGauge(t, h, down.id); g != 0 {
+				t.Fatalf("prefixrouter_instance_healthy = %v for a down instance", g)
+			}
+			for range 30 {
+				res := h.mustDo("/invocations", body, nil)
+				if res.status != 200 || res.instance == down.id {
+					t.Fatalf("status %d from %s (%s); %s is down", res.status, res.instance, res.decision, down.id)
+				}
+				if tc.cfg.RoutingStrategy == fleet.PrefixAware && (res.instance != order[1] || res.decision != DecisionSpill) {
+					t.Fatalf("went to %s (%s), want spill to %s", res.instance, res.decision, order[1])
+				}
+			}
+
+			down.health.Store(http.StatusOK)
+			waitFor(t, "instance marked up", func() bool { return h.state(down.id).Healthy() })
+			if g := healthyGauge(t, h, down.id); g != 1 {
+				t.Fatalf("prefixrouter_instance_healthy = %v after recovery", g)
+			}
+			if tc.cfg.RoutingStrategy == fleet.PrefixAware {
+				if res := h.mustDo("/invocations", body, nil); res.instance != order[0] || res.decision != DecisionAffinity {
+					t.Fatalf("after recovery went to %s (%s), want primary %s", res.instance, res.decision, order[0])
+				}
+			} else {
+				waitFor(t, "recovered instance picked again", func() bool {
+					return h.mustDo("/invocations", body, nil).instance == down.id
+				})
+			}
+		})
+	}
+}
+
+// TestHealthCheck404IsHealthy: servers without a health path stay routable.
+func TestHealthCheck404IsHealthy(t *testing.T) {
+	hbs := healthBackends(t)
+	for _, hb := range hbs {
+		hb.health.Store(http.StatusNotFound)
+	}
+	h := newHealthHarness(t, prefixCfg(100), hbs)
+	waitFor(t, "several probe rounds", func() bool { return hbs[0].probes.Load() >= 4 })
+	for _, hb := range hbs {
+		if !h.state(hb.id).Healthy() {
+			t.Fatalf("%s marked down on 404", hb.id)
+		}
+	}
+}
+
+// TestHealthCheckFailsOpen: with every instance down, health is ignored and
+// each strategy routes as if there were no health checks.
+func TestHealthCheckFailsOpen(t *testing.T) {
+	for _, cfg := range []fleet.RoutingConfig{prefixCfg(100), {RoutingStrategy: fleet.Random}, {RoutingStrategy: fleet.LeastOutstanding}} {
+		t.Run(string(cfg.RoutingStrategy), func(t *testing.T) {
+			hbs := healthBackends(t)
+			for _, hb := range hbs {
+				hb.health.Store(http.StatusInternalServerError)
+			}
+			h := newHealthHarness(t, cfg, hbs)
+			for _, hb := range hbs {
+				waitFor(t, hb.id+" marked down", func() bool { return !h.state(hb.id).Healthy() })
+			}
+			body := strings.Repeat("open ", 300)
+			rr, _ := parseRequest(kindInvoke, http.Header{}, []byte(body), 1024)
+			order := ringOrder(t, h, rr.key)
+			for range 10 {
+				res := h.mustDo("/invocations", body, nil)
+				if res.status != 200 {
+					t.Fatalf("status %d with every instance down (fail open)", res.status)
+				}
+				if cfg.RoutingStrategy == fleet.PrefixAware && (res.instance != order[0] || res.decision != DecisionAffinity) {
+					t.Fatalf("went to %s (%s), want primary %s", res.instance, res.decision, order[0])
+				}
+			}
+		})
+	}
+}
+
+// TestHealthCheckerStopsOnClose: the checker's goroutines end with Close.
+func TestHealthCheckerStopsOnClose(t *testing.T) {
+	hb := newHealthBackend(t, "i-a")
+	hb.health.Store(healthHang) // a probe in flight at Close must end too
+	ignore := goleak.IgnoreCurrent()
+	tr := NewTransport(0)
+	r, err := New(Options{DefaultEndpoint: "ep", HealthCheckInterval: 5 * time.Millisecond, HealthCheckTimeout: time.Minute, Transport: tr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Update(fleet.NewSnapshot([]fleet.Endpoint{{Name: "ep", Instances: []fleet.Instance{{ID: "i-a", Addr: hb.srv.URL}}}}, 0, 1, time.Now()))
+	waitFor(t, "a probe in flight", func() bool { return hb.probes.Load() > 0 })
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	tr.CloseIdleConnections()
+	goleak.VerifyNone(t, ignore)
+}
+
+func TestNewValidatesHealthCheck(t *testing.T) {
+	for _, o := range []Options{
+		{DefaultEndpoint: "e", HealthCheckInterval: -time.Second},
+		{DefaultEndpoint: "e", HealthCheckInterval: time.Second, HealthCheckTimeout: -1},
+	} {
+		if r, err := New(o); err == nil {
+			r.Close()
+			t.Errorf("New(%+v) accepted", o)
+		}
+	}
+}
