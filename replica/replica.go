@@ -76,6 +76,11 @@ type Config struct {
 	// headers (0: no bound). A timeout counts against the instance's
 	// breaker; the client gets the router's error answer.
 	UpstreamHeaderTimeout time.Duration
+	// HealthCheckInterval, HealthCheckPath and HealthCheckTimeout configure
+	// active health checks; see router.Options (interval 0: off).
+	HealthCheckInterval time.Duration
+	HealthCheckPath     string
+	HealthCheckTimeout  time.Duration
 }
 
 // Replica is a running router replica.
@@ -132,6 +137,10 @@ func Start(ctx context.Context, cfg Config) (*Replica, error) {
 		Breaker:          cfg.Breaker,
 		LoadPollInterval: cfg.LoadPollInterval,
 		BalanceFactor:    cfg.BalanceFactor,
+
+		HealthCheckInterval: cfg.HealthCheckInterval,
+		HealthCheckPath:     cfg.HealthCheckPath,
+		HealthCheckTimeout:  cfg.HealthCheckTimeout,
 	})
 	if err != nil {
 		return nil, err

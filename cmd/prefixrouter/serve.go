@@ -64,6 +64,9 @@ func newServeCmd() *cobra.Command {
 		loadPoll            time.Duration
 		balance             float64
 		headerTimeout       time.Duration
+		healthInterval      time.Duration
+		healthPath          string
+		healthTimeout       time.Duration
 		startTimeout        time.Duration
 		ttl                 time.Duration
 		shutdown            time.Duration
@@ -105,6 +108,12 @@ share the fleet, and keeps routing on its last good snapshot while etcd is unrea
 			if headerTimeout < 0 {
 				return usageErr("--upstream-header-timeout must not be negative")
 			}
+			if healthInterval < 0 || healthTimeout < 0 {
+				return usageErr("--health-check-interval and --health-check-timeout must not be negative")
+			}
+			if !strings.HasPrefix(healthPath, "/") {
+				return usageErr("--health-check-path %q must start with /", healthPath)
+			}
 			if err := breaker.Validate(); err != nil {
 				return usageErr("%w", err)
 			}
@@ -112,8 +121,9 @@ share the fleet, and keeps routing on its last good snapshot while etcd is unrea
 				ID: replicaID, Listen: listen, AdminListen: adminListen, Endpoint: endpoint,
 				Routing: routing, MaxBodyBytes: maxBody, Breaker: breaker, LoadPollInterval: loadPoll, BalanceFactor: balance,
 				UpstreamHeaderTimeout: headerTimeout,
-				Logger:                logger,
-				Membership:            membership.Options{Layout: ef.layout(), TTL: ttl, Logger: logger},
+				HealthCheckInterval:   healthInterval, HealthCheckPath: healthPath, HealthCheckTimeout: healthTimeout,
+				Logger:     logger,
+				Membership: membership.Options{Layout: ef.layout(), TTL: ttl, Logger: logger},
 			}
 			ctx := cmd.Context()
 			switch {
@@ -182,6 +192,9 @@ share the fleet, and keeps routing on its last good snapshot while etcd is unrea
 	f.DurationVar(&loadPoll, "load-poll-interval", 0, "poll each instance's /metrics (vllm:num_requests_running+waiting) this often and count load from other replicas against the concurrency threshold (0: off)")
 	f.Float64Var(&balance, "balance-factor", 0, "PREFIX_AWARE: no instance takes more than this multiple of its set's average in-flight load; beyond it the request spills to the next candidate in ring order (bounded-load consistent hashing, like HAProxy's hash-balance-factor; 0: off, else 1..10)")
 	f.DurationVar(&headerTimeout, "upstream-header-timeout", 0, "give up on an instance that sends no response headers within this long; counts against its circuit breaker (0: wait indefinitely; a non-streamed generation sends its headers only when it is done, so allow for the longest one)")
+	f.DurationVar(&healthInterval, "health-check-interval", 2*time.Second, "probe each instance's --health-check-path this often; an instance that fails 2 probes in a row (connection error, timeout or status >= 500; a 404 counts as healthy) is skipped until a probe succeeds, unless no instance of the set is healthy (0: off)")
+	f.StringVar(&healthPath, "health-check-path", overload.DefaultHealthCheckPath, "path of the active health check")
+	f.DurationVar(&healthTimeout, "health-check-timeout", overload.DefaultHealthCheckTimeout, "how long a health probe may take before it counts as failed")
 	f.DurationVar(&startTimeout, "startup-timeout", 30*time.Second, "how long to wait for the first fleet snapshot from etcd before giving up")
 	f.DurationVar(&ttl, "ttl", membership.DefaultTTL, "lease TTL of this replica's registration")
 	f.DurationVar(&shutdown, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long to wait for requests in flight")
