@@ -121,9 +121,11 @@ share the fleet, and keeps routing on its last good snapshot while etcd is unrea
 				ID: replicaID, Listen: listen, AdminListen: adminListen, Endpoint: endpoint,
 				Routing: routing, MaxBodyBytes: maxBody, Breaker: breaker, LoadPollInterval: loadPoll, BalanceFactor: balance,
 				UpstreamHeaderTimeout: headerTimeout,
-				HealthCheckInterval:   healthInterval, HealthCheckPath: healthPath, HealthCheckTimeout: healthTimeout,
-				Logger:     logger,
-				Membership: membership.Options{Layout: ef.layout(), TTL: ttl, Logger: logger},
+				HealthCheckInterval:   healthInterval,
+				HealthCheckPath:       healthPath,
+				HealthCheckTimeout:    healthTimeout,
+				Logger:                logger,
+				Membership:            membership.Options{Layout: ef.layout(), TTL: ttl, Logger: logger},
 			}
 			ctx := cmd.Context()
 			switch {
