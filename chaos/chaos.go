@@ -26,6 +26,14 @@ const (
 	EtcdOutage      = "etcd-outage"
 	FailingInstance = "failing-instance"
 	RollingRestart  = "rolling-restart"
+	HungInstance    = "hung-instance"
+)
+
+// Health checks of the chaos fleet's replicas: short, so that the
+// hung-instance scenario detects within a load window.
+const (
+	healthCheckInterval = 100 * time.Millisecond
+	healthCheckTimeout  = 200 * time.Millisecond
 )
 
 var scenarioDocs = []struct{ name, doc string }{
@@ -35,6 +43,7 @@ var scenarioDocs = []struct{ name, doc string }{
 	{EtcdOutage, "stop etcd for a window under load: routing continues on the last snapshot, no request fails; restart etcd, add an instance, every replica converges"},
 	{FailingInstance, "one instance answers 500: its breaker opens, traffic spills to the next candidates; clear the fault: the breaker closes after its open timeout and a probe"},
 	{RollingRestart, "stop (gracefully) and re-add every instance in turn under load: no request fails"},
+	{HungInstance, "freeze one instance (connections accepted, nothing answers; still registered): active health checks mark it down on every replica within 2 probes, new requests avoid it, only requests already sent to it wait; unfreeze: it is marked up and they complete"},
 }
 
 // Scenarios returns the scenario names in the order Run runs them; see
@@ -189,6 +198,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		Routing: fleet.DefaultRoutingConfig(),
 		TTL:     cfg.TTL,
 		Breaker: overload.BreakerSettings{OpenTimeout: cfg.BreakerOpenTimeout},
+		// Opted in for hung-instance; the other scenarios do not depend on
+		// it (a crashed instance is skipped sooner, before its lease ends).
+		HealthCheckInterval: healthCheckInterval,
+		HealthCheckTimeout:  healthCheckTimeout,
 		// Drain quickly: the load's requests last milliseconds.
 		DrainTimeout: 10 * time.Second,
 		Logger:       cfg.Logger,

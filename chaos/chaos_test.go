@@ -124,7 +124,7 @@ func noFailed(t *testing.T, res *Result) {
 // TestScenarios runs the suite on one small fleet and asserts each
 // scenario's properties on the measurements (not only on its own checks).
 func TestScenarios(t *testing.T) {
-	scenarios := []string{ScaleUp, ScaleDown, Crash, EtcdOutage, FailingInstance, RollingRestart}
+	scenarios := []string{ScaleUp, ScaleDown, Crash, EtcdOutage, FailingInstance, RollingRestart, HungInstance}
 	if testing.Short() {
 		scenarios = []string{ScaleUp, ScaleDown, Crash, EtcdOutage}
 	}
@@ -203,6 +203,22 @@ func TestScenarios(t *testing.T) {
 				if !c.Pass {
 					t.Errorf("%s: %s", c.Name, c.Detail)
 				}
+			}
+		})
+		t.Run(HungInstance, func(t *testing.T) {
+			res := rep.Result(HungInstance)
+			hg := res.Hang
+			if !hg.DetectedAll || hg.Detected > 2*time.Second {
+				t.Errorf("%s marked down on every replica: %v after %v", hg.Instance, hg.DetectedAll, hg.Detected)
+			}
+			if hg.AfterDetection == 0 || hg.RoutedToIt != 0 {
+				t.Errorf("%d of %d requests sent after detection went to the frozen %s", hg.RoutedToIt, hg.AfterDetection, hg.Instance)
+			}
+			if !hg.RecoveredAll {
+				t.Errorf("%s not marked up after the unfreeze", hg.Instance)
+			}
+			if res.Load.FailedOther != 0 {
+				t.Errorf("%d failures of requests not sent to the frozen instance: %v", res.Load.FailedOther, res.Load.Examples)
 			}
 		})
 		t.Run(RollingRestart, func(t *testing.T) {

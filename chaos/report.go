@@ -157,6 +157,10 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 			fmt.Fprintf(&b, "- breaker of %s (opens after %d consecutive failures, open timeout %v): open on every replica after %s; 5xx that reached clients before it opened %d, after (failed half-open probes) %d; closed on every replica %s after the fault cleared\n",
 				br.Instance, br.ConsecutiveFailures, br.OpenTimeout, ms(br.Opened), br.ErrorsBeforeOpen, br.ErrorsAfterOpen, ms(br.Closed))
 		}
+		if hg := res.Hang; hg != nil {
+			fmt.Fprintf(&b, "- hang of %s (health checks every %v, timeout %v, down after %d failures): down on every replica after %s; %d requests sent to it before that waited for the unfreeze (longest %s); %d of %d requests sent after detection went to it; up on every replica %s after the unfreeze\n",
+				hg.Instance, hg.Interval, hg.Timeout, hg.UnhealthyThreshold, ms(hg.Detected), hg.Stuck, ms(hg.StuckLongest), hg.RoutedToIt, hg.AfterDetection, ms(hg.Recovered))
+		}
 		for _, ch := range res.Checks {
 			mark := "pass"
 			if !ch.Pass {

@@ -13,6 +13,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/localfleet"
 	"github.com/prefixrouter/prefixrouter/overload"
+	"github.com/prefixrouter/prefixrouter/router"
 )
 
 // convergeTimeout bounds every wait for the replicas to converge: far above
@@ -39,6 +40,7 @@ type Result struct {
 	Load        *Load         `json:"load,omitempty"`
 	Outage      *Outage       `json:"outage,omitempty"`
 	Breaker     *Breaker      `json:"breaker,omitempty"`
+	Hang        *Hang         `json:"hang,omitempty"`
 	// Checks are the properties the scenario promises.
 	Checks []Check `json:"checks"`
 	// Err is set when the scenario could not complete.
@@ -109,6 +111,32 @@ type Breaker struct {
 	ClosedAll bool          `json:"closed_all"`
 }
 
+// Hang describes the hung-instance scenario.
+type Hang struct {
+	Instance string `json:"instance"`
+	// Interval and Timeout of the health checks; UnhealthyThreshold
+	// consecutive failed probes mark an instance down.
+	Interval           time.Duration `json:"interval_ns"`
+	Timeout            time.Duration `json:"timeout_ns"`
+	UnhealthyThreshold int           `json:"unhealthy_threshold"`
+	// Detected is the time from the freeze to every replica marking it down
+	// (DetectedAll false if some replica never did).
+	Detected    time.Duration `json:"detected_ns"`
+	DetectedAll bool          `json:"detected_all"`
+	// Stuck: requests routed to it between the freeze and detection, which
+	// waited until it was unfrozen; StuckLongest the longest of them.
+	Stuck        int           `json:"stuck"`
+	StuckLongest time.Duration `json:"stuck_longest_ns"`
+	// AfterDetection: requests sent between detection and the unfreeze;
+	// RoutedToIt those of them that went to it anyway (promised 0).
+	AfterDetection int `json:"after_detection"`
+	RoutedToIt     int `json:"routed_to_it"`
+	// Recovered is the time from the unfreeze to every replica marking it
+	// up again.
+	Recovered    time.Duration `json:"recovered_ns"`
+	RecoveredAll bool          `json:"recovered_all"`
+}
+
 type suite struct {
 	cfg    Config
 	f      *localfleet.Fleet
@@ -132,6 +160,8 @@ func (s *suite) run(ctx context.Context, name string) *Result {
 		err = s.failingInstance(ctx, res)
 	case RollingRestart:
 		err = s.rollingRestart(ctx, res)
+	case HungInstance:
+		err = s.hungInstance(ctx, res)
 	}
 	res.InstancesAfter = len(s.f.IDs())
 	if err != nil {
@@ -607,5 +637,103 @@ func (s *suite) rollingRestart(ctx context.Context, res *Result) error {
 	agree := after.agreement()
 	res.check("replicas agree", agree == 1, "%.4f%% of keys have the same primary on every replica", 100*agree)
 	noFailures(res, l)
+	return nil
+}
+
+// hungInstance freezes one instance (FaultHang) under load and measures how
+// long the replicas' active health checks take to mark it down, that new
+// requests avoid it afterwards, and that it is marked up once unfrozen.
+func (s *suite) hungInstance(ctx context.Context, res *Result) error {
+	ids := s.f.IDs()
+	if len(ids) < 2 {
+		return fmt.Errorf("chaos: hung-instance needs at least 2 instances, have %d", len(ids))
+	}
+	victim := s.pick(ids)
+	res.Event = "froze " + victim
+	h := &Hang{Instance: victim, Interval: healthCheckInterval, Timeout: healthCheckTimeout, UnhealthyThreshold: overload.DefaultUnhealthyThreshold}
+	res.Hang = h
+	reps := s.f.Replicas()
+	// waitAll polls (bounded) until every replica's view of the victim
+	// satisfies ok and returns the time it took from t0.
+	waitAll := func(t0 time.Time, ok func(router.InstanceState) bool) (time.Duration, bool, error) {
+		for deadline := t0.Add(convergeTimeout); time.Now().Before(deadline); {
+			all := true
+			for _, r := range reps {
+				if st, found := r.Router().InstanceState(s.f.Endpoint(), victim); !found || !ok(st) {
+					all = false
+					break
+				}
+			}
+			if all {
+				return time.Since(t0), true, nil
+			}
+			if err := sleep(ctx, 2*time.Millisecond); err != nil {
+				return 0, false, err
+			}
+		}
+		return 0, false, nil
+	}
+	var t0, detectedAt, unfrozeAt time.Time
+	in := s.f.Instance(victim)
+	l := startLoad(s.f.RouterURLs(), s.cfg.LoadRate, s.cfg.Seed)
+	err := func() error {
+		if err := sleep(ctx, s.cfg.LoadWindow); err != nil {
+			return err
+		}
+		t0 = time.Now()
+		in.SetFault(localfleet.FaultHang)
+		d, all, err := waitAll(t0, func(st router.InstanceState) bool { return !st.Healthy })
+		if err != nil {
+			return err
+		}
+		h.Detected, h.DetectedAll, detectedAt = d, all, time.Now()
+		// Let the traffic run around the frozen instance for a window.
+		if err := sleep(ctx, s.cfg.LoadWindow); err != nil {
+			return err
+		}
+		unfrozeAt = time.Now()
+		in.SetFault(localfleet.FaultNone)
+		d, all, err = waitAll(unfrozeAt, func(st router.InstanceState) bool { return st.Healthy })
+		if err != nil {
+			return err
+		}
+		h.Recovered, h.RecoveredAll = d, all
+		return sleep(ctx, s.cfg.LoadWindow)
+	}()
+	if err != nil {
+		in.SetFault(localfleet.FaultNone)
+		l.stop()
+		return err
+	}
+	recs, skipped := l.stop()
+	// Failures are acceptable only for requests that were sent to the
+	// frozen instance before every replica knew.
+	ld := summarize(recs, skipped, l.stopped.Sub(l.started), &inFlightAt{from: t0, to: detectedAt, instance: victim})
+	res.Load = ld
+	res.Convergence = h.Detected
+	for _, r := range recs {
+		switch {
+		case r.start.Before(t0) || !r.start.Before(unfrozeAt):
+		case r.start.Before(detectedAt):
+			if r.instance == victim && r.end.After(unfrozeAt) {
+				h.Stuck++
+				h.StuckLongest = max(h.StuckLongest, r.end.Sub(r.start))
+			}
+		default:
+			h.AfterDetection++
+			if r.instance == victim {
+				h.RoutedToIt++
+			}
+		}
+	}
+	bound := time.Duration(h.UnhealthyThreshold)*(h.Interval+h.Timeout) + time.Second
+	res.check("marked down on every replica", h.DetectedAll && h.Detected <= bound,
+		"down on every replica %v after the freeze (bound %v: %d × (interval %v + timeout %v) + 1 s)", h.Detected.Round(time.Millisecond), bound, h.UnhealthyThreshold, h.Interval, h.Timeout)
+	res.check("new requests avoid it", h.AfterDetection > 0 && h.RoutedToIt == 0,
+		"%d of %d requests sent after detection went to %s", h.RoutedToIt, h.AfterDetection, victim)
+	res.check("marked up after the unfreeze", h.RecoveredAll, "up on every replica %v after the unfreeze", h.Recovered.Round(time.Millisecond))
+	res.check("no failure but requests sent to it before detection", ld.FailedOther == 0 && ld.Sent > 0,
+		"%d of %d requests failed (%d sent to %s before detection, %d other) %v; %d waited for the unfreeze (longest %v)",
+		ld.Failed, ld.Sent, ld.FailedInFlight, victim, ld.FailedOther, ld.ByKind, h.Stuck, h.StuckLongest.Round(time.Millisecond))
 	return nil
 }

@@ -48,6 +48,11 @@ type Config struct {
 	Breaker          overload.BreakerSettings
 	LoadPollInterval time.Duration
 	BalanceFactor    float64
+	// HealthCheckInterval, HealthCheckPath and HealthCheckTimeout configure
+	// every replica's active health checks (interval 0, the default: off).
+	HealthCheckInterval time.Duration
+	HealthCheckPath     string
+	HealthCheckTimeout  time.Duration
 	// DrainTimeout bounds an instance's graceful stop (default 10 s).
 	DrainTimeout time.Duration
 	// Logger; nil discards.
@@ -79,6 +84,9 @@ type Instance struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	fault  atomic.Int32
+
+	hangMu sync.Mutex    // guards unhang
+	unhang chan struct{} // closed when FaultHang is cleared; nil when not hanging
 }
 
 // Fault is an injected misbehaviour of an instance's HTTP server.
@@ -88,18 +96,53 @@ type Fault int32
 const (
 	FaultNone  Fault = iota
 	FaultError       // answer 500 to every inference request
+	// FaultHang freezes the server as SIGSTOP or a deadlock would: inference
+	// requests and /health block (the connection is accepted, nothing
+	// answers) until the fault is cleared or the client goes away. The
+	// agent keeps the lease, so the instance stays registered.
+	FaultHang
 )
 
 // URL is the instance's base URL.
 func (in *Instance) URL() string { return "http://" + in.addr }
 
-// SetFault injects (or clears, with FaultNone) a fault.
-func (in *Instance) SetFault(f Fault) { in.fault.Store(int32(f)) }
+// SetFault injects (or clears, with FaultNone) a fault. Clearing FaultHang
+// releases the requests it holds.
+func (in *Instance) SetFault(f Fault) {
+	in.hangMu.Lock()
+	defer in.hangMu.Unlock()
+	if f == FaultHang && in.unhang == nil {
+		in.unhang = make(chan struct{})
+	} else if f != FaultHang && in.unhang != nil {
+		close(in.unhang)
+		in.unhang = nil
+	}
+	in.fault.Store(int32(f))
+}
+
+func (in *Instance) hang() <-chan struct{} {
+	in.hangMu.Lock()
+	defer in.hangMu.Unlock()
+	return in.unhang
+}
 
 func (in *Instance) serveHTTP(w http.ResponseWriter, r *http.Request) {
-	if Fault(in.fault.Load()) == FaultError && r.Method == http.MethodPost {
-		http.Error(w, `{"error":{"message":"injected fault","type":"server_error","code":500}}`, http.StatusInternalServerError)
-		return
+	switch Fault(in.fault.Load()) {
+	case FaultError:
+		if r.Method == http.MethodPost {
+			http.Error(w, `{"error":{"message":"injected fault","type":"server_error","code":500}}`, http.StatusInternalServerError)
+			return
+		}
+	case FaultHang:
+		if r.Method == http.MethodPost || r.URL.Path == "/health" {
+			if ch := in.hang(); ch != nil {
+				select {
+				case <-ch:
+				case <-r.Context().Done():
+					return
+				}
+			}
+		}
 	}
 	in.Sim.ServeHTTP(w, r)
 }
@@ -160,6 +203,7 @@ func Start(ctx context.Context, cfg Config) (f *Fleet, err error) {
 			Endpoint: cfg.Endpoint, Client: f.client, Logger: cfg.Logger,
 			Membership: membership.Options{TTL: cfg.TTL, Logger: cfg.Logger},
 			Breaker:    cfg.Breaker, LoadPollInterval: cfg.LoadPollInterval, BalanceFactor: cfg.BalanceFactor,
+			HealthCheckInterval: cfg.HealthCheckInterval, HealthCheckPath: cfg.HealthCheckPath, HealthCheckTimeout: cfg.HealthCheckTimeout,
 		})
 		if err != nil {
 			return nil, err
@@ -325,6 +369,7 @@ func (f *Fleet) remove(in *Instance) {
 // StopInstance stops an instance gracefully, as a SIGTERM to its agent
 // would: draining, waiting for its requests, revoking; then the server stops.
 func (f *Fleet) StopInstance(in *Instance) {
+	in.SetFault(FaultNone) // a frozen server would not drain either; do not wait on it
 	f.remove(in)
 	in.cancel()
 	<-in.done
@@ -465,6 +510,7 @@ func (f *Fleet) Close() {
 		}
 	}
 	for _, in := range f.Instances() {
+		in.SetFault(FaultNone)
 		f.remove(in)
 		in.cancel()
 		<-in.done

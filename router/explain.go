@@ -138,6 +138,8 @@ type InstanceState struct {
 	ExternalLoad int64
 	// Breaker is the state of its circuit breaker.
 	Breaker gobreaker.State
+	// Healthy is false when active health checks marked it down.
+	Healthy bool
 }
 
 // InstanceState reports the live state of an instance of the current
@@ -155,5 +157,5 @@ func (r *Router) InstanceState(endpoint, id string) (st InstanceState, ok bool) 
 	if iv == nil || iv.state == nil {
 		return st, false
 	}
-	return InstanceState{InFlight: iv.state.InFlight(), ExternalLoad: iv.state.ExternalLoad(), Breaker: iv.state.BreakerState()}, true
+	return InstanceState{InFlight: iv.state.InFlight(), ExternalLoad: iv.state.ExternalLoad(), Breaker: iv.state.BreakerState(), Healthy: iv.state.Healthy()}, true
 }

@@ -180,7 +180,7 @@ func TestInstanceState(t *testing.T) {
 			t.Fatalf("InstanceState(%q, %q) ok", tc.endpoint, tc.id)
 		}
 	}
-	want := InstanceState{InFlight: 0, ExternalLoad: -1, Breaker: gobreaker.StateClosed}
+	want := InstanceState{InFlight: 0, ExternalLoad: -1, Breaker: gobreaker.StateClosed, Healthy: true}
 	if st, ok := h.r.InstanceState("ep", "i-a"); !ok || st != want {
 		t.Fatalf("idle: %+v %v, want %+v", st, ok, want)
 	}
