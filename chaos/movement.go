@@ -7,7 +7,7 @@ import (
 	"math/rand/v2"
 
 	"github.com/prefixrouter/prefixrouter/replica"
-	"github.com/prefixrouter/prefixrouter/sim"
+	"github.com/prefixrouter/prefixrouter/internal/sim"
 )
 
 // probeChars is the length of each probe's text: shorter than the default

@@ -11,7 +11,7 @@ import (
 	"github.com/sony/gobreaker/v2"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
-	"github.com/prefixrouter/prefixrouter/localfleet"
+	"github.com/prefixrouter/prefixrouter/internal/localfleet"
 	"github.com/prefixrouter/prefixrouter/overload"
 	"github.com/prefixrouter/prefixrouter/router"
 )

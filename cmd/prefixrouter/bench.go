@@ -8,7 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/prefixrouter/prefixrouter/bench"
+	"github.com/prefixrouter/prefixrouter/internal/bench"
 )
 
 func newBenchCmd() *cobra.Command {

@@ -3,7 +3,7 @@ package main
 import (
 	"github.com/spf13/cobra"
 
-	"github.com/prefixrouter/prefixrouter/demo"
+	"github.com/prefixrouter/prefixrouter/internal/demo"
 )
 
 func newDemoCmd() *cobra.Command {

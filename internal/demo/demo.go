@@ -13,10 +13,10 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/prefixrouter/prefixrouter/bench"
+	"github.com/prefixrouter/prefixrouter/internal/bench"
 	"github.com/prefixrouter/prefixrouter/fleet"
-	"github.com/prefixrouter/prefixrouter/localfleet"
-	"github.com/prefixrouter/prefixrouter/sim"
+	"github.com/prefixrouter/prefixrouter/internal/localfleet"
+	"github.com/prefixrouter/prefixrouter/internal/sim"
 )
 
 // Workload is one preset and how hard to drive it.

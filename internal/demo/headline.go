@@ -4,9 +4,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/prefixrouter/prefixrouter/bench"
+	"github.com/prefixrouter/prefixrouter/internal/bench"
 	"github.com/prefixrouter/prefixrouter/fleet"
-	"github.com/prefixrouter/prefixrouter/sim"
+	"github.com/prefixrouter/prefixrouter/internal/sim"
 )
 
 // The seed benchmark's headline (SageMaker's long-context benchmark, 8,000-token

@@ -4,8 +4,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/prefixrouter/prefixrouter/bench"
-	"github.com/prefixrouter/prefixrouter/sim"
+	"github.com/prefixrouter/prefixrouter/internal/bench"
+	"github.com/prefixrouter/prefixrouter/internal/sim"
 )
 
 func run(label, preset string, p50, p90, hit, rps float64) *bench.Result {

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/prefixrouter/prefixrouter/sim"
+	"github.com/prefixrouter/prefixrouter/internal/sim"
 )
 
 func newSim(t *testing.T, id string, kvTokens int) *httptest.Server {

@@ -1,6 +1,6 @@
 package bench
 
-import "github.com/prefixrouter/prefixrouter/sim"
+import "github.com/prefixrouter/prefixrouter/internal/sim"
 
 // Oracle is one prefix cache of unbounded size that sees the whole request
 // stream: the highest hit rate any routing over any fleet can reach. It

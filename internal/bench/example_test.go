@@ -3,7 +3,7 @@ package bench_test
 import (
 	"fmt"
 
-	"github.com/prefixrouter/prefixrouter/bench"
+	"github.com/prefixrouter/prefixrouter/internal/bench"
 )
 
 // The presets' working sets, and what an unbounded single cache reaches on

@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/prefixrouter/prefixrouter/sim"
+	"github.com/prefixrouter/prefixrouter/internal/sim"
 )
 
 func TestOracle(t *testing.T) {

@@ -23,7 +23,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/membership"
 	"github.com/prefixrouter/prefixrouter/overload"
 	"github.com/prefixrouter/prefixrouter/replica"
-	"github.com/prefixrouter/prefixrouter/sim"
+	"github.com/prefixrouter/prefixrouter/internal/sim"
 )
 
 // Config describes the deployment. Zero values mean the documented defaults.

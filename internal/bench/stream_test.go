@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/prefixrouter/prefixrouter/sim"
+	"github.com/prefixrouter/prefixrouter/internal/sim"
 )
 
 func take(t *testing.T, p Preset, seed int64, o StreamOptions, n int) []Request {

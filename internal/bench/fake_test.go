@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prefixrouter/prefixrouter/sim"
+	"github.com/prefixrouter/prefixrouter/internal/sim"
 )
 
 // fakeServer is a loopback model server speaking vLLM's SSE shape, with
