@@ -19,7 +19,6 @@ import (
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/selector"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/sony/gobreaker/v2"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
@@ -29,6 +28,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/admin/adminpb"
 	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/overload"
 )
 
 // SnapshotSource gives the fleet snapshot the router routes with now (nil
@@ -37,21 +37,11 @@ type SnapshotSource interface {
 	Snapshot() *fleet.Snapshot
 }
 
-// InstanceState is one instance's live state on this router replica.
-type InstanceState struct {
-	// InFlight is the number of requests this replica has in flight on it.
-	InFlight int64
-	// ExternalLoad is its load from other sources as last polled; -1 when
-	// unknown.
-	ExternalLoad int64
-	// Breaker is the state of its circuit breaker.
-	Breaker gobreaker.State
-}
-
-// InstanceStateSource reports an instance's live state; ok is false when the
-// replica keeps no state for it (yet).
-type InstanceStateSource interface {
-	InstanceState(endpoint, id string) (st InstanceState, ok bool)
+// StatusSource reports an instance's live status on this replica; ok is
+// false when the replica keeps none for it (yet). The router's Status method
+// satisfies it.
+type StatusSource interface {
+	Status(endpoint, id string) (st overload.Status, ok bool)
 }
 
 // ConfigStore reads and writes endpoints' routing configurations (etcd, via
@@ -104,8 +94,9 @@ type Explainer interface {
 type Options struct {
 	// Snapshots gives the current fleet snapshot. Required.
 	Snapshots SnapshotSource
-	// States adds per-instance live state to GetFleet; nil leaves it out.
-	States InstanceStateSource
+	// Statuses adds each instance's live status to GetFleet; nil leaves it
+	// out.
+	Statuses StatusSource
 	// Configs stores routing configurations; nil means the router runs
 	// without etcd (static fleet): SetRoutingConfig answers Unavailable and
 	// GetRoutingConfig answers from the snapshot.

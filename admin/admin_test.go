@@ -27,6 +27,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/admin"
 	"github.com/prefixrouter/prefixrouter/admin/adminpb"
 	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/overload"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -39,9 +40,9 @@ type snapSource struct {
 
 func (s *snapSource) Snapshot() *fleet.Snapshot { return s.p.Load() }
 
-type stateSource map[string]admin.InstanceState // key endpoint/id
+type statusSource map[string]overload.Status // key endpoint/id
 
-func (s stateSource) InstanceState(endpoint, id string) (admin.InstanceState, bool) {
+func (s statusSource) Status(endpoint, id string) (overload.Status, bool) {
 	st, ok := s[endpoint+"/"+id]
 	return st, ok
 }
@@ -202,9 +203,9 @@ func wantCode(t *testing.T, err error, code codes.Code, msg string) {
 // --- RPCs ---
 
 func TestGetFleet(t *testing.T) {
-	h := start(t, admin.Options{States: stateSource{
-		"chat/i-a": {InFlight: 3, ExternalLoad: -1, Breaker: gobreaker.StateOpen},
-		"chat/i-b": {InFlight: 0, ExternalLoad: 5, Breaker: gobreaker.StateHalfOpen},
+	h := start(t, admin.Options{Statuses: statusSource{
+		"chat/i-a": {ID: "i-a", InFlight: 3, ExternalLoad: -1, Breaker: gobreaker.StateOpen, Healthy: true},
+		"chat/i-b": {ID: "i-b", InFlight: 0, ExternalLoad: 5, Breaker: gobreaker.StateHalfOpen, Healthy: false},
 	}})
 	resp, err := h.client.GetFleet(ctx(t), &adminpb.GetFleetRequest{})
 	if err != nil {

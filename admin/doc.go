@@ -6,7 +6,7 @@
 //
 //	srv, err := admin.NewServer(admin.Options{
 //		Snapshots: rt,                 // Snapshot() *fleet.Snapshot
-//		States:    states,             // optional: in-flight and breaker per instance
+//		Statuses:  rt,                 // optional: Status(endpoint, id) overload.Status per instance
 //		Configs:   store,              // nil with a static fleet: SetRoutingConfig → Unavailable
 //		Explainer: explainer,          // optional: ExplainRoute
 //		Ready:     rt.Ready,           // health service status

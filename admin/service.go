@@ -77,8 +77,8 @@ func (s *service) instanceToPB(endpoint string, in fleet.Instance) *adminpb.Inst
 	if !in.RegisteredAt.IsZero() {
 		pi.RegisteredAt = timestamppb.New(in.RegisteredAt)
 	}
-	if s.o.States != nil {
-		if st, ok := s.o.States.InstanceState(endpoint, in.ID); ok {
+	if s.o.Statuses != nil {
+		if st, ok := s.o.Statuses.Status(endpoint, in.ID); ok {
 			pi.State = &adminpb.InstanceState{
 				InFlight:     st.InFlight,
 				ExternalLoad: st.ExternalLoad,

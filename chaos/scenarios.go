@@ -13,7 +13,6 @@ import (
 	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/internal/localfleet"
 	"github.com/prefixrouter/prefixrouter/overload"
-	"github.com/prefixrouter/prefixrouter/router"
 )
 
 // convergeTimeout bounds every wait for the replicas to converge: far above
@@ -536,7 +535,7 @@ func (s *suite) failingInstance(ctx context.Context, res *Result) error {
 				if !openedAt[i].IsZero() {
 					continue
 				}
-				if st, ok := r.Router().InstanceState(s.f.Endpoint(), victim); ok && st.Breaker == gobreaker.StateOpen {
+				if st, ok := r.Router().Status(s.f.Endpoint(), victim); ok && st.Breaker == gobreaker.StateOpen {
 					openedAt[i] = time.Now()
 				} else {
 					all = false
@@ -561,7 +560,7 @@ func (s *suite) failingInstance(ctx context.Context, res *Result) error {
 		for time.Now().Before(deadline) {
 			all := true
 			for _, r := range reps {
-				if st, ok := r.Router().InstanceState(s.f.Endpoint(), victim); !ok || st.Breaker != gobreaker.StateClosed {
+				if st, ok := r.Router().Status(s.f.Endpoint(), victim); !ok || st.Breaker != gobreaker.StateClosed {
 					all = false
 				}
 			}
@@ -655,11 +654,11 @@ func (s *suite) hungInstance(ctx context.Context, res *Result) error {
 	reps := s.f.Replicas()
 	// waitAll polls (bounded) until every replica's view of the victim
 	// satisfies ok and returns the time it took from t0.
-	waitAll := func(t0 time.Time, ok func(router.InstanceState) bool) (time.Duration, bool, error) {
+	waitAll := func(t0 time.Time, ok func(overload.Status) bool) (time.Duration, bool, error) {
 		for deadline := t0.Add(convergeTimeout); time.Now().Before(deadline); {
 			all := true
 			for _, r := range reps {
-				if st, found := r.Router().InstanceState(s.f.Endpoint(), victim); !found || !ok(st) {
+				if st, found := r.Router().Status(s.f.Endpoint(), victim); !found || !ok(st) {
 					all = false
 					break
 				}
@@ -682,7 +681,7 @@ func (s *suite) hungInstance(ctx context.Context, res *Result) error {
 		}
 		t0 = time.Now()
 		in.SetFault(localfleet.FaultHang)
-		d, all, err := waitAll(t0, func(st router.InstanceState) bool { return !st.Healthy })
+		d, all, err := waitAll(t0, func(st overload.Status) bool { return !st.Healthy })
 		if err != nil {
 			return err
 		}
@@ -693,7 +692,7 @@ func (s *suite) hungInstance(ctx context.Context, res *Result) error {
 		}
 		unfrozeAt = time.Now()
 		in.SetFault(localfleet.FaultNone)
-		d, all, err = waitAll(unfrozeAt, func(st router.InstanceState) bool { return st.Healthy })
+		d, all, err = waitAll(unfrozeAt, func(st overload.Status) bool { return st.Healthy })
 		if err != nil {
 			return err
 		}

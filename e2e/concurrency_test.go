@@ -151,7 +151,7 @@ func optionReplicas(t *testing.T, opt string, T int, bs []*backend, clusters map
 		waitFor(t, 10*time.Second, "every replica polled every instance", func() bool {
 			return c.everyReplica(func(r *replica.Replica) bool {
 				for _, b := range bs {
-					if st, ok := r.Router().InstanceState(ep, b.id); !ok || st.ExternalLoad < 0 {
+					if st, ok := r.Router().Status(ep, b.id); !ok || st.ExternalLoad < 0 {
 						return false
 					}
 				}

@@ -103,7 +103,7 @@ func TestGracefulStopNoFailedRequest(t *testing.T) {
 	// response body).
 	waitFor(t, 10*time.Second, "requests on the draining instance finished", func() bool {
 		return leaving.inFlight.Load() == 0 && c.everyReplica(func(r *replica.Replica) bool {
-			st, ok := r.Router().InstanceState(ep, leaving.id)
+			st, ok := r.Router().Status(ep, leaving.id)
 			return ok && st.InFlight == 0
 		})
 	})

@@ -73,9 +73,9 @@ func (e *StatusError) Error() string {
 // context.Canceled it is neither a success nor a failure of the instance.
 var ErrClientGone = errors.New("overload: client went away")
 
-// Status converts an upstream status code into the error a done callback
+// UpstreamStatus converts an upstream status code into the error a done callback
 // takes: nil for success, a *StatusError otherwise.
-func Status(code int) error {
+func UpstreamStatus(code int) error {
 	if code < 500 {
 		return nil
 	}

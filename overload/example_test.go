@@ -18,7 +18,7 @@ func ExampleState_TryAcquire() {
 	done, ok := st.TryAcquire(1, 1)
 	_, again := st.TryAcquire(1, 1)
 	fmt.Println(ok, again, st.InFlight())
-	done(overload.Status(200)) // the response ended
+	done(overload.UpstreamStatus(200)) // the response ended
 	fmt.Println(st.InFlight())
 	// Output:
 	// true false 1

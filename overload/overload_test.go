@@ -28,14 +28,14 @@ func TestIsFailure(t *testing.T) {
 		excluded bool
 	}{
 		{"success", nil, false, false},
-		{"200", Status(200), false, false},
-		{"404", Status(404), false, false},
-		{"429", Status(429), false, false},
-		{"500", Status(500), true, false},
-		{"501", Status(501), false, false},
-		{"502", Status(502), true, false},
-		{"503", Status(503), true, false},
-		{"505", Status(505), false, false},
+		{"200", UpstreamStatus(200), false, false},
+		{"404", UpstreamStatus(404), false, false},
+		{"429", UpstreamStatus(429), false, false},
+		{"500", UpstreamStatus(500), true, false},
+		{"501", UpstreamStatus(501), false, false},
+		{"502", UpstreamStatus(502), true, false},
+		{"503", UpstreamStatus(503), true, false},
+		{"505", UpstreamStatus(505), false, false},
 		{"dial", dial, true, false},
 		{"timeout", context.DeadlineExceeded, true, false},
 		{"client canceled", context.Canceled, false, true},
@@ -223,8 +223,8 @@ func TestBreakerOpensAndRecovers(t *testing.T) {
 		}
 		d(dial)
 	}
-	if !s.Open() || s.BreakerState() != gobreaker.StateOpen {
-		t.Fatalf("breaker not open after 3 failures: %v", s.BreakerState())
+	if !s.Open() || s.Status().Breaker != gobreaker.StateOpen {
+		t.Fatalf("breaker not open after 3 failures: %v", s.Status().Breaker)
 	}
 	if _, ok := s.Acquire(); ok {
 		t.Fatal("open breaker admitted")
@@ -241,7 +241,7 @@ func TestBreakerOpensAndRecovers(t *testing.T) {
 		t.Fatal("half-open breaker admitted a second probe")
 	}
 	probe(nil)
-	if st := s.BreakerState(); st != gobreaker.StateClosed {
+	if st := s.Status().Breaker; st != gobreaker.StateClosed {
 		t.Fatalf("breaker %v after a successful probe, want closed", st)
 	}
 	if n := s.InFlight(); n != 0 {
@@ -258,22 +258,22 @@ func TestClientCancelIsNotAFailure(t *testing.T) {
 		}
 		d(fmt.Errorf("proxy: %w", context.Canceled))
 	}
-	if st := s.BreakerState(); st != gobreaker.StateClosed {
+	if st := s.Status().Breaker; st != gobreaker.StateClosed {
 		t.Fatalf("breaker %v after client cancels", st)
 	}
 	// 4xx and 501 are the client's fault too.
 	for _, code := range []int{400, 404, 413, 501, 505} {
 		d, _ := s.Acquire()
-		d(Status(code))
+		d(UpstreamStatus(code))
 	}
-	if st := s.BreakerState(); st != gobreaker.StateClosed {
+	if st := s.Status().Breaker; st != gobreaker.StateClosed {
 		t.Fatalf("breaker %v after client errors", st)
 	}
 	for range 2 {
 		d, _ := s.Acquire()
-		d(Status(503))
+		d(UpstreamStatus(503))
 	}
-	if st := s.BreakerState(); st != gobreaker.StateOpen {
+	if st := s.Status().Breaker; st != gobreaker.StateOpen {
 		t.Fatalf("breaker %v after two 503s, want open", st)
 	}
 }

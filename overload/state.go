@@ -12,9 +12,10 @@ import (
 
 // Done reports the outcome of an admitted request and releases its in-flight
 // slot. The proxy calls it exactly once when the response (or the stream)
-// has ended; later calls are ignored. Pass nil for success, Status(code) for
-// an upstream status, the transport error otherwise, or an error wrapping
-// context.Canceled / ErrClientGone when the client went away.
+// has ended; later calls are ignored. Pass nil for success,
+// UpstreamStatus(code) for an upstream status, the transport error otherwise,
+// or an error wrapping context.Canceled / ErrClientGone when the client went
+// away.
 type Done func(err error)
 
 // State is one instance's load and breaker. All methods are safe for
@@ -113,10 +114,6 @@ func (s *State) ObserveProbe(ok bool, threshold int) (changed bool) {
 	}
 	return !s.down.Swap(true)
 }
-
-// BreakerState returns the breaker's current state (taking its lock; for
-// metrics and tests).
-func (s *State) BreakerState() gobreaker.State { return s.breaker.State() }
 
 // ReplicaShare returns a replica's share of a per-instance threshold t when r
 // router replicas route independently: max(1, ceil(t/r)). Each replica only

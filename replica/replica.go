@@ -182,7 +182,7 @@ func Start(ctx context.Context, cfg Config) (*Replica, error) {
 
 	aopts := admin.Options{
 		Snapshots: r.router,
-		States:    instanceStates{r.router},
+		Statuses:  r.router,
 		Explainer: explainer{r.router},
 		Ready:     r.router.Ready,
 		Registry:  cfg.Registry,
@@ -339,14 +339,6 @@ func (r *Replica) stopAdmin(ctx context.Context) {
 		r.adminRPC.Stop()
 		<-stopped
 	}
-}
-
-// instanceStates adapts the router's per-instance state to the admin API.
-type instanceStates struct{ r *router.Router }
-
-func (s instanceStates) InstanceState(endpoint, id string) (admin.InstanceState, bool) {
-	st, ok := s.r.InstanceState(endpoint, id)
-	return admin.InstanceState{InFlight: st.InFlight, ExternalLoad: st.ExternalLoad, Breaker: st.Breaker}, ok
 }
 
 // configStore reads and writes routing configs in etcd; every replica

@@ -332,7 +332,7 @@ func TestUpstreamHeaderTimeout(t *testing.T) {
 	if resp.StatusCode != http.StatusFailedDependency || time.Since(start) > 10*time.Second {
 		t.Fatalf("status %d after %v; want 424 soon after the 200 ms timeout", resp.StatusCode, time.Since(start))
 	}
-	st, ok := rep.Router().InstanceState("chat", "hung")
+	st, ok := rep.Router().Status("chat", "hung")
 	if !ok || st.InFlight != 0 {
 		t.Fatalf("instance state %+v %v: the slot must be released", st, ok)
 	}

@@ -134,7 +134,7 @@ func TestNoInstance(t *testing.T) {
 			t.Fatal("424 without the instance header")
 		}
 		for _, id := range []string{"d1", "d2", "d3"} {
-			if st := h.state(id).BreakerState(); st != gobreaker.StateOpen {
+			if st := h.state(id).Status().Breaker; st != gobreaker.StateOpen {
 				t.Fatalf("%s breaker %v", id, st)
 			}
 		}
@@ -210,7 +210,7 @@ func TestClientCancelIsNotAFailure(t *testing.T) {
 	resp.Body.Close()
 	waitFor(t, "stream slot released", func() bool { return h2.state("i-s").InFlight() == 0 })
 	for _, st := range []*overload.State{h.state("i-a"), h2.state("i-s")} {
-		if s := st.BreakerState(); s != gobreaker.StateClosed {
+		if s := st.Status().Breaker; s != gobreaker.StateClosed {
 			t.Fatalf("%s breaker %v after client cancels", st.ID(), s)
 		}
 	}
@@ -241,10 +241,10 @@ func TestUpstream5xxCountsAndPassesThrough(t *testing.T) {
 			t.Fatalf("status %d body %s instance %q", res.status, res.body, res.instance)
 		}
 	}
-	if st := h.state("i-a").BreakerState(); st != gobreaker.StateClosed {
+	if st := h.state("i-a").Status().Breaker; st != gobreaker.StateClosed {
 		t.Fatalf("breaker %v after two 503s (threshold 3)", st)
 	}
 	h.mustDo("/invocations", "x", nil)
 	// The proxy reports the outcome after the client has the response.
-	waitFor(t, "breaker open after three 503s", func() bool { return h.state("i-a").BreakerState() == gobreaker.StateOpen })
+	waitFor(t, "breaker open after three 503s", func() bool { return h.state("i-a").Status().Breaker == gobreaker.StateOpen })
 }

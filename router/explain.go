@@ -8,10 +8,9 @@ import (
 	"net/http"
 	"strings"
 
-	"github.com/sony/gobreaker/v2"
-
 	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/lora"
+	"github.com/prefixrouter/prefixrouter/overload"
 )
 
 // Errors of Explain and Choose, for errors.Is. An unknown model wraps
@@ -129,22 +128,9 @@ func (r *Router) Choose(endpoint string, req *http.Request) (string, error) {
 	return ex.Instance, nil
 }
 
-// InstanceState is one instance's live state on this router.
-type InstanceState struct {
-	// InFlight is the number of requests this router has in flight on it.
-	InFlight int64
-	// ExternalLoad is its load from other sources as last polled; -1 when
-	// unknown (no poller, or the last scrape failed).
-	ExternalLoad int64
-	// Breaker is the state of its circuit breaker.
-	Breaker gobreaker.State
-	// Healthy is false when active health checks marked it down.
-	Healthy bool
-}
-
-// InstanceState reports the live state of an instance of the current
-// snapshot; ok is false when the endpoint or the instance is not in it.
-func (r *Router) InstanceState(endpoint, id string) (st InstanceState, ok bool) {
+// Status reports the live status of an instance of the current snapshot; ok
+// is false when the endpoint or the instance is not in it.
+func (r *Router) Status(endpoint, id string) (st overload.Status, ok bool) {
 	v := r.view.Load()
 	if v == nil {
 		return st, false
@@ -157,5 +143,5 @@ func (r *Router) InstanceState(endpoint, id string) (st InstanceState, ok bool) 
 	if iv == nil || iv.state == nil {
 		return st, false
 	}
-	return InstanceState{InFlight: iv.state.InFlight(), ExternalLoad: iv.state.ExternalLoad(), Breaker: iv.state.BreakerState(), Healthy: iv.state.Healthy()}, true
+	return iv.state.Status(), true
 }

@@ -132,8 +132,8 @@ func TestExplainErrors(t *testing.T) {
 	if _, err := r.Explain("ep", "/invocations", nil, nil); !errors.Is(err, ErrNoInstance) {
 		t.Fatalf("no snapshot: %v", err)
 	}
-	if _, ok := r.InstanceState("ep", "i-a"); ok {
-		t.Fatal("InstanceState ok with no snapshot")
+	if _, ok := r.Status("ep", "i-a"); ok {
+		t.Fatal("Status ok with no snapshot")
 	}
 }
 
@@ -169,19 +169,19 @@ func TestExplainCandidatesBounded(t *testing.T) {
 	}
 }
 
-func TestInstanceState(t *testing.T) {
+func TestStatus(t *testing.T) {
 	bs := []*backend{newBackend(t, "i-a"), newBackend(t, "i-b")}
 	h := newHarness(t, hopts{cfg: prefixCfg(10), breaker: overload.BreakerSettings{ConsecutiveFailures: 1, OpenTimeout: time.Minute}}, bs...)
 	h.ep.Instances = append(h.ep.Instances, fleet.Instance{ID: "i-dead", Addr: "http://" + deadAddr(t)})
 	h.update()
 
 	for _, tc := range []struct{ endpoint, id string }{{"nope", "i-a"}, {"ep", "nope"}} {
-		if _, ok := h.r.InstanceState(tc.endpoint, tc.id); ok {
-			t.Fatalf("InstanceState(%q, %q) ok", tc.endpoint, tc.id)
+		if _, ok := h.r.Status(tc.endpoint, tc.id); ok {
+			t.Fatalf("Status(%q, %q) ok", tc.endpoint, tc.id)
 		}
 	}
-	want := InstanceState{InFlight: 0, ExternalLoad: -1, Breaker: gobreaker.StateClosed, Healthy: true}
-	if st, ok := h.r.InstanceState("ep", "i-a"); !ok || st != want {
+	want := overload.Status{ID: "i-a", InFlight: 0, ExternalLoad: -1, Breaker: gobreaker.StateClosed, Healthy: true}
+	if st, ok := h.r.Status("ep", "i-a"); !ok || st != want {
 		t.Fatalf("idle: %+v %v, want %+v", st, ok, want)
 	}
 
@@ -201,14 +201,14 @@ func TestInstanceState(t *testing.T) {
 		done <- res
 	}()
 	waitFor(t, "blocked request", func() bool { return h.bySrvID[ex.Instance].blocked.Load() == 1 })
-	if st, ok := h.r.InstanceState("ep", ex.Instance); !ok || st.InFlight != 1 {
+	if st, ok := h.r.Status("ep", ex.Instance); !ok || st.InFlight != 1 {
 		t.Fatalf("blocked: %+v %v, want 1 in flight", st, ok)
 	}
 	close(h.bySrvID[ex.Instance].release)
 	if res := <-done; res.status != http.StatusOK {
 		t.Fatalf("blocked request: status %d", res.status)
 	}
-	waitFor(t, "slot released", func() bool { st, _ := h.r.InstanceState("ep", ex.Instance); return st.InFlight == 0 })
+	waitFor(t, "slot released", func() bool { st, _ := h.r.Status("ep", ex.Instance); return st.InFlight == 0 })
 
 	// One dial failure opens the dead instance's breaker (the request is
 	// retried elsewhere).
@@ -216,7 +216,7 @@ func TestInstanceState(t *testing.T) {
 	if res := h.mustDo("/invocations", "x", map[string]string{HeaderTenant: tenant}); res.status != http.StatusOK {
 		t.Fatalf("status %d", res.status)
 	}
-	if st, ok := h.r.InstanceState("ep", "i-dead"); !ok || st.Breaker != gobreaker.StateOpen {
+	if st, ok := h.r.Status("ep", "i-dead"); !ok || st.Breaker != gobreaker.StateOpen {
 		t.Fatalf("dead instance: %+v %v, want breaker open", st, ok)
 	}
 }

@@ -100,11 +100,12 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for name, ev := range v.endpoints {
 		for id, iv := range ev.instances {
-			ch <- prometheus.MustNewConstMetric(inFlightDesc, prometheus.GaugeValue, float64(iv.state.InFlight()), name, id)
-			ch <- prometheus.MustNewConstMetric(breakerDesc, prometheus.GaugeValue, float64(iv.state.BreakerState()), name, id)
-			ch <- prometheus.MustNewConstMetric(externalDesc, prometheus.GaugeValue, float64(iv.state.ExternalLoad()), name, id)
+			st := iv.state.Status()
+			ch <- prometheus.MustNewConstMetric(inFlightDesc, prometheus.GaugeValue, float64(st.InFlight), name, id)
+			ch <- prometheus.MustNewConstMetric(breakerDesc, prometheus.GaugeValue, float64(st.Breaker), name, id)
+			ch <- prometheus.MustNewConstMetric(externalDesc, prometheus.GaugeValue, float64(st.ExternalLoad), name, id)
 			healthy := 0.0
-			if iv.state.Healthy() {
+			if st.Healthy {
 				healthy = 1
 			}
 			ch <- prometheus.MustNewConstMetric(healthyDesc, prometheus.GaugeValue, healthy, name, id)

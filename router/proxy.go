@@ -142,7 +142,7 @@ func (a *attempt) finish(clientCtx context.Context, aborted bool) {
 	case aborted:
 		outcome = overload.ErrClientGone // the write to the client failed
 	default:
-		outcome = overload.Status(a.status)
+		outcome = overload.UpstreamStatus(a.status)
 	}
 	if a.cur.done != nil {
 		a.cur.done(outcome)
@@ -160,7 +160,7 @@ func (p *proxy) modifyResponse(resp *http.Response) error {
 	a.status = resp.StatusCode
 	resp.Header.Set(HeaderInstance, a.cur.iv.inst.ID)
 	resp.Header.Set(HeaderDecision, a.cur.decision)
-	if overload.IsFailure(overload.Status(resp.StatusCode)) {
+	if overload.IsFailure(overload.UpstreamStatus(resp.StatusCode)) {
 		p.r.metrics.upstreamErrors.WithLabelValues(a.endpoint, errKindStatus).Inc()
 	}
 	resp.Body = &trackedBody{ReadCloser: resp.Body, a: a}

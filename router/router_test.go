@@ -346,8 +346,8 @@ func TestDeadBackendSkippedAndBreaker(t *testing.T) {
 		}
 	}
 	st := h.state("i-dead")
-	if st.BreakerState() != gobreaker.StateOpen {
-		t.Fatalf("breaker %v after 2 dial errors", st.BreakerState())
+	if st.Status().Breaker != gobreaker.StateOpen {
+		t.Fatalf("breaker %v after 2 dial errors", st.Status().Breaker)
 	}
 	// Open: skipped without a dial.
 	res := h.mustDo("/invocations", body, hdr)
@@ -369,8 +369,8 @@ func TestDeadBackendSkippedAndBreaker(t *testing.T) {
 	waitFor(t, "probe to the revived instance", func() bool {
 		return h.mustDo("/invocations", body, hdr).instance == "i-dead"
 	})
-	if st.BreakerState() != gobreaker.StateClosed {
-		t.Fatalf("breaker %v after a successful probe", st.BreakerState())
+	if st.Status().Breaker != gobreaker.StateClosed {
+		t.Fatalf("breaker %v after a successful probe", st.Status().Breaker)
 	}
 	if res := h.mustDo("/invocations", body, hdr); res.instance != "i-dead" || res.decision != DecisionAffinity {
 		t.Fatalf("after recovery: %s %s", res.instance, res.decision)
