@@ -14,8 +14,8 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/internal/localfleet"
-	"github.com/prefixrouter/prefixrouter/overload"
 	"github.com/prefixrouter/prefixrouter/internal/sim"
+	"github.com/prefixrouter/prefixrouter/overload"
 )
 
 // Scenario names, in the order Run runs them.

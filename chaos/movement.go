@@ -6,8 +6,8 @@ import (
 	"math"
 	"math/rand/v2"
 
-	"github.com/prefixrouter/prefixrouter/replica"
 	"github.com/prefixrouter/prefixrouter/internal/sim"
+	"github.com/prefixrouter/prefixrouter/replica"
 )
 
 // probeChars is the length of each probe's text: shorter than the default

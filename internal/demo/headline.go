@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/prefixrouter/prefixrouter/internal/bench"
 	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/internal/bench"
 	"github.com/prefixrouter/prefixrouter/internal/sim"
 )
 

@@ -20,10 +20,10 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/agent"
 	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/internal/sim"
 	"github.com/prefixrouter/prefixrouter/membership"
 	"github.com/prefixrouter/prefixrouter/overload"
 	"github.com/prefixrouter/prefixrouter/replica"
-	"github.com/prefixrouter/prefixrouter/internal/sim"
 )
 
 // Config describes the deployment. Zero values mean the documented defaults.
