@@ -139,9 +139,10 @@ type endpointView struct {
 }
 
 type instanceView struct {
-	inst   *fleet.Instance
-	target *url.URL // parsed Addr; nil if it does not parse (never picked)
-	state  *overload.State
+	inst     *fleet.Instance
+	target   *url.URL // parsed Addr; nil if it does not parse (never picked)
+	hostPort string   // target's host:port, what a proxy connects to (see Pick)
+	state    *overload.State
 }
 
 // New returns a router with no fleet: it answers 503 until Update.
@@ -296,6 +297,9 @@ func (r *Router) Update(s *fleet.Snapshot) {
 				u = nil
 			}
 			iv := &instanceView{inst: in, target: u, state: states[in.ID]}
+			if u != nil {
+				iv.hostPort = hostPort(u)
+			}
 			ev.instances[in.ID] = iv
 			ev.byPtr[in] = iv
 			if !in.Draining {
