@@ -108,7 +108,7 @@ func startCluster(t *testing.T, insts []fleet.Instance, opts extproc.Options) *c
 
 func (c *cluster) inFlight(t *testing.T, addr string) int64 {
 	t.Helper()
-	st, ok := c.router.InstanceState(endpoint, c.ids[addr])
+	st, ok := c.router.Status(endpoint, c.ids[addr])
 	if !ok {
 		t.Fatalf("no instance at %s", addr)
 	}

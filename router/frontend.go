@@ -260,7 +260,7 @@ func (p *Picked) Done(status int) {
 	if p.r == nil {
 		return
 	}
-	outcome := overload.Status(status)
+	outcome := overload.UpstreamStatus(status)
 	if status == 0 {
 		outcome = context.Canceled
 		status = statusClientClosed
