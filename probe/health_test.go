@@ -1,0 +1,165 @@
+package probe
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+
+	"github.com/prefixrouter/prefixrouter/overload"
+)
+
+var _ Instance = (*overload.State)(nil)
+
+func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// TestHealthRound runs health rounds by hand against real servers: 200 and
+// 404 are healthy; 500, a refused connection and a probe that outlasts the
+// timeout are not, after UnhealthyThreshold rounds; one good probe brings
+// an instance back.
+func TestHealthRound(t *testing.T) {
+	var hang atomic.Bool
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/ok":
+		case "/missing":
+			w.WriteHeader(http.StatusNotFound)
+		case "/err":
+			w.WriteHeader(http.StatusInternalServerError)
+		case "/hang":
+			if hang.Load() {
+				<-r.Context().Done()
+			}
+		}
+	}))
+	defer srv.Close()
+	dead := httptest.NewServer(http.NotFoundHandler())
+	deadURL := dead.URL
+	dead.Close()
+	hang.Store(true)
+
+	targets := []Target{
+		{srv.URL + "/ok", overload.NewState("ok", overload.BreakerSettings{})},
+		{srv.URL + "/missing", overload.NewState("missing", overload.BreakerSettings{})},
+		{srv.URL + "/err", overload.NewState("err", overload.BreakerSettings{})},
+		{srv.URL + "/hang", overload.NewState("hang", overload.BreakerSettings{})},
+		{deadURL + "/ok", overload.NewState("dead", overload.BreakerSettings{})},
+	}
+	want := map[string]bool{"ok": true, "missing": true, "err": false, "hang": false, "dead": false}
+	o, h, err := Health{Logger: discardLogger()}.withDefaults(Options{Interval: time.Hour, Timeout: 50 * time.Millisecond, Concurrency: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := newRounds(o, func() []Target { return targets }, h.probe, h.observe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	healthy := func(tg Target) bool { return tg.Instance.(*overload.State).Healthy() }
+	r.round(context.Background())
+	for _, tg := range targets {
+		if !healthy(tg) {
+			t.Fatalf("%s down after one probe; threshold is %d", tg.Instance.ID(), DefaultUnhealthyThreshold)
+		}
+	}
+	r.round(context.Background())
+	for _, tg := range targets {
+		if healthy(tg) != want[tg.Instance.ID()] {
+			t.Errorf("%s: healthy %v, want %v", tg.Instance.ID(), healthy(tg), want[tg.Instance.ID()])
+		}
+	}
+	hang.Store(false)
+	r.round(context.Background())
+	if !healthy(targets[3]) {
+		t.Error("hang: still down after a good probe")
+	}
+}
+
+// syncBuffer is a log sink safe for the prober's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex // guards b
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestStartHealth drives the health prober with a fake clock: down after
+// UnhealthyThreshold failed rounds (logged once), up after one good round.
+func TestStartHealth(t *testing.T) {
+	var code atomic.Int32
+	code.Store(http.StatusBadGateway)
+	var probes atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		probes.Add(1)
+		w.WriteHeader(int(code.Load()))
+	}))
+	defer srv.Close()
+	st := overload.NewState("i", overload.BreakerSettings{})
+	var logs syncBuffer
+	fc := clockwork.NewFakeClock()
+	p, err := StartHealth(Options{Interval: time.Second, Clock: fc},
+		Health{UnhealthyThreshold: 3, Logger: slog.New(slog.NewTextHandler(&logs, nil))},
+		func() []Target { return []Target{{srv.URL + DefaultHealthPath, st}} })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	waitRound(t, fc)
+	nextRound(t, fc, time.Second)
+	if !st.Healthy() {
+		t.Fatal("down after 2 failed probes; threshold is 3")
+	}
+	nextRound(t, fc, time.Second)
+	if st.Healthy() || probes.Load() != 3 {
+		t.Fatalf("healthy %v after %d failed probes, want down after 3", st.Healthy(), probes.Load())
+	}
+	nextRound(t, fc, time.Second)
+	code.Store(http.StatusOK)
+	nextRound(t, fc, time.Second)
+	if !st.Healthy() {
+		t.Fatal("still down after a good probe")
+	}
+	out := logs.String()
+	if strings.Count(out, "marked down") != 1 || strings.Count(out, "marked up") != 1 || !strings.Contains(out, "instance=i") {
+		t.Fatalf("want one down and one up transition logged, got:\n%s", out)
+	}
+}
+
+func TestStartHealthValidates(t *testing.T) {
+	tg := func() []Target { return nil }
+	for _, tc := range []struct {
+		o Options
+		h Health
+	}{
+		{Options{}, Health{}},
+		{Options{Interval: -1}, Health{}},
+		{Options{Interval: time.Second, Timeout: -1}, Health{}},
+		{Options{Interval: time.Second}, Health{UnhealthyThreshold: -1}},
+	} {
+		if p, err := StartHealth(tc.o, tc.h, tg); err == nil {
+			p.Close()
+			t.Errorf("StartHealth(%+v, %+v) accepted", tc.o, tc.h)
+		}
+	}
+	if p, err := StartHealth(Options{Interval: time.Second}, Health{}, nil); err == nil {
+		p.Close()
+		t.Error("StartHealth without targets accepted")
+	}
+}

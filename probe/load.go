@@ -1,0 +1,71 @@
+package probe
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math"
+	"net/http"
+)
+
+// Load is load polling: it scrapes each instance's Prometheus metrics and
+// records the load other sources put on it (the sum of Metrics minus this
+// replica's own in-flight requests) with Instance.SetExternalLoad. A failed
+// scrape, or one without any of Metrics, sets the load to unknown, so that
+// admission falls back to the replica's share of the threshold.
+type Load struct {
+	// Client performs the scrapes; nil means http.DefaultClient. Each
+	// scrape is bounded by Options.Timeout through its context regardless.
+	Client *http.Client
+	// Metrics are summed over all their series to give the instance's
+	// load; nil means LoadMetrics.
+	Metrics []string
+	// Logger; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// StartLoad starts polling targets() every o.Interval; a zero o.Timeout
+// means o.Interval.
+func StartLoad(o Options, l Load, targets func() []Target) (*Prober, error) {
+	l = l.withDefaults()
+	return Start(o, targets, l.probe, l.observe)
+}
+
+func (l Load) withDefaults() Load {
+	if l.Client == nil {
+		l.Client = http.DefaultClient
+	}
+	if l.Metrics == nil {
+		l.Metrics = LoadMetrics
+	}
+	if l.Logger == nil {
+		l.Logger = slog.Default()
+	}
+	return l
+}
+
+func (l Load) probe(ctx context.Context, t Target) (int64, error) {
+	m, err := Scrape(ctx, l.Client, t.URL)
+	if err != nil {
+		return 0, err
+	}
+	sum, err := m.Sum(l.Metrics...)
+	if err != nil {
+		return 0, err
+	}
+	if math.IsNaN(sum) || math.IsInf(sum, 0) {
+		return 0, fmt.Errorf("probe: load %v from %s is not a number", sum, t.URL)
+	}
+	return int64(sum + 0.5), nil
+}
+
+func (l Load) observe(t Target, load int64, err error) {
+	if err != nil {
+		l.Logger.Debug("probe: load poll failed", "instance", t.Instance.ID(), "err", err)
+		t.Instance.SetExternalLoad(-1)
+		return
+	}
+	// The reported load includes our own requests that reached the
+	// instance; subtract them so that admission does not count them twice.
+	t.Instance.SetExternalLoad(max(0, load-t.Instance.InFlight()))
+}

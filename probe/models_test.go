@@ -1,0 +1,53 @@
+package probe
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestParseModels(t *testing.T) {
+	for _, tc := range []struct {
+		name, body string
+		base       string
+		adapters   []string
+		err        bool
+	}{
+		{"vllm", `{"object":"list","data":[{"id":"base","object":"model","parent":null},{"id":"lora-b","parent":"base"},{"id":"lora-a","parent":"base"},{"id":"lora-a","parent":"base"}]}`, "base", []string{"lora-a", "lora-b"}, false},
+		{"no parent field", `{"data":[{"id":"m"}]}`, "m", nil, false},
+		{"first base wins", `{"data":[{"id":"m"},{"id":"n","parent":""},{"id":""}]}`, "m", nil, false},
+		{"empty", `{"object":"list","data":[]}`, "", nil, false},
+		{"garbage", `<html>`, "", nil, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, err := ParseModels(strings.NewReader(tc.body))
+			if (err != nil) != tc.err {
+				t.Fatalf("err = %v", err)
+			}
+			if m.Base != tc.base || !slices.Equal(m.Adapters, tc.adapters) {
+				t.Fatalf("got %+v", m)
+			}
+		})
+	}
+}
+
+func TestFetchModels(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/models" {
+			http.NotFound(w, r)
+			return
+		}
+		w.Write([]byte(`{"data":[{"id":"base","parent":null},{"id":"lora-a","parent":"base"}]}`))
+	}))
+	defer srv.Close()
+	m, err := FetchModels(context.Background(), srv.Client(), srv.URL+"/v1/models")
+	if err != nil || m.Base != "base" || !slices.Equal(m.Adapters, []string{"lora-a"}) {
+		t.Fatalf("FetchModels = %+v, %v", m, err)
+	}
+	if _, err := FetchModels(context.Background(), srv.Client(), srv.URL+"/models"); err == nil || !strings.Contains(err.Error(), "404") {
+		t.Fatalf("404: err = %v", err)
+	}
+}
