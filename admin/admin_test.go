@@ -233,13 +233,13 @@ func TestGetFleet(t *testing.T) {
 		!a.RegisteredAt.AsTime().Equal(built.Add(-time.Hour)) {
 		t.Errorf("i-a = %v", a)
 	}
-	if st := a.State; st == nil || st.InFlight != 3 || st.ExternalLoad != -1 || st.Breaker != adminpb.BreakerState_BREAKER_STATE_OPEN {
+	if st := a.State; st == nil || st.InFlight != 3 || st.ExternalLoad != -1 || st.Breaker != adminpb.BreakerState_BREAKER_STATE_OPEN || !st.Healthy {
 		t.Errorf("i-a state = %v", st)
 	}
 	if b.Id != "i-b" || b.Weight != 3 || !b.Draining || b.RegisteredAt != nil {
 		t.Errorf("i-b = %v", b)
 	}
-	if st := b.State; st == nil || st.ExternalLoad != 5 || st.Breaker != adminpb.BreakerState_BREAKER_STATE_HALF_OPEN {
+	if st := b.State; st == nil || st.ExternalLoad != 5 || st.Breaker != adminpb.BreakerState_BREAKER_STATE_HALF_OPEN || st.Healthy {
 		t.Errorf("i-b state = %v", st)
 	}
 

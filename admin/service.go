@@ -83,6 +83,7 @@ func (s *service) instanceToPB(endpoint string, in fleet.Instance) *adminpb.Inst
 				InFlight:     st.InFlight,
 				ExternalLoad: st.ExternalLoad,
 				Breaker:      breakerToPB(st.Breaker),
+				Healthy:      st.Healthy,
 			}
 		}
 	}

@@ -447,9 +447,14 @@ type InstanceState struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Requests this replica has in flight on the instance.
 	InFlight int64 `protobuf:"varint,1,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
-	// Load from other sources as last polled; -1 when unknown.
-	ExternalLoad  int64        `protobuf:"varint,2,opt,name=external_load,json=externalLoad,proto3" json:"external_load,omitempty"`
-	Breaker       BreakerState `protobuf:"varint,3,opt,name=breaker,proto3,enum=prefixrouter.admin.v1.BreakerState" json:"breaker,omitempty"`
+	// Load from other sources (other replicas, direct clients) as last polled
+	// from the instance's /metrics; -1 when unknown (polling off, or the last
+	// scrape failed).
+	ExternalLoad int64        `protobuf:"varint,2,opt,name=external_load,json=externalLoad,proto3" json:"external_load,omitempty"`
+	Breaker      BreakerState `protobuf:"varint,3,opt,name=breaker,proto3,enum=prefixrouter.admin.v1.BreakerState" json:"breaker,omitempty"`
+	// False when this replica's active health checks marked the instance down;
+	// true when they are off.
+	Healthy       bool `protobuf:"varint,4,opt,name=healthy,proto3" json:"healthy,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -503,6 +508,13 @@ func (x *InstanceState) GetBreaker() BreakerState {
 		return x.Breaker
 	}
 	return BreakerState_BREAKER_STATE_UNSPECIFIED
+}
+
+func (x *InstanceState) GetHealthy() bool {
+	if x != nil {
+		return x.Healthy
+	}
+	return false
 }
 
 type GetRoutingConfigRequest struct {
@@ -988,11 +1000,12 @@ const file_prefixrouter_admin_v1_admin_proto_rawDesc = "" +
 	"\x05state\x18\t \x01(\v2$.prefixrouter.admin.v1.InstanceStateR\x05state\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x90\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xaa\x01\n" +
 	"\rInstanceState\x12\x1b\n" +
 	"\tin_flight\x18\x01 \x01(\x03R\binFlight\x12#\n" +
 	"\rexternal_load\x18\x02 \x01(\x03R\fexternalLoad\x12=\n" +
-	"\abreaker\x18\x03 \x01(\x0e2#.prefixrouter.admin.v1.BreakerStateR\abreaker\"5\n" +
+	"\abreaker\x18\x03 \x01(\x0e2#.prefixrouter.admin.v1.BreakerStateR\abreaker\x12\x18\n" +
+	"\ahealthy\x18\x04 \x01(\bR\ahealthy\"5\n" +
 	"\x17GetRoutingConfigRequest\x12\x1a\n" +
 	"\bendpoint\x18\x01 \x01(\tR\bendpoint\"\xb0\x01\n" +
 	"\x18GetRoutingConfigResponse\x12<\n" +
