@@ -13,6 +13,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/internal/localfleet"
 	"github.com/prefixrouter/prefixrouter/overload"
+	"github.com/prefixrouter/prefixrouter/probe"
 )
 
 // convergeTimeout bounds every wait for the replicas to converge: far above
@@ -649,7 +650,7 @@ func (s *suite) hungInstance(ctx context.Context, res *Result) error {
 	}
 	victim := s.pick(ids)
 	res.Event = "froze " + victim
-	h := &Hang{Instance: victim, Interval: healthCheckInterval, Timeout: healthCheckTimeout, UnhealthyThreshold: overload.DefaultUnhealthyThreshold}
+	h := &Hang{Instance: victim, Interval: healthCheckInterval, Timeout: healthCheckTimeout, UnhealthyThreshold: probe.DefaultUnhealthyThreshold}
 	res.Hang = h
 	reps := s.f.Replicas()
 	// waitAll polls (bounded) until every replica's view of the victim

@@ -5,9 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
-	"net/http/httptest"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -299,74 +296,6 @@ func TestTrackerSyncKeepsState(t *testing.T) {
 	d(nil)
 	if a.InFlight() != 0 {
 		t.Fatal("leak")
-	}
-}
-
-const vllmMetrics = `# HELP vllm:num_requests_running Number of requests running.
-# TYPE vllm:num_requests_running gauge
-vllm:num_requests_running{model_name="m"} 3.0
-# TYPE vllm:num_requests_waiting gauge
-vllm:num_requests_waiting{model_name="m"} 2.0
-vllm:num_requests_waiting{model_name="n"} 1.0
-# TYPE other counter
-other_total 99
-`
-
-func TestParseLoad(t *testing.T) {
-	tests := []struct {
-		name    string
-		in      string
-		want    int64
-		wantErr bool
-	}{
-		{"vllm", vllmMetrics, 6, false},
-		{"absent", "other_total 1\n", 0, true},
-		{"garbage", "vllm:num_requests_running{ 3\n", 0, true},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := ParseLoad(strings.NewReader(tc.in), DefaultLoadMetrics)
-			if (err != nil) != tc.wantErr || got != tc.want {
-				t.Fatalf("ParseLoad = %d, %v; want %d, err %v", got, err, tc.want, tc.wantErr)
-			}
-		})
-	}
-}
-
-func TestPoller(t *testing.T) {
-	var fail atomic.Bool
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if fail.Load() {
-			http.Error(w, "down", http.StatusInternalServerError)
-			return
-		}
-		fmt.Fprint(w, vllmMetrics)
-	}))
-	defer srv.Close()
-	s := NewState("a", BreakerSettings{})
-	own, _ := s.Acquire() // one of the 6 reported requests is ours
-	p, err := NewPoller(PollerOptions{Interval: 5 * time.Millisecond, Targets: func() []Target {
-		return []Target{{URL: srv.URL + "/metrics", State: s}}
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	waitFor(t, "external load 5", func() bool { return s.ExternalLoad() == 5 })
-	if got := s.Load(); got != 6 {
-		t.Fatalf("Load = %d, want 6", got)
-	}
-	fail.Store(true)
-	waitFor(t, "external load unknown", func() bool { return s.ExternalLoad() == -1 })
-	own(nil)
-}
-
-func TestNewPollerValidates(t *testing.T) {
-	if _, err := NewPoller(PollerOptions{Targets: func() []Target { return nil }}); err == nil {
-		t.Fatal("zero interval accepted")
-	}
-	if _, err := NewPoller(PollerOptions{Interval: time.Second}); err == nil {
-		t.Fatal("nil Targets accepted")
 	}
 }
 

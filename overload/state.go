@@ -27,15 +27,16 @@ type State struct {
 
 	inFlight atomic.Int64
 	// external is the instance's load from other sources (other router
-	// replicas, direct clients), as estimated by a Poller; -1 means unknown,
-	// in which case this replica uses its share of the threshold instead.
+	// replicas, direct clients), as estimated by load polls (probe.Load);
+	// -1 means unknown, in which case this replica uses its share of the
+	// threshold instead.
 	external atomic.Int64
 	// brState mirrors the breaker's state and openUntil the time (unix ns)
 	// at which an open breaker half-opens, so that Open needs no lock.
 	brState   atomic.Int32
 	openUntil atomic.Int64
 	timeout   time.Duration
-	// down is set by active health checks (a HealthChecker) after enough
+	// down is set by active health checks (probe.Health) after enough
 	// consecutive failed probes; healthFails counts them. The zero value is
 	// healthy, so instances that are never probed are never marked down.
 	down        atomic.Bool

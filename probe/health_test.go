@@ -1,13 +1,11 @@
 package probe
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -82,22 +80,13 @@ func TestHealthRound(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log sink safe for the prober's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex // guards b
-	b  bytes.Buffer
-}
+// logLines is a log sink that hands each record (one Write each) to the
+// test.
+type logLines chan string
 
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+func (l logLines) Write(p []byte) (int, error) {
+	l <- string(p)
+	return len(p), nil
 }
 
 // TestStartHealth drives the health prober with a fake clock: down after
@@ -112,10 +101,10 @@ func TestStartHealth(t *testing.T) {
 	}))
 	defer srv.Close()
 	st := overload.NewState("i", overload.BreakerSettings{})
-	var logs syncBuffer
+	logs := make(logLines, 10)
 	fc := clockwork.NewFakeClock()
 	p, err := StartHealth(Options{Interval: time.Second, Clock: fc},
-		Health{UnhealthyThreshold: 3, Logger: slog.New(slog.NewTextHandler(&logs, nil))},
+		Health{UnhealthyThreshold: 3, Logger: slog.New(slog.NewTextHandler(logs, nil))},
 		func() []Target { return []Target{{srv.URL + DefaultHealthPath, st}} })
 	if err != nil {
 		t.Fatal(err)
@@ -136,9 +125,14 @@ func TestStartHealth(t *testing.T) {
 	if !st.Healthy() {
 		t.Fatal("still down after a good probe")
 	}
-	out := logs.String()
-	if strings.Count(out, "marked down") != 1 || strings.Count(out, "marked up") != 1 || !strings.Contains(out, "instance=i") {
-		t.Fatalf("want one down and one up transition logged, got:\n%s", out)
+	p.Close()
+	close(logs)
+	var out []string
+	for l := range logs {
+		out = append(out, l)
+	}
+	if len(out) != 2 || !strings.Contains(out[0], "marked down") || !strings.Contains(out[1], "marked up") || !strings.Contains(out[0], "instance=i") {
+		t.Fatalf("want one down and one up transition logged, got %q", out)
 	}
 }
 

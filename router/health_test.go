@@ -1,6 +1,7 @@
 package router
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -9,9 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"go.uber.org/goleak"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/probe"
 )
 
 // healthHang as a /health status makes the probe block until the client
@@ -52,16 +55,48 @@ func healthBackends(t *testing.T) []*healthBackend {
 	return []*healthBackend{newHealthBackend(t, "i-a"), newHealthBackend(t, "i-b"), newHealthBackend(t, "i-c")}
 }
 
-func newHealthHarness(t *testing.T, cfg fleet.RoutingConfig, hbs []*healthBackend) *harness {
+// healthInterval is the health-check period of newHealthHarness, on its
+// fake clock: healthRound advances it.
+const healthInterval = time.Second
+
+// healthHarness is a harness whose health checks run only when the test
+// calls healthRound.
+type healthHarness struct {
+	*harness
+	clock *clockwork.FakeClock
+}
+
+func newHealthHarness(t *testing.T, cfg fleet.RoutingConfig, hbs []*healthBackend) *healthHarness {
 	t.Helper()
 	bs := make([]*backend, len(hbs))
 	for i, hb := range hbs {
 		bs[i] = hb.backend
 	}
-	return newHarness(t, hopts{cfg: cfg, health: 20 * time.Millisecond, hTimeout: 100 * time.Millisecond}, bs...)
+	fc := clockwork.NewFakeClock()
+	h := &healthHarness{harness: newHarness(t, hopts{cfg: cfg, health: healthInterval, hTimeout: 100 * time.Millisecond, clock: fc}, bs...), clock: fc}
+	h.waitRound() // the round at start, which may have run before the fleet was loaded
+	return h
 }
 
-func healthyGauge(t *testing.T, h *harness, id string) float64 {
+// healthRound runs one round of health checks and returns when it is done.
+func (h *healthHarness) healthRound() {
+	h.t.Helper()
+	h.clock.Advance(healthInterval)
+	h.waitRound()
+}
+
+// waitRound returns once the health checker has finished its round and
+// waits on the clock for the next.
+func (h *healthHarness) waitRound() {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := h.clock.BlockUntilContext(ctx, 1); err != nil {
+		h.t.Fatalf("health round not finished: %v", err)
+	}
+}
+
+func healthyGauge(t *testing.T, h *healthHarness, id string) float64 {
 	t.Helper()
 	fams, err := h.reg.Gather()
 	if err != nil {
@@ -103,7 +138,7 @@ func TestHealthCheckSkipsUnhealthy(t *testing.T) {
 			h := newHealthHarness(t, tc.cfg, hbs)
 			body := strings.Repeat("health me ", 200)
 			rr, _ := parseRequest(kindInvoke, http.Header{}, []byte(body), 1024)
-			order := ringOrder(t, h, rr.key)
+			order := ringOrder(t, h.harness, rr.key)
 			var down *healthBackend
 			for _, hb := range hbs {
 				if hb.id == order[0] {
@@ -112,10 +147,13 @@ func TestHealthCheckSkipsUnhealthy(t *testing.T) {
 			}
 
 			down.health.Store(tc.bad)
-			before := down.probes.Load()
-			waitFor(t, "instance marked down", func() bool { return !h.state(down.id).Healthy() })
-			if n := down.probes.Load() - before; n < 2 {
-				t.Fatalf("marked down after %d failed probes, want ≥ 2", n)
+			h.healthRound()
+			if !h.state(down.id).Healthy() {
+				t.Fatal("marked down after one failed probe")
+			}
+			h.healthRound()
+			if h.state(down.id).Healthy() {
+				t.Fatalf("not marked down after %d failed probes", probe.DefaultUnhealthyThreshold)
 			}
 			if g := healthyGauge(t, h, down.id); g != 0 {
 				t.Fatalf("prefixrouter_instance_healthy = %v for a down instance", g)
@@ -131,7 +169,10 @@ func TestHealthCheckSkipsUnhealthy(t *testing.T) {
 			}
 
 			down.health.Store(http.StatusOK)
-			waitFor(t, "instance marked up", func() bool { return h.state(down.id).Healthy() })
+			h.healthRound()
+			if !h.state(down.id).Healthy() {
+				t.Fatal("still down after a good probe")
+			}
 			if g := healthyGauge(t, h, down.id); g != 1 {
 				t.Fatalf("prefixrouter_instance_healthy = %v after recovery", g)
 			}
@@ -155,7 +196,12 @@ func TestHealthCheck404IsHealthy(t *testing.T) {
 		hb.health.Store(http.StatusNotFound)
 	}
 	h := newHealthHarness(t, prefixCfg(100), hbs)
-	waitFor(t, "several probe rounds", func() bool { return hbs[0].probes.Load() >= 4 })
+	for range 4 {
+		h.healthRound()
+	}
+	if n := hbs[0].probes.Load(); n < 4 {
+		t.Fatalf("%d probes in 4 rounds", n)
+	}
 	for _, hb := range hbs {
 		if !h.state(hb.id).Healthy() {
 			t.Fatalf("%s marked down on 404", hb.id)
@@ -173,12 +219,16 @@ func TestHealthCheckFailsOpen(t *testing.T) {
 				hb.health.Store(http.StatusInternalServerError)
 			}
 			h := newHealthHarness(t, cfg, hbs)
+			h.healthRound()
+			h.healthRound()
 			for _, hb := range hbs {
-				waitFor(t, hb.id+" marked down", func() bool { return !h.state(hb.id).Healthy() })
+				if h.state(hb.id).Healthy() {
+					t.Fatalf("%s not marked down", hb.id)
+				}
 			}
 			body := strings.Repeat("open ", 300)
 			rr, _ := parseRequest(kindInvoke, http.Header{}, []byte(body), 1024)
-			order := ringOrder(t, h, rr.key)
+			order := ringOrder(t, h.harness, rr.key)
 			for range 10 {
 				res := h.mustDo("/invocations", body, nil)
 				if res.status != 200 {

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -9,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jonboulle/clockwork"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
 )
@@ -210,14 +213,26 @@ func TestLoadPoller(t *testing.T) {
 		fmt.Fprint(w, "ok")
 	}
 	tr := NewTransport(0)
-	r, err := New(Options{DefaultEndpoint: "ep", LoadPollInterval: 5 * time.Millisecond, Transport: tr})
+	fc := clockwork.NewFakeClock()
+	r, err := newRouter(Options{DefaultEndpoint: "ep", LoadPollInterval: time.Second, Transport: tr}, fc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer r.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := fc.BlockUntilContext(ctx, 1); err != nil { // the round at start, before the fleet
+		t.Fatal(err)
+	}
 	r.Update(fleet.NewSnapshot([]fleet.Endpoint{{Name: "ep", Instances: []fleet.Instance{{ID: "i-a", Addr: b.srv.URL}}}}, 0, 1, time.Now()))
+	fc.Advance(time.Second)
+	if err := fc.BlockUntilContext(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
 	st := r.view.Load().endpoints["ep"].instances["i-a"].state
-	waitFor(t, "polled load", func() bool { return st.ExternalLoad() == 9 })
+	if got := st.ExternalLoad(); got != 9 {
+		t.Fatalf("polled external load %d, want 9", got)
+	}
 	if st.HasRoom(9, 1) || !st.HasRoom(10, 1) {
 		t.Fatal("external load not used for admission")
 	}

@@ -16,11 +16,13 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/lora"
 	"github.com/prefixrouter/prefixrouter/overload"
+	"github.com/prefixrouter/prefixrouter/probe"
 	"github.com/prefixrouter/prefixrouter/ring"
 )
 
@@ -69,7 +71,7 @@ type Options struct {
 	RingOptions []ring.Option
 	// LoadPollInterval > 0 starts a poller that scrapes each instance's
 	// LoadMetricsPath every interval and adds the load other sources put on
-	// it to admission (see overload.Poller). Zero (default) disables it.
+	// it to admission (see probe.Load). Zero (default) disables it.
 	LoadPollInterval time.Duration
 	// LoadMetricsPath is the path polled on each instance; empty means
 	// "/metrics".
@@ -83,9 +85,9 @@ type Options struct {
 	// See docs/balance.md.
 	BalanceFactor float64
 	// HealthCheckInterval > 0 starts active health checks: every interval,
-	// each instance's HealthCheckPath is fetched (see overload.HealthChecker;
+	// each instance's HealthCheckPath is fetched (see probe.Health;
 	// any status below 500 is healthy, so a 404 is) and an instance that
-	// fails overload.DefaultUnhealthyThreshold probes in a row is skipped by
+	// fails probe.DefaultUnhealthyThreshold probes in a row is skipped by
 	// every strategy until a probe succeeds. If no instance of a model's set
 	// is healthy, health is ignored for it (fail open: a broken health
 	// endpoint must not take the fleet down). Explain and Choose's ring
@@ -106,8 +108,8 @@ type Router struct {
 	mux     *http.ServeMux
 	proxy   *proxy
 	metrics *metrics
-	poller  *overload.Poller
-	health  *overload.HealthChecker
+	load    *probe.Prober // nil unless LoadPollInterval > 0
+	health  *probe.Prober // nil unless HealthCheckInterval > 0
 
 	view atomic.Pointer[view] // nil until the first Update
 
@@ -146,7 +148,11 @@ type instanceView struct {
 }
 
 // New returns a router with no fleet: it answers 503 until Update.
-func New(opts Options) (*Router, error) {
+func New(opts Options) (*Router, error) { return newRouter(opts, clockwork.NewRealClock()) }
+
+// newRouter is New with the clock that paces health checks and load polls
+// (tests pass a fake one).
+func newRouter(opts Options, clock clockwork.Clock) (*Router, error) {
 	if opts.DefaultEndpoint == "" {
 		return nil, errors.New("router: DefaultEndpoint is required")
 	}
@@ -166,10 +172,10 @@ func New(opts Options) (*Router, error) {
 		return nil, fmt.Errorf("router: HealthCheckInterval %v and HealthCheckTimeout %v must not be negative", opts.HealthCheckInterval, opts.HealthCheckTimeout)
 	}
 	if opts.HealthCheckPath == "" {
-		opts.HealthCheckPath = overload.DefaultHealthCheckPath
+		opts.HealthCheckPath = probe.DefaultHealthPath
 	}
 	if opts.HealthCheckTimeout == 0 {
-		opts.HealthCheckTimeout = overload.DefaultHealthCheckTimeout
+		opts.HealthCheckTimeout = probe.DefaultHealthTimeout
 	}
 	if f := opts.BalanceFactor; !(f == 0 || (f >= 1 && f <= 10)) {
 		return nil, fmt.Errorf("router: BalanceFactor %v must be 0 (off) or in [1, 10]", f)
@@ -199,33 +205,30 @@ func New(opts Options) (*Router, error) {
 	}
 	r.proxy = newProxy(r, tr)
 	r.mux = r.routes()
-	if opts.LoadPollInterval > 0 {
-		p, err := overload.NewPoller(overload.PollerOptions{
-			Interval: opts.LoadPollInterval,
-			Client:   &http.Client{Transport: tr, Timeout: opts.LoadPollInterval},
-			Targets:  r.pollTargets,
-			Logger:   r.log,
-		})
-		if err != nil {
-			return nil, err
-		}
-		r.poller = p
-	}
-	if opts.HealthCheckInterval > 0 {
-		h, err := overload.NewHealthChecker(overload.HealthCheckerOptions{
-			Interval: opts.HealthCheckInterval,
-			Timeout:  opts.HealthCheckTimeout,
-			Client:   &http.Client{Transport: tr},
-			Targets:  r.healthTargets,
-			Logger:   r.log,
-		})
-		if err != nil {
-			r.Close()
-			return nil, err
-		}
-		r.health = h
+	if err := r.startProbes(tr, clock); err != nil {
+		r.Close()
+		return nil, err
 	}
 	return r, nil
+}
+
+// startProbes starts the load poller and the health checker that opts ask
+// for, with rounds paced by clock.
+func (r *Router) startProbes(tr http.RoundTripper, clock clockwork.Clock) error {
+	client := &http.Client{Transport: tr}
+	var err error
+	if r.opts.LoadPollInterval > 0 {
+		r.load, err = probe.StartLoad(probe.Options{Interval: r.opts.LoadPollInterval, Clock: clock},
+			probe.Load{Client: client, Logger: r.log}, r.loadTargets)
+		if err != nil {
+			return err
+		}
+	}
+	if r.opts.HealthCheckInterval > 0 {
+		r.health, err = probe.StartHealth(probe.Options{Interval: r.opts.HealthCheckInterval, Timeout: r.opts.HealthCheckTimeout, Clock: clock},
+			probe.Health{Client: client, Logger: r.log}, r.healthTargets)
+	}
+	return err
 }
 
 // NewTransport returns the shared upstream transport: pooled keep-alive
@@ -248,8 +251,8 @@ func NewTransport(responseHeaderTimeout time.Duration) *http.Transport {
 
 // Close stops the load poller and the health checker, if any.
 func (r *Router) Close() error {
-	if r.poller != nil {
-		r.poller.Close()
+	if r.load != nil {
+		r.load.Close()
 	}
 	if r.health != nil {
 		r.health.Close()
@@ -320,17 +323,17 @@ func (r *Router) Snapshot() *fleet.Snapshot {
 	return nil
 }
 
-func (r *Router) pollTargets() []overload.Target { return r.targets(r.opts.LoadMetricsPath) }
+func (r *Router) loadTargets() []probe.Target { return r.targets(r.opts.LoadMetricsPath) }
 
-func (r *Router) healthTargets() []overload.Target { return r.targets(r.opts.HealthCheckPath) }
+func (r *Router) healthTargets() []probe.Target { return r.targets(r.opts.HealthCheckPath) }
 
 // targets returns path on every pickable, non-draining instance of the view.
-func (r *Router) targets(path string) []overload.Target {
+func (r *Router) targets(path string) []probe.Target {
 	v := r.view.Load()
 	if v == nil {
 		return nil
 	}
-	var out []overload.Target
+	var out []probe.Target
 	for _, ev := range v.endpoints {
 		for _, iv := range ev.instances {
 			if iv.target == nil || iv.inst.Draining {
@@ -338,7 +341,7 @@ func (r *Router) targets(path string) []overload.Target {
 			}
 			u := *iv.target
 			u.Path = joinPath(u.Path, path)
-			out = append(out, overload.Target{URL: u.String(), State: iv.state})
+			out = append(out, probe.Target{URL: u.String(), Instance: iv.state})
 		}
 	}
 	return out

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/sony/gobreaker/v2"
@@ -81,15 +82,16 @@ type hopts struct {
 	labels   map[string]string
 	adapters []string
 	balance  float64
-	health   time.Duration // HealthCheckInterval
-	hTimeout time.Duration // HealthCheckTimeout
+	health   time.Duration   // HealthCheckInterval
+	hTimeout time.Duration   // HealthCheckTimeout
+	clock    clockwork.Clock // paces health checks; nil means the real clock
 }
 
 func newHarness(t *testing.T, o hopts, backends ...*backend) *harness {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	tr := NewTransport(0)
-	r, err := New(Options{DefaultEndpoint: "ep", Registry: reg, Transport: tr, Breaker: o.breaker, MaxBodyBytes: o.maxBody, BalanceFactor: o.balance, HealthCheckInterval: o.health, HealthCheckTimeout: o.hTimeout})
+	r, err := newRouter(Options{DefaultEndpoint: "ep", Registry: reg, Transport: tr, Breaker: o.breaker, MaxBodyBytes: o.maxBody, BalanceFactor: o.balance, HealthCheckInterval: o.health, HealthCheckTimeout: o.hTimeout}, o.clock)
 	if err != nil {
 		t.Fatal(err)
 	}

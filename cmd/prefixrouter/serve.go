@@ -16,6 +16,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/membership"
 	"github.com/prefixrouter/prefixrouter/overload"
+	"github.com/prefixrouter/prefixrouter/probe"
 	"github.com/prefixrouter/prefixrouter/replica"
 	"github.com/prefixrouter/prefixrouter/router"
 )
@@ -195,8 +196,8 @@ share the fleet, and keeps routing on its last good snapshot while etcd is unrea
 	f.Float64Var(&balance, "balance-factor", 0, "PREFIX_AWARE: no instance takes more than this multiple of its set's average in-flight load; beyond it the request spills to the next candidate in ring order (bounded-load consistent hashing, like HAProxy's hash-balance-factor; 0: off, else 1..10)")
 	f.DurationVar(&headerTimeout, "upstream-header-timeout", 0, "give up on an instance that sends no response headers within this long; counts against its circuit breaker (0: wait indefinitely; a non-streamed generation sends its headers only when it is done, so allow for the longest one)")
 	f.DurationVar(&healthInterval, "health-check-interval", 2*time.Second, "probe each instance's --health-check-path this often; an instance that fails 2 probes in a row (connection error, timeout or status >= 500; a 404 counts as healthy) is skipped until a probe succeeds, unless no instance of the set is healthy (0: off)")
-	f.StringVar(&healthPath, "health-check-path", overload.DefaultHealthCheckPath, "path of the active health check")
-	f.DurationVar(&healthTimeout, "health-check-timeout", overload.DefaultHealthCheckTimeout, "how long a health probe may take before it counts as failed")
+	f.StringVar(&healthPath, "health-check-path", probe.DefaultHealthPath, "path of the active health check")
+	f.DurationVar(&healthTimeout, "health-check-timeout", probe.DefaultHealthTimeout, "how long a health probe may take before it counts as failed")
 	f.DurationVar(&startTimeout, "startup-timeout", 30*time.Second, "how long to wait for the first fleet snapshot from etcd before giving up")
 	f.DurationVar(&ttl, "ttl", membership.DefaultTTL, "lease TTL of this replica's registration")
 	f.DurationVar(&shutdown, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long to wait for requests in flight")
