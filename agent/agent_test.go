@@ -16,14 +16,14 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/goleak"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 	"github.com/prefixrouter/prefixrouter/membership"
 	"github.com/prefixrouter/prefixrouter/membership/etcdtest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { testsupport.VerifyNoLeaks(m) }
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
@@ -79,17 +79,6 @@ func (f *fakeServer) setAdapters(a ...string) {
 	f.mu.Lock()
 	f.adapters = a
 	f.mu.Unlock()
-}
-
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %s", d, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // record reads the instance's record from etcd; ok is false when absent.
@@ -161,23 +150,23 @@ func TestAgentLifecycle(t *testing.T) {
 	r := start(t, cfg)
 
 	// Not registered while the server is unhealthy.
-	eventually(t, 5*time.Second, "health probed", func() bool { return f.healthProbes.Load() >= 3 })
+	testsupport.Eventually(t, 5*time.Second, "health probed", func() bool { return f.healthProbes.Load() >= 3 })
 	if _, ok := record(t, cli, "i-1"); ok {
 		t.Fatal("registered before the model server was healthy")
 	}
 	f.healthy.Store(true)
-	eventually(t, 5*time.Second, "registered with discovered adapters", func() bool {
+	testsupport.Eventually(t, 5*time.Second, "registered with discovered adapters", func() bool {
 		in, ok := record(t, cli, "i-1")
 		return ok && slices.Equal(in.Adapters, []string{"lora-a", "static"}) && in.Labels[ModelLabel] == "base"
 	})
 
 	f.setAdapters("lora-a", "lora-b")
-	eventually(t, 2*time.Second, "adapter change registered", func() bool {
+	testsupport.Eventually(t, 2*time.Second, "adapter change registered", func() bool {
 		in, _ := record(t, cli, "i-1")
 		return slices.Equal(in.Adapters, []string{"lora-a", "lora-b", "static"})
 	})
 	f.setAdapters()
-	eventually(t, 2*time.Second, "adapter removal registered", func() bool {
+	testsupport.Eventually(t, 2*time.Second, "adapter removal registered", func() bool {
 		in, _ := record(t, cli, "i-1")
 		return slices.Equal(in.Adapters, []string{"static"})
 	})
@@ -187,17 +176,17 @@ func TestAgentLifecycle(t *testing.T) {
 	f.running.Store(2)
 	f.waiting.Store(1)
 	r.cancel()
-	eventually(t, 2*time.Second, "draining", func() bool {
+	testsupport.Eventually(t, 2*time.Second, "draining", func() bool {
 		in, ok := record(t, cli, "i-1")
 		return ok && in.Draining
 	})
 	scrapes := f.scrapes.Load()
-	eventually(t, 2*time.Second, "several scrapes while busy", func() bool { return f.scrapes.Load() >= scrapes+5 })
+	testsupport.Eventually(t, 2*time.Second, "several scrapes while busy", func() bool { return f.scrapes.Load() >= scrapes+5 })
 	if _, ok := record(t, cli, "i-1"); !ok {
 		t.Fatal("deregistered while requests were running")
 	}
 	f.running.Store(0)
-	eventually(t, 2*time.Second, "waiting scrape", func() bool { return f.scrapes.Load() >= scrapes+8 })
+	testsupport.Eventually(t, 2*time.Second, "waiting scrape", func() bool { return f.scrapes.Load() >= scrapes+8 })
 	if _, ok := record(t, cli, "i-1"); !ok {
 		t.Fatal("deregistered while requests were waiting")
 	}
@@ -227,7 +216,7 @@ func TestAgentDrainTimeout(t *testing.T) {
 			cfg := baseConfig(cli, f, "i-1")
 			cfg.DrainTimeout = 300 * time.Millisecond
 			r := start(t, cfg)
-			eventually(t, 5*time.Second, "registered", func() bool { _, ok := record(t, cli, "i-1"); return ok })
+			testsupport.Eventually(t, 5*time.Second, "registered", func() bool { _, ok := record(t, cli, "i-1"); return ok })
 			began := time.Now()
 			if err := r.stop(t, 5*time.Second); err != nil {
 				t.Fatal(err)
@@ -264,7 +253,7 @@ func TestAgentDrainEtcdGone(t *testing.T) {
 			cfg := baseConfig(agentCli, f, "i-1")
 			cfg.DrainTimeout = time.Second
 			r := start(t, cfg)
-			eventually(t, 5*time.Second, "registered", func() bool { _, ok := record(t, cli, "i-1"); return ok })
+			testsupport.Eventually(t, 5*time.Second, "registered", func() bool { _, ok := record(t, cli, "i-1"); return ok })
 			tc.cut(e, agentCli)
 			began := time.Now()
 			if err := r.stop(t, 15*time.Second); err != nil {
@@ -292,7 +281,7 @@ func TestAgentServerGoneEndsDrain(t *testing.T) {
 	cfg := baseConfig(cli, f, "i-1")
 	cfg.DrainTimeout = time.Minute
 	r := start(t, cfg)
-	eventually(t, 5*time.Second, "registered", func() bool { _, ok := record(t, cli, "i-1"); return ok })
+	testsupport.Eventually(t, 5*time.Second, "registered", func() bool { _, ok := record(t, cli, "i-1"); return ok })
 	f.Close()
 	if err := r.stop(t, 5*time.Second); err != nil {
 		t.Fatal(err)
@@ -308,7 +297,7 @@ func TestAgentPingFallback(t *testing.T) {
 	f := newFakeServer(t, "/ping") // no /health: 404
 	f.healthy.Store(true)
 	r := start(t, baseConfig(cli, f, "i-2"))
-	eventually(t, 5*time.Second, "registered via /ping", func() bool {
+	testsupport.Eventually(t, 5*time.Second, "registered via /ping", func() bool {
 		in, ok := record(t, cli, "i-2")
 		return ok && slices.Equal(in.Adapters, []string{"static"}) && in.Labels[ModelLabel] == ""
 	})
@@ -322,7 +311,7 @@ func TestAgentStopBeforeHealthy(t *testing.T) {
 	cli := etcdtest.Client(t, e)
 	f := newFakeServer(t, "/health")
 	r := start(t, baseConfig(cli, f, "i-3"))
-	eventually(t, 5*time.Second, "health probed", func() bool { return f.healthProbes.Load() >= 2 })
+	testsupport.Eventually(t, 5*time.Second, "health probed", func() bool { return f.healthProbes.Load() >= 2 })
 	if err := r.stop(t, 5*time.Second); err != nil {
 		t.Fatalf("Run = %v, want nil", err)
 	}

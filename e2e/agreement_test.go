@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 	"github.com/prefixrouter/prefixrouter/replica"
 )
 
@@ -41,7 +42,7 @@ func TestReplicasAgree(t *testing.T) {
 	start := time.Now()
 	c.register(nb.instance())
 	var after []string
-	waitFor(t, 10*time.Second, "agreement with the joiner on both replicas", func() bool {
+	testsupport.Eventually(t, 10*time.Second, "agreement with the joiner on both replicas", func() bool {
 		// Cheap test first: both replicas hold the joiner.
 		for _, r := range c.replicas {
 			if _, ok := lookup(r, nb.id); !ok {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 	"github.com/prefixrouter/prefixrouter/membership"
 	"github.com/prefixrouter/prefixrouter/overload"
 	"github.com/prefixrouter/prefixrouter/replica"
@@ -141,14 +142,14 @@ func optionReplicas(t *testing.T, opt string, T int, bs []*backend, clusters map
 	if err := membership.PutConfig(ctx, c.cli, c.opts.Layout, ep, cfg); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "replicas configured", func() bool {
+	testsupport.Eventually(t, 10*time.Second, "replicas configured", func() bool {
 		return c.everyReplica(func(r *replica.Replica) bool {
 			e := r.Router().Snapshot().Endpoint(ep)
 			return e != nil && len(e.Instances) == len(bs) && e.Config.ConcurrencyThreshold() == T && r.Router().Snapshot().Replicas == optReplicas
 		})
 	})
 	if opt == "c" {
-		waitFor(t, 10*time.Second, "every replica polled every instance", func() bool {
+		testsupport.Eventually(t, 10*time.Second, "every replica polled every instance", func() bool {
 			return c.everyReplica(func(r *replica.Replica) bool {
 				for _, b := range bs {
 					if st, ok := r.Router().Status(ep, b.id); !ok || st.ExternalLoad < 0 {
@@ -189,7 +190,7 @@ func runHotPrefix(t *testing.T, reps []*replica.Replica, clients []*http.Client,
 	if pb == nil {
 		t.Fatalf("primary %q is not a backend", primary)
 	}
-	waitFor(t, 10*time.Second, "backends idle", func() bool {
+	testsupport.Eventually(t, 10*time.Second, "backends idle", func() bool {
 		for _, b := range bs {
 			if b.inFlight.Load() != 0 {
 				return false

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 	"github.com/prefixrouter/prefixrouter/membership"
 	"github.com/prefixrouter/prefixrouter/replica"
 	"github.com/prefixrouter/prefixrouter/router"
@@ -35,7 +36,7 @@ func TestConfigSetFlipsStrategy(t *testing.T) {
 	if err := membership.PutConfig(ctx, c.cli, c.opts.Layout, ep, fleet.RoutingConfig{RoutingStrategy: fleet.Random}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "random decisions on every replica", decisions(router.DecisionRandom))
+	testsupport.Eventually(t, 10*time.Second, "random decisions on every replica", decisions(router.DecisionRandom))
 	within(t, "strategy flipped on every replica", time.Since(start), propagation)
 
 	// The CLI path refuses an out-of-range value...
@@ -54,7 +55,7 @@ func TestConfigSetFlipsStrategy(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, 10*time.Second, "replicas saw "+raw, func() bool { return c.seenRevision(resp.Header.Revision) })
+		testsupport.Eventually(t, 10*time.Second, "replicas saw "+raw, func() bool { return c.seenRevision(resp.Header.Revision) })
 		for _, r := range c.replicas {
 			if got := r.Router().Snapshot().Endpoint(ep).Config.RoutingStrategy; got != fleet.Random {
 				t.Errorf("after raw %s: replica %s strategy %s, want the previous RANDOM", raw, r.Addr(), got)
@@ -71,7 +72,7 @@ func TestConfigSetFlipsStrategy(t *testing.T) {
 	if err := membership.PutConfig(ctx, c.cli, c.opts.Layout, ep, good); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "affinity decisions on every replica", decisions(router.DecisionAffinity))
+	testsupport.Eventually(t, 10*time.Second, "affinity decisions on every replica", decisions(router.DecisionAffinity))
 	within(t, "strategy flipped back on every replica", time.Since(start), propagation)
 	for _, r := range c.replicas {
 		if got := r.Router().Snapshot().Endpoint(ep).Config; got.PrefixLength() != 2048 || got.ConcurrencyThreshold() != 4 {

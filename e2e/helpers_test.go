@@ -14,16 +14,16 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/goleak"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 	"github.com/prefixrouter/prefixrouter/membership"
 	"github.com/prefixrouter/prefixrouter/membership/etcdtest"
 	"github.com/prefixrouter/prefixrouter/replica"
 	"github.com/prefixrouter/prefixrouter/router"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { testsupport.VerifyNoLeaks(m) }
 
 // ep is the endpoint every test routes to.
 const ep = "chat"
@@ -31,23 +31,6 @@ const ep = "chat"
 // quiet drops the warnings that the tests provoke on purpose (etcd down,
 // invalid configs); assertions report what matters.
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
-
-// waitFor polls cond every 2 ms until it holds and returns how long that
-// took. It fails the test after limit, which callers make much longer than
-// the bound they assert on the returned time, so that a slow run reports
-// the time it measured rather than just "timeout".
-func waitFor(t testing.TB, limit time.Duration, what string, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	deadline := start.Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not true after %v", what, limit)
-		}
-		time.Sleep(2 * time.Millisecond) // polling interval, not a wait for an event
-	}
-	return time.Since(start)
-}
 
 // within fails the test if elapsed exceeds bound.
 func within(t testing.TB, what string, elapsed, bound time.Duration) {
@@ -194,7 +177,7 @@ func (c *cluster) startReplicas(n int, ro replicaOptions) {
 		c.replicas = append(c.replicas, r)
 	}
 	want := len(c.replicas)
-	waitFor(c.t, 20*time.Second, "every replica counts every replica", func() bool {
+	testsupport.Eventually(c.t, 20*time.Second, "every replica counts every replica", func() bool {
 		for _, r := range c.replicas {
 			if s := r.Router().Snapshot(); s == nil || s.Replicas != want {
 				return false

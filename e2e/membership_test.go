@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 	"github.com/prefixrouter/prefixrouter/membership"
 	"github.com/prefixrouter/prefixrouter/membership/etcdtest"
 	"github.com/prefixrouter/prefixrouter/replica"
@@ -30,7 +31,7 @@ func fleetOf(t *testing.T, c *cluster, n int) ([]*backend, []*membership.Instanc
 		bs = append(bs, b)
 		ids = append(ids, b.id)
 	}
-	waitFor(t, 10*time.Second, "initial fleet on every replica", func() bool { return c.hasInstances(ids...) })
+	testsupport.Eventually(t, 10*time.Second, "initial fleet on every replica", func() bool { return c.hasInstances(ids...) })
 	return bs, regs
 }
 
@@ -59,7 +60,7 @@ func TestRegisterRoutesWithinOneSecond(t *testing.T) {
 	start := time.Now()
 	c.register(nb.instance())
 	for _, r := range c.replicas {
-		waitFor(t, 10*time.Second, "new instance answers through "+r.Addr(), func() bool {
+		testsupport.Eventually(t, 10*time.Second, "new instance answers through "+r.Addr(), func() bool {
 			return c.invoke(r, body, "").instance == nb.id
 		})
 	}
@@ -81,11 +82,11 @@ func TestGracefulStopNoFailedRequest(t *testing.T) {
 	leaving := newBackend(t, "leaving")
 	leaving.hold.Store(int64(20 * time.Millisecond)) // requests overlap the drain
 	reg := c.register(leaving.instance())
-	waitFor(t, 10*time.Second, "leaving instance on every replica", func() bool { return c.hasInstances(bs[0].id, bs[1].id, bs[2].id, leaving.id) })
+	testsupport.Eventually(t, 10*time.Second, "leaving instance on every replica", func() bool { return c.hasInstances(bs[0].id, bs[1].id, bs[2].id, leaving.id) })
 
 	load := c.startLoad(4, 100000, 60*time.Second, bodies(64))
 	defer load.stop()
-	waitFor(t, 10*time.Second, "load reaches the leaving instance", func() bool { return leaving.served.Load() >= 10 })
+	testsupport.Eventually(t, 10*time.Second, "load reaches the leaving instance", func() bool { return leaving.served.Load() >= 10 })
 
 	// 1. Draining: routers stop sending new requests.
 	start := time.Now()
@@ -94,14 +95,14 @@ func TestGracefulStopNoFailedRequest(t *testing.T) {
 	if err := reg.SetDraining(ctx, true); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "draining seen by every replica", func() bool {
+	testsupport.Eventually(t, 10*time.Second, "draining seen by every replica", func() bool {
 		return c.everyReplica(func(r *replica.Replica) bool { in, ok := lookup(r, leaving.id); return ok && in.Draining })
 	})
 	within(t, "draining flag on every replica", time.Since(start), propagation)
 	// 2. Wait for what is in flight on it (the agent polls the server's
 	// gauges; the routers' own counts are stricter: they end with the
 	// response body).
-	waitFor(t, 10*time.Second, "requests on the draining instance finished", func() bool {
+	testsupport.Eventually(t, 10*time.Second, "requests on the draining instance finished", func() bool {
 		return leaving.inFlight.Load() == 0 && c.everyReplica(func(r *replica.Replica) bool {
 			st, ok := r.Router().Status(ep, leaving.id)
 			return ok && st.InFlight == 0
@@ -112,12 +113,12 @@ func TestGracefulStopNoFailedRequest(t *testing.T) {
 	if err := reg.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "revoked instance gone from every replica", func() bool { return c.hasInstances(bs[0].id, bs[1].id, bs[2].id) })
+	testsupport.Eventually(t, 10*time.Second, "revoked instance gone from every replica", func() bool { return c.hasInstances(bs[0].id, bs[1].id, bs[2].id) })
 	within(t, "revoked instance gone from every replica", time.Since(start), propagation)
 	// 4. The server exits; traffic keeps flowing on the others.
 	leaving.srv.Close()
 	before := load.ok.Load()
-	waitFor(t, 10*time.Second, "traffic after the stop", func() bool { return load.ok.Load() >= before+100 })
+	testsupport.Eventually(t, 10*time.Second, "traffic after the stop", func() bool { return load.ok.Load() >= before+100 })
 
 	ok, failed, errs := load.stop()
 	t.Logf("load: %d ok, %d failed; leaving instance served %d", ok, failed, leaving.served.Load())
@@ -142,12 +143,12 @@ func TestCrashGoneWithinTTL(t *testing.T) {
 	opts := c.opts
 	opts.TTL = ttl
 	reg := registerWith(t, cli, crashing.instance(), opts)
-	waitFor(t, 10*time.Second, "crashing instance on every replica", func() bool { return c.hasInstances(bs[0].id, bs[1].id, crashing.id) })
+	testsupport.Eventually(t, 10*time.Second, "crashing instance on every replica", func() bool { return c.hasInstances(bs[0].id, bs[1].id, crashing.id) })
 
 	// The crash: the process's etcd connection goes away, no revoke.
 	start := time.Now()
 	cli.Close()
-	waitFor(t, 20*time.Second, "crashed instance gone from every replica", func() bool { return c.hasInstances(bs[0].id, bs[1].id) })
+	testsupport.Eventually(t, 20*time.Second, "crashed instance gone from every replica", func() bool { return c.hasInstances(bs[0].id, bs[1].id) })
 	elapsed := time.Since(start)
 	within(t, "crashed instance gone from every replica", elapsed, ttl+time.Second)
 	// A lease expires no sooner than 2/3 TTL after the last keepalive
@@ -187,7 +188,7 @@ func TestAdapterChangeRoutesWithinOneSecond(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, r := range c.replicas {
-		waitFor(t, 10*time.Second, "adapter request reaches "+target.id+" through "+r.Addr(), func() bool {
+		testsupport.Eventually(t, 10*time.Second, "adapter request reaches "+target.id+" through "+r.Addr(), func() bool {
 			return c.invoke(r, body, adapter).instance == target.id
 		})
 	}
@@ -258,7 +259,7 @@ func TestEtcdOutageStaticStability(t *testing.T) {
 
 	start := time.Now()
 	c.restartEtcd()
-	waitFor(t, 30*time.Second, "change made during the outage on every replica", func() bool {
+	testsupport.Eventually(t, 30*time.Second, "change made during the outage on every replica", func() bool {
 		return c.everyReplica(func(r *replica.Replica) bool { in, ok := lookup(r, bs[1].id); return ok && in.HasAdapter(adapter) })
 	})
 	t.Logf("change made during the outage on every replica %v after etcd restarted", time.Since(start).Round(time.Millisecond))
@@ -272,7 +273,7 @@ func TestEtcdOutageStaticStability(t *testing.T) {
 	nb := newBackend(t, "after")
 	start = time.Now()
 	c.register(nb.instance())
-	waitFor(t, 10*time.Second, "instance registered after the outage on every replica", func() bool { return c.hasInstances(append(ids, nb.id)...) })
+	testsupport.Eventually(t, 10*time.Second, "instance registered after the outage on every replica", func() bool { return c.hasInstances(append(ids, nb.id)...) })
 	within(t, "instance registered after the outage on every replica", time.Since(start), propagation)
 }
 
@@ -294,7 +295,7 @@ func TestRevokedLeaseReestablished(t *testing.T) {
 	if _, err := other.Revoke(ctx, old); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "instance back under a new lease on every replica", func() bool {
+	testsupport.Eventually(t, 10*time.Second, "instance back under a new lease on every replica", func() bool {
 		id := regs[0].LeaseID()
 		if id == 0 || id == old {
 			return false

@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 )
 
 // TestUpdateDuringOutageNotLost: an instance update attempted while the
@@ -17,13 +19,13 @@ func TestUpdateDuringOutageNotLost(t *testing.T) {
 	bs, regs := fleetOf(t, c, 1)
 	c.etcd.Close()
 	// The keepalive saw no answer for a TTL: the owner is now granting.
-	waitFor(t, 20*time.Second, "lease lost", func() bool { return regs[0].LeaseID() == 0 })
+	testsupport.Eventually(t, 20*time.Second, "lease lost", func() bool { return regs[0].LeaseID() == 0 })
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	err := regs[0].SetAdapters(ctx, []string{"lora-late"})
 	cancel()
 	t.Logf("SetAdapters during the outage: %v; Instance() reports %v", err, regs[0].Instance().Adapters)
 	c.restartEtcd()
-	waitFor(t, 15*time.Second, "adapter set during the outage on the replica", func() bool {
+	testsupport.Eventually(t, 15*time.Second, "adapter set during the outage on the replica", func() bool {
 		in, ok := lookup(c.replicas[0], bs[0].id)
 		return ok && in.HasAdapter("lora-late")
 	})

@@ -19,7 +19,6 @@ import (
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/jonboulle/clockwork"
-	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -27,10 +26,11 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/extproc"
 	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 	"github.com/prefixrouter/prefixrouter/router"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { testsupport.VerifyNoLeaks(m) }
 
 const endpoint = "ep"
 
@@ -123,18 +123,6 @@ func (c *cluster) totalInFlight(t *testing.T) int64 {
 		n += c.inFlight(t, addr)
 	}
 	return n
-}
-
-// waitFor polls cond until it holds or a deadline passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
 
 // envoy drives one ext_proc stream as Envoy's filter does with
@@ -336,7 +324,7 @@ func TestConformanceOpenAI(t *testing.T) {
 		want := c.viaHTTP(t, "/v1/chat/completions", nil, body)
 		// The HTTP data plane releases its slot just after the client has
 		// the response.
-		waitFor(t, "the HTTP request's slot released", func() bool { return c.totalInFlight(t) == 0 })
+		testsupport.Eventually(t, 5*time.Second, "the HTTP request's slot released", func() bool { return c.totalInFlight(t) == 0 })
 
 		e := c.open(t)
 		e.headers("/v1/chat/completions?x=1", nil, nil, false)
@@ -442,7 +430,7 @@ func TestSubsetHint(t *testing.T) {
 			t.Fatalf("after an immediate response the stream must end: %v", err)
 		}
 	}
-	waitFor(t, "every slot released", func() bool { return c.totalInFlight(t) == 0 })
+	testsupport.Eventually(t, 5*time.Second, "every slot released", func() bool { return c.totalInFlight(t) == 0 })
 }
 
 // TestReleaseOnCancel: a stream cancelled after the pick (Envoy's request
@@ -458,7 +446,7 @@ func TestReleaseOnCancel(t *testing.T) {
 		t.Fatalf("in flight after the pick: %d, want 1", n)
 	}
 	e.cancel()
-	waitFor(t, "the slot released on cancel", func() bool { return c.inFlight(t, dest[0]) == 0 })
+	testsupport.Eventually(t, 5*time.Second, "the slot released on cancel", func() bool { return c.inFlight(t, dest[0]) == 0 })
 }
 
 // TestServedElsewhere: when the proxy reports that a fallback served, the
@@ -574,7 +562,7 @@ func TestHealth(t *testing.T) {
 		}
 	}
 	ready <- nil
-	waitFor(t, "readiness", func() bool {
+	testsupport.Eventually(t, 5*time.Second, "readiness", func() bool {
 		clock.Advance(time.Second)
 		return check(extproc.HealthReadiness) == healthpb.HealthCheckResponse_SERVING &&
 			check(extproc.HealthExtProc) == healthpb.HealthCheckResponse_SERVING

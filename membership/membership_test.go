@@ -14,6 +14,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 )
 
 // startEtcd is etcdtest.Start (which this package cannot import).
@@ -80,27 +81,27 @@ func has(w *Watcher, ep, id string) func() bool {
 func TestRegistrationLifecycle(t *testing.T) {
 	e := startEtcd(t)
 	cli := newClient(t, e.ClientURL())
-	ctx := testCtx(t)
+	ctx := testsupport.Context(t, 20*time.Second)
 	w := startWatcher(t, cli, nil, nil)
 
 	reg, err := RegisterInstance(ctx, cli, "ep1", fleet.Instance{ID: "i-1", Addr: "http://127.0.0.1:9", Adapters: []string{"a"}}, Options{TTL: 2 * time.Second, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
-	took := eventually(t, time.Second, "registered instance visible", has(w, "ep1", "i-1"))
+	took := testsupport.Eventually(t, time.Second, "registered instance visible", has(w, "ep1", "i-1"))
 	t.Logf("register visible after %v", took)
 
 	if err := reg.SetAdapters(ctx, []string{"a", "b"}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Second, "adapter b visible", func() bool {
+	testsupport.Eventually(t, time.Second, "adapter b visible", func() bool {
 		in, _ := instanceOf(w.Snapshot(), "ep1", "i-1")
 		return in.HasAdapter("b")
 	})
 	if err := reg.SetDraining(ctx, true); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Second, "draining visible", func() bool {
+	testsupport.Eventually(t, time.Second, "draining visible", func() bool {
 		in, _ := instanceOf(w.Snapshot(), "ep1", "i-1")
 		return in.Draining
 	})
@@ -115,7 +116,7 @@ func TestRegistrationLifecycle(t *testing.T) {
 	if err := reg.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	took = eventually(t, time.Second, "closed instance gone", func() bool { return !has(w, "ep1", "i-1")() })
+	took = testsupport.Eventually(t, time.Second, "closed instance gone", func() bool { return !has(w, "ep1", "i-1")() })
 	t.Logf("revoke visible after %v", took)
 	if w.Snapshot().Endpoint("ep1") != nil {
 		t.Fatal("endpoint without instances or config still in the snapshot")
@@ -128,7 +129,7 @@ func TestRegistrationLifecycle(t *testing.T) {
 func TestCrashedInstanceExpires(t *testing.T) {
 	e := startEtcd(t)
 	cli := newClient(t, e.ClientURL())
-	ctx := testCtx(t)
+	ctx := testsupport.Context(t, 20*time.Second)
 	w := startWatcher(t, cli, nil, nil)
 
 	// The instance has its own client: closing it stops the keepalive
@@ -139,9 +140,9 @@ func TestCrashedInstanceExpires(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Second, "instance visible", has(w, "ep1", "crash"))
+	testsupport.Eventually(t, time.Second, "instance visible", has(w, "ep1", "crash"))
 	icli.Close()
-	took := eventually(t, ttl+time.Second, "crashed instance expired", func() bool { return !has(w, "ep1", "crash")() })
+	took := testsupport.Eventually(t, ttl+time.Second, "crashed instance expired", func() bool { return !has(w, "ep1", "crash")() })
 	t.Logf("crash (TTL %v) detected after %v", ttl, took)
 	start := time.Now()
 	err = reg.Close(ctx) // the revoke fails on the closed client; it must still stop
@@ -151,7 +152,7 @@ func TestCrashedInstanceExpires(t *testing.T) {
 func TestExternallyRevokedLeaseIsRestored(t *testing.T) {
 	e := startEtcd(t)
 	cli := newClient(t, e.ClientURL())
-	ctx := testCtx(t)
+	ctx := testsupport.Context(t, 20*time.Second)
 	m := NewMetrics(nil)
 	const ttl = 2 * time.Second
 	reg, err := RegisterInstance(ctx, newClient(t, e.ClientURL()), "ep1", fleet.Instance{ID: "i-1", Addr: "http://127.0.0.1:9"}, Options{TTL: ttl, Logger: quiet, Metrics: m})
@@ -164,7 +165,7 @@ func TestExternallyRevokedLeaseIsRestored(t *testing.T) {
 		t.Fatal(err)
 	}
 	revoked := time.Now()
-	took := eventually(t, ttl, "record back under a new lease", func() bool {
+	took := testsupport.Eventually(t, ttl, "record back under a new lease", func() bool {
 		resp, err := cli.Get(ctx, reg.Key())
 		return err == nil && len(resp.Kvs) == 1 && resp.Kvs[0].Lease != int64(old)
 	})
@@ -178,7 +179,7 @@ func TestExternallyRevokedLeaseIsRestored(t *testing.T) {
 func TestReplicaCount(t *testing.T) {
 	e := startEtcd(t)
 	cli := newClient(t, e.ClientURL())
-	ctx := testCtx(t)
+	ctx := testsupport.Context(t, 20*time.Second)
 	w := startWatcher(t, cli, nil, nil)
 	if got := w.Snapshot().Replicas; got != 1 {
 		t.Fatalf("replicas with none registered = %d, want 1", got)
@@ -191,15 +192,15 @@ func TestReplicaCount(t *testing.T) {
 		}
 		regs = append(regs, r)
 	}
-	eventually(t, time.Second, "3 replicas", func() bool { return w.Snapshot().Replicas == 3 })
+	testsupport.Eventually(t, time.Second, "3 replicas", func() bool { return w.Snapshot().Replicas == 3 })
 	if err := regs[0].Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Second, "2 replicas", func() bool { return w.Snapshot().Replicas == 2 })
+	testsupport.Eventually(t, time.Second, "2 replicas", func() bool { return w.Snapshot().Replicas == 2 })
 	for _, r := range regs[1:] {
 		r.Close(ctx)
 	}
-	eventually(t, time.Second, "back to 1", func() bool { return w.Snapshot().Replicas == 1 })
+	testsupport.Eventually(t, time.Second, "back to 1", func() bool { return w.Snapshot().Replicas == 1 })
 	resp, err := cli.Get(ctx, Layout{}.RouterKey("r1"))
 	if err != nil || len(resp.Kvs) != 0 {
 		t.Fatalf("router key after close: %v %v", resp, err)
@@ -209,7 +210,7 @@ func TestReplicaCount(t *testing.T) {
 func TestRoutingConfig(t *testing.T) {
 	e := startEtcd(t)
 	cli := newClient(t, e.ClientURL())
-	ctx := testCtx(t)
+	ctx := testsupport.Context(t, 20*time.Second)
 	m := NewMetrics(nil)
 	w := startWatcher(t, cli, m, nil)
 	l := Layout{}
@@ -229,7 +230,7 @@ func TestRoutingConfig(t *testing.T) {
 	if err := PutConfig(ctx, cli, l, "ep1", good); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Second, "config in snapshot", func() bool {
+	testsupport.Eventually(t, time.Second, "config in snapshot", func() bool {
 		ep := w.Snapshot().Endpoint("ep1")
 		return ep != nil && ep.Config.RoutingStrategy == fleet.LeastOutstanding
 	})
@@ -250,7 +251,7 @@ func TestRoutingConfig(t *testing.T) {
 		if _, err := cli.Put(ctx, l.InstanceKey("ep1", marker), fmt.Sprintf(`{"id":%q,"addr":"http://127.0.0.1:9"}`, marker)); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, time.Second, "marker visible", has(w, "ep1", marker))
+		testsupport.Eventually(t, time.Second, "marker visible", has(w, "ep1", marker))
 		if got := w.Snapshot().Endpoint("ep1").Config.RoutingStrategy; got != fleet.LeastOutstanding {
 			t.Fatalf("%s: strategy = %s, want the previous LEAST_OUTSTANDING_REQUESTS", raw, got)
 		}
@@ -266,7 +267,7 @@ func TestRoutingConfig(t *testing.T) {
 	if err := PutConfig(ctx, cli, l, "ep1", fleet.RoutingConfig{RoutingStrategy: fleet.PrefixAware, PrefixAwareRoutingConfig: &fleet.PrefixAwareConfig{PrefixLength: 2048, ConcurrencyThreshold: 3}}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Second, "new config", func() bool {
+	testsupport.Eventually(t, time.Second, "new config", func() bool {
 		c := w.Snapshot().Endpoint("ep1").Config
 		return c.RoutingStrategy == fleet.PrefixAware && c.PrefixLength() == 2048 && c.ConcurrencyThreshold() == 3
 	})
@@ -275,7 +276,7 @@ func TestRoutingConfig(t *testing.T) {
 func TestInvalidInstanceRecordsSkipped(t *testing.T) {
 	e := startEtcd(t)
 	cli := newClient(t, e.ClientURL())
-	ctx := testCtx(t)
+	ctx := testsupport.Context(t, 20*time.Second)
 	m := NewMetrics(nil)
 	w := startWatcher(t, cli, m, nil)
 	l := Layout{}
@@ -293,7 +294,7 @@ func TestInvalidInstanceRecordsSkipped(t *testing.T) {
 	if _, err := cli.Put(ctx, l.InstanceKey("ep1", "good"), `{"addr":"http://127.0.0.1:9"}`); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Second, "good instance (id taken from the key)", has(w, "ep1", "good"))
+	testsupport.Eventually(t, time.Second, "good instance (id taken from the key)", has(w, "ep1", "good"))
 	if n := len(w.Snapshot().Endpoint("ep1").Instances); n != 1 {
 		t.Fatalf("instances = %d, want only the valid one", n)
 	}
@@ -304,7 +305,7 @@ func TestInvalidInstanceRecordsSkipped(t *testing.T) {
 	if _, err := cli.Put(ctx, l.InstanceKey("ep1", "good"), `{"id":"good"}`); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Second, "invalidated instance gone", func() bool { return !has(w, "ep1", "good")() })
+	testsupport.Eventually(t, time.Second, "invalidated instance gone", func() bool { return !has(w, "ep1", "good")() })
 }
 
 // TestCompactionRelists cuts the watcher's connection, changes and compacts
@@ -313,7 +314,7 @@ func TestInvalidInstanceRecordsSkipped(t *testing.T) {
 func TestCompactionRelists(t *testing.T) {
 	e := startEtcd(t)
 	admin := newClient(t, e.ClientURL())
-	ctx := testCtx(t)
+	ctx := testsupport.Context(t, 20*time.Second)
 	p := startProxy(t, e.Clients()[0])
 	m := NewMetrics(nil)
 	rec := &recorder{}
@@ -329,8 +330,8 @@ func TestCompactionRelists(t *testing.T) {
 	if err := PutConfig(ctx, admin, l, "ep1", fleet.RoutingConfig{RoutingStrategy: fleet.Random}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Second, "a visible", has(w, "ep1", "a"))
-	eventually(t, time.Second, "config visible", func() bool { return w.Snapshot().Endpoint("ep1").Config.RoutingStrategy == fleet.Random })
+	testsupport.Eventually(t, time.Second, "a visible", has(w, "ep1", "a"))
+	testsupport.Eventually(t, time.Second, "config visible", func() bool { return w.Snapshot().Endpoint("ep1").Config.RoutingStrategy == fleet.Random })
 	behind := w.Snapshot().Revision
 
 	p.setBlocked(true)
@@ -354,7 +355,7 @@ func TestCompactionRelists(t *testing.T) {
 	}
 	p.setBlocked(false)
 
-	took := eventually(t, 10*time.Second, "converged after compaction", func() bool {
+	took := testsupport.Eventually(t, 10*time.Second, "converged after compaction", func() bool {
 		s := w.Snapshot()
 		_, a := instanceOf(s, "ep1", "a")
 		_, b := instanceOf(s, "ep1", "b")
@@ -376,7 +377,7 @@ func TestCompactionRelists(t *testing.T) {
 func TestEtcdDownKeepsLastSnapshot(t *testing.T) {
 	e := startEtcd(t)
 	cli := newClient(t, e.ClientURL())
-	ctx := testCtx(t)
+	ctx := testsupport.Context(t, 20*time.Second)
 	m := NewMetrics(nil)
 	rec := &recorder{}
 	w := startWatcher(t, cli, m, rec)
@@ -386,14 +387,14 @@ func TestEtcdDownKeepsLastSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer reg.Close(ctx)
-	eventually(t, time.Second, "instance visible", has(w, "ep1", "keep"))
+	testsupport.Eventually(t, time.Second, "instance visible", has(w, "ep1", "keep"))
 	published := len(rec.all())
 
 	e.Close()
 	down := time.Now()
 	// The age grows while etcd is down: poll until it is clearly stale
 	// (well past several 50 ms progress intervals).
-	eventually(t, 10*time.Second, "snapshot age grows", func() bool { return w.SnapshotAge() > time.Second })
+	testsupport.Eventually(t, 10*time.Second, "snapshot age grows", func() bool { return w.SnapshotAge() > time.Second })
 	if n := len(rec.all()); n != published {
 		t.Fatalf("%d snapshots published while etcd was down", n-published)
 	}
@@ -412,14 +413,14 @@ func TestEtcdDownKeepsLastSnapshot(t *testing.T) {
 	if err := PutConfig(ctx, other, l, "ep1", fleet.RoutingConfig{RoutingStrategy: fleet.Random}); err != nil {
 		t.Fatal(err)
 	}
-	took := eventually(t, 10*time.Second, "change made after restart visible", func() bool {
+	took := testsupport.Eventually(t, 10*time.Second, "change made after restart visible", func() bool {
 		s := w.Snapshot()
 		_, n := instanceOf(s, "ep1", "new")
 		_, k := instanceOf(s, "ep1", "keep")
 		return n && k && s.Endpoint("ep1").Config.RoutingStrategy == fleet.Random
 	})
 	t.Logf("converged %v after the restart", took)
-	eventually(t, 5*time.Second, "age fresh again", func() bool { return w.SnapshotAge() >= 0 && w.SnapshotAge() < time.Second })
+	testsupport.Eventually(t, 5*time.Second, "age fresh again", func() bool { return w.SnapshotAge() >= 0 && w.SnapshotAge() < time.Second })
 	for i, s := range rec.all() {
 		if _, ok := instanceOf(s, "ep1", "keep"); !ok && i >= published-1 {
 			t.Fatalf("snapshot %d lost the registered instance", i)
@@ -457,7 +458,7 @@ func TestWatcherCloseBeforeSync(t *testing.T) {
 func TestRegisterFailsClearly(t *testing.T) {
 	e := startEtcd(t)
 	cli := newClient(t, e.ClientURL())
-	ctx := testCtx(t)
+	ctx := testsupport.Context(t, 20*time.Second)
 	for _, tc := range []struct {
 		name, ep string
 		in       fleet.Instance
@@ -501,7 +502,7 @@ func TestInstanceJSONShape(t *testing.T) {
 func TestDefaultConfigForUnsetEndpoints(t *testing.T) {
 	e := startEtcd(t)
 	cli := newClient(t, e.Endpoints()...)
-	ctx := testCtx(t)
+	ctx := testsupport.Context(t, 20*time.Second)
 	def := fleet.RoutingConfig{RoutingStrategy: fleet.Random, PrefixAwareRoutingConfig: &fleet.PrefixAwareConfig{PrefixLength: 2048, ConcurrencyThreshold: 7}}
 	w := StartWatcher(cli, WatcherOptions{DefaultConfig: def}, nil)
 	t.Cleanup(func() { w.Close() })
@@ -510,14 +511,14 @@ func TestDefaultConfigForUnsetEndpoints(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { reg.Close(context.Background()) })
-	eventually(t, 2*time.Second, "the default config on an endpoint with no key", func() bool {
+	testsupport.Eventually(t, 2*time.Second, "the default config on an endpoint with no key", func() bool {
 		ep := w.Snapshot().Endpoint("ep")
 		return ep != nil && ep.Config.RoutingStrategy == fleet.Random && ep.Config.PrefixLength() == 2048 && ep.Config.ConcurrencyThreshold() == 7
 	})
 	if err := PutConfig(ctx, cli, Layout{}, "ep", fleet.RoutingConfig{RoutingStrategy: fleet.LeastOutstanding}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 2*time.Second, "the stored config wins", func() bool {
+	testsupport.Eventually(t, 2*time.Second, "the stored config wins", func() bool {
 		ep := w.Snapshot().Endpoint("ep")
 		return ep != nil && ep.Config.RoutingStrategy == fleet.LeastOutstanding && ep.Config.PrefixLength() == fleet.DefaultPrefixLength
 	})

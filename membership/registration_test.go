@@ -15,24 +15,12 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 	"github.com/prefixrouter/prefixrouter/membership"
 	"github.com/prefixrouter/prefixrouter/membership/etcdtest"
 )
 
 var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
-
-// pollUntil polls cond every 5 ms until it holds or limit passes.
-func pollUntil(t *testing.T, limit time.Duration, what string, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > limit {
-			t.Fatalf("not within %v: %s", limit, what)
-		}
-		time.Sleep(5 * time.Millisecond) // polling interval, not a wait for an event
-	}
-	return time.Since(start)
-}
 
 // stored reads the instance record from etcd through cli; ok is false when
 // the key is absent or etcd does not answer.
@@ -77,7 +65,7 @@ func TestUpdateDuringOutageNotLost(t *testing.T) {
 			e.Close()
 			// The keepalive got no answer for a TTL: the owner now
 			// tries to grant a new lease, each attempt blocking.
-			pollUntil(t, 10*time.Second, "lease lost", func() bool { return reg.LeaseID() == 0 })
+			testsupport.Eventually(t, 10*time.Second, "lease lost", func() bool { return reg.LeaseID() == 0 })
 			const callTimeout = 200 * time.Millisecond
 			for _, adapters := range tc.updates {
 				uctx, ucancel := context.WithTimeout(ctx, callTimeout)
@@ -100,7 +88,7 @@ func TestUpdateDuringOutageNotLost(t *testing.T) {
 
 			e2 := etcdtest.Restart(t, e)
 			other := etcdtest.Client(t, e2)
-			took := pollUntil(t, 15*time.Second, "latest record written after the outage", func() bool {
+			took := testsupport.Eventually(t, 15*time.Second, "latest record written after the outage", func() bool {
 				in, ok := stored(other, reg.Key())
 				return ok && slices.Equal(in.Adapters, tc.wantLast)
 			})
@@ -179,7 +167,7 @@ func TestClosedClientFailsFast(t *testing.T) {
 			}
 			if tc.etcdDown {
 				e.Close()
-				pollUntil(t, 10*time.Second, "lease lost", func() bool { return reg.LeaseID() == 0 })
+				testsupport.Eventually(t, 10*time.Second, "lease lost", func() bool { return reg.LeaseID() == 0 })
 			}
 			cli.Close()
 

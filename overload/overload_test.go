@@ -11,10 +11,11 @@ import (
 	"time"
 
 	"github.com/sony/gobreaker/v2"
-	"go.uber.org/goleak"
+
+	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { testsupport.VerifyNoLeaks(m) }
 
 func TestIsFailure(t *testing.T) {
 	dial := &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
@@ -199,17 +200,6 @@ func TestTryAcquireConcurrentNeverOvershoots(t *testing.T) {
 	}
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 func TestBreakerOpensAndRecovers(t *testing.T) {
 	s := NewState("a", BreakerSettings{ConsecutiveFailures: 3, OpenTimeout: 50 * time.Millisecond})
 	dial := &net.OpError{Op: "dial", Err: errors.New("refused")}
@@ -229,7 +219,7 @@ func TestBreakerOpensAndRecovers(t *testing.T) {
 	if _, ok := s.TryAcquire(10, 1); ok {
 		t.Fatal("open breaker admitted under threshold")
 	}
-	waitFor(t, "open timeout", func() bool { return !s.Open() })
+	testsupport.Eventually(t, 5*time.Second, "open timeout", func() bool { return !s.Open() })
 	probe, ok := s.Acquire()
 	if !ok {
 		t.Fatal("half-open breaker rejected the probe")

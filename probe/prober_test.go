@@ -8,10 +8,11 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
-	"go.uber.org/goleak"
+
+	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { testsupport.VerifyNoLeaks(m) }
 
 // waitRound blocks until the prober driven by fc has finished its round and
 // waits for the next (its timer is the clock's only waiter).

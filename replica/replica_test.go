@@ -21,12 +21,13 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/admin/adminpb"
 	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 	"github.com/prefixrouter/prefixrouter/membership"
 	"github.com/prefixrouter/prefixrouter/membership/etcdtest"
 	"github.com/prefixrouter/prefixrouter/router"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { testsupport.VerifyNoLeaks(m) }
 
 var quiet = slog.New(slog.DiscardHandler)
 
@@ -55,17 +56,6 @@ func dialAdmin(t *testing.T, r *Replica) (adminpb.AdminClient, *grpc.ClientConn)
 	}
 	t.Cleanup(func() { conn.Close() })
 	return adminpb.NewAdminClient(conn), conn
-}
-
-func poll(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %s", within, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 func TestAdminAPIWithEtcd(t *testing.T) {
@@ -101,7 +91,7 @@ func TestAdminAPIWithEtcd(t *testing.T) {
 	t.Run("GetFleet", func(t *testing.T) {
 		// Registrations may reach the watcher after its first snapshot.
 		var got []string
-		poll(t, 5*time.Second, "three instances in GetFleet", func() bool {
+		testsupport.Eventually(t, 5*time.Second, "three instances in GetFleet", func() bool {
 			resp, err := ac.GetFleet(ctx, &adminpb.GetFleetRequest{Endpoint: "chat"})
 			if err != nil {
 				t.Fatal(err)
@@ -195,7 +185,7 @@ func TestAdminAPIWithEtcd(t *testing.T) {
 			if resp.GetConfig().GetStrategy() != string(s) {
 				t.Fatalf("written %v", resp.GetConfig())
 			}
-			poll(t, time.Second, "strategy "+string(s)+" in the replica's snapshot", func() bool { return strategy() == s })
+			testsupport.Eventually(t, time.Second, "strategy "+string(s)+" in the replica's snapshot", func() bool { return strategy() == s })
 			got, err := ac.GetRoutingConfig(ctx, &adminpb.GetRoutingConfigRequest{Endpoint: "chat"})
 			if err != nil || !got.GetStored() || got.GetConfig().GetStrategy() != string(s) || got.GetApplied().GetStrategy() != string(s) {
 				t.Fatalf("GetRoutingConfig %v %v", got, err)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/admin/adminpb"
 	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 )
 
 // modelServer is a loopback instance whose /health answers healthStatus and
@@ -64,7 +65,7 @@ func TestGetFleetShowsHealthAndExternalLoad(t *testing.T) {
 		return out
 	}
 	var got map[string]*adminpb.InstanceState
-	poll(t, 10*time.Second, "down marked down and loaded's load polled", func() bool {
+	testsupport.Eventually(t, 10*time.Second, "down marked down and loaded's load polled", func() bool {
 		got = states()
 		return !got["down"].GetHealthy() && got["loaded"].GetExternalLoad() == 7
 	})

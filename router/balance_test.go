@@ -8,7 +8,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 	"github.com/prefixrouter/prefixrouter/overload"
 )
 
@@ -100,7 +102,7 @@ func TestBalanceSpillAndReturn(t *testing.T) {
 				blocked = res
 			}()
 			primary := h.bySrvID[order[0]]
-			waitFor(t, "blocked request on the primary", func() bool { return primary.blocked.Load() == 1 })
+			testsupport.Eventually(t, 10*time.Second, "blocked request on the primary", func() bool { return primary.blocked.Load() == 1 })
 
 			res := h.mustDo("/invocations", body, nil)
 			want := order[0]

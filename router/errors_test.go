@@ -15,6 +15,7 @@ import (
 	"github.com/sony/gobreaker/v2"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 	"github.com/prefixrouter/prefixrouter/overload"
 )
 
@@ -167,12 +168,12 @@ func TestClientCancelIsNotAFailure(t *testing.T) {
 			_, err := h.do(ctx, "/invocations", "x", map[string]string{"X-Test-Block": "1"})
 			done <- err
 		}()
-		waitFor(t, "request blocked in backend", func() bool { return b.blocked.Load() == 1 })
+		testsupport.Eventually(t, 10*time.Second, "request blocked in backend", func() bool { return b.blocked.Load() == 1 })
 		cancel()
 		if err := <-done; !errors.Is(err, context.Canceled) {
 			t.Fatalf("client error %v", err)
 		}
-		waitFor(t, "slot released", func() bool { return h.state("i-a").InFlight() == 0 && b.blocked.Load() == 0 })
+		testsupport.Eventually(t, 10*time.Second, "slot released", func() bool { return h.state("i-a").InFlight() == 0 && b.blocked.Load() == 0 })
 	}
 	// Canceled mid-stream.
 	sent := make(chan struct{})
@@ -208,7 +209,7 @@ func TestClientCancelIsNotAFailure(t *testing.T) {
 	}
 	cancel()
 	resp.Body.Close()
-	waitFor(t, "stream slot released", func() bool { return h2.state("i-s").InFlight() == 0 })
+	testsupport.Eventually(t, 10*time.Second, "stream slot released", func() bool { return h2.state("i-s").InFlight() == 0 })
 	for _, st := range []*overload.State{h.state("i-a"), h2.state("i-s")} {
 		if s := st.Status().Breaker; s != gobreaker.StateClosed {
 			t.Fatalf("%s breaker %v after client cancels", st.ID(), s)
@@ -246,5 +247,5 @@ func TestUpstream5xxCountsAndPassesThrough(t *testing.T) {
 	}
 	h.mustDo("/invocations", "x", nil)
 	// The proxy reports the outcome after the client has the response.
-	waitFor(t, "breaker open after three 503s", func() bool { return h.state("i-a").Status().Breaker == gobreaker.StateOpen })
+	testsupport.Eventually(t, 10*time.Second, "breaker open after three 503s", func() bool { return h.state("i-a").Status().Breaker == gobreaker.StateOpen })
 }

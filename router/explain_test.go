@@ -13,6 +13,7 @@ import (
 	"github.com/sony/gobreaker/v2"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 	"github.com/prefixrouter/prefixrouter/lora"
 	"github.com/prefixrouter/prefixrouter/overload"
 )
@@ -200,7 +201,7 @@ func TestStatus(t *testing.T) {
 		res, _ := h.do(t.Context(), "/invocations", body, map[string]string{"X-Test-Block": "1"})
 		done <- res
 	}()
-	waitFor(t, "blocked request", func() bool { return h.bySrvID[ex.Instance].blocked.Load() == 1 })
+	testsupport.Eventually(t, 10*time.Second, "blocked request", func() bool { return h.bySrvID[ex.Instance].blocked.Load() == 1 })
 	if st, ok := h.r.Status("ep", ex.Instance); !ok || st.InFlight != 1 {
 		t.Fatalf("blocked: %+v %v, want 1 in flight", st, ok)
 	}
@@ -208,7 +209,7 @@ func TestStatus(t *testing.T) {
 	if res := <-done; res.status != http.StatusOK {
 		t.Fatalf("blocked request: status %d", res.status)
 	}
-	waitFor(t, "slot released", func() bool { st, _ := h.r.Status("ep", ex.Instance); return st.InFlight == 0 })
+	testsupport.Eventually(t, 10*time.Second, "slot released", func() bool { st, _ := h.r.Status("ep", ex.Instance); return st.InFlight == 0 })
 
 	// One dial failure opens the dead instance's breaker (the request is
 	// retried elsewhere).

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 	"github.com/prefixrouter/prefixrouter/probe"
 )
 
@@ -181,7 +182,7 @@ func TestHealthCheckSkipsUnhealthy(t *testing.T) {
 					t.Fatalf("after recovery went to %s (%s), want primary %s", res.instance, res.decision, order[0])
 				}
 			} else {
-				waitFor(t, "recovered instance picked again", func() bool {
+				testsupport.Eventually(t, 10*time.Second, "recovered instance picked again", func() bool {
 					return h.mustDo("/invocations", body, nil).instance == down.id
 				})
 			}
@@ -253,7 +254,7 @@ func TestHealthCheckerStopsOnClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.Update(fleet.NewSnapshot([]fleet.Endpoint{{Name: "ep", Instances: []fleet.Instance{{ID: "i-a", Addr: hb.srv.URL}}}}, 0, 1, time.Now()))
-	waitFor(t, "a probe in flight", func() bool { return hb.probes.Load() > 0 })
+	testsupport.Eventually(t, 10*time.Second, "a probe in flight", func() bool { return hb.probes.Load() > 0 })
 	if err := r.Close(); err != nil {
 		t.Fatal(err)
 	}

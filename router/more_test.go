@@ -14,6 +14,7 @@ import (
 	"github.com/jonboulle/clockwork"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 )
 
 func TestStrategiesSwitchLive(t *testing.T) {
@@ -48,7 +49,7 @@ func TestStrategiesSwitchLive(t *testing.T) {
 		first, _ = h.do(t.Context(), "/invocations", "same", map[string]string{"X-Test-Block": "1"})
 	}()
 	var busy *backend
-	waitFor(t, "a blocked request", func() bool {
+	testsupport.Eventually(t, 10*time.Second, "a blocked request", func() bool {
 		for _, b := range bs {
 			if b.blocked.Load() == 1 {
 				busy = b
@@ -82,7 +83,7 @@ func TestReplicaShareLowersThreshold(t *testing.T) {
 		h.do(t.Context(), "/invocations", "p", map[string]string{"X-Test-Block": "1"})
 	}()
 	var busy *backend
-	waitFor(t, "blocked", func() bool {
+	testsupport.Eventually(t, 10*time.Second, "blocked", func() bool {
 		for _, b := range bs {
 			if b.blocked.Load() == 1 {
 				busy = b

@@ -20,13 +20,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/sony/gobreaker/v2"
-	"go.uber.org/goleak"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 	"github.com/prefixrouter/prefixrouter/overload"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { testsupport.VerifyNoLeaks(m) }
 
 // backend is a loopback model server. By default it answers 200 with its id;
 // a request with header X-Test-Block waits until release is closed (or the
@@ -122,7 +122,7 @@ func (h *harness) update() {
 // assertIdle checks that no in-flight slot leaked.
 func (h *harness) assertIdle() {
 	h.t.Helper()
-	waitFor(h.t, "in flight back to 0", func() bool {
+	testsupport.Eventually(h.t, 10*time.Second, "in flight back to 0", func() bool {
 		v := h.r.view.Load()
 		for _, ev := range v.endpoints {
 			for _, iv := range ev.instances {
@@ -137,17 +137,6 @@ func (h *harness) assertIdle() {
 
 func (h *harness) state(id string) *overload.State {
 	return h.r.view.Load().endpoints["ep"].instances[id].state
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
 
 type result struct {
@@ -275,7 +264,7 @@ func TestSpillAndReturn(t *testing.T) {
 			results[k] = res
 		}()
 		b := h.bySrvID[order[k]]
-		waitFor(t, "blocked request on "+order[k], func() bool { return b.blocked.Load() == 1 })
+		testsupport.Eventually(t, 10*time.Second, "blocked request on "+order[k], func() bool { return b.blocked.Load() == 1 })
 	}
 	// Everything full: least loaded (all at 1, so any) is the fallback.
 	res := h.mustDo("/invocations", body, nil)
@@ -368,7 +357,7 @@ func TestDeadBackendSkippedAndBreaker(t *testing.T) {
 	revived.Listener = l
 	revived.Start()
 	defer revived.Close()
-	waitFor(t, "probe to the revived instance", func() bool {
+	testsupport.Eventually(t, 10*time.Second, "probe to the revived instance", func() bool {
 		return h.mustDo("/invocations", body, hdr).instance == "i-dead"
 	})
 	if st.Status().Breaker != gobreaker.StateClosed {

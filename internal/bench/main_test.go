@@ -3,7 +3,7 @@ package bench
 import (
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { testsupport.VerifyNoLeaks(m) }

@@ -5,10 +5,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
-	"go.uber.org/goleak"
+
+	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { testsupport.VerifyNoLeaks(m) }
 
 func counterValue(t *testing.T, c prometheus.Counter) float64 {
 	t.Helper()

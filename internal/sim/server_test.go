@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 )
 
 func newTestServer(t *testing.T, cfg Config) (*Server, *httptest.Server) {
@@ -385,18 +387,6 @@ func TestMetrics(t *testing.T) {
 	}
 }
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond) // polling interval, not a wait for an event
-	}
-}
-
 func TestClientDisconnectAborts(t *testing.T) {
 	// Real time: 100,000 tokens would take half an hour of decode steps.
 	_, hs := newTestServer(t, Config{TimeScale: 1})
@@ -418,7 +408,7 @@ func TestClientDisconnectAborts(t *testing.T) {
 			}
 			done <- err
 		}()
-		waitFor(t, "the request to run", func() bool { v, _ := scrape(t, hs.URL, "vllm:num_requests_running"); return v == 1 })
+		testsupport.Eventually(t, 10*time.Second, "the request to run", func() bool { v, _ := scrape(t, hs.URL, "vllm:num_requests_running"); return v == 1 })
 		if u, _ := scrape(t, hs.URL, "vllm:kv_cache_usage_perc"); u == 0 {
 			t.Error("kv usage 0 while a request runs")
 		}
@@ -426,7 +416,7 @@ func TestClientDisconnectAborts(t *testing.T) {
 		if err := <-done; stream && err != nil && !errors.Is(err, context.Canceled) {
 			t.Fatal(err)
 		}
-		waitFor(t, "the aborted request to leave the batch", func() bool {
+		testsupport.Eventually(t, 10*time.Second, "the aborted request to leave the batch", func() bool {
 			r, _ := scrape(t, hs.URL, "vllm:num_requests_running")
 			u, _ := scrape(t, hs.URL, "vllm:kv_cache_usage_perc")
 			return r == 0 && u == 0
@@ -454,7 +444,7 @@ func TestCloseAnswersInFlight(t *testing.T) {
 		resp.Body.Close()
 		done <- resp.StatusCode
 	}()
-	waitFor(t, "the request to run", func() bool { v, _ := scrape(t, hs.URL, "vllm:num_requests_running"); return v == 1 })
+	testsupport.Eventually(t, 10*time.Second, "the request to run", func() bool { v, _ := scrape(t, hs.URL, "vllm:num_requests_running"); return v == 1 })
 	s.Close()
 	if code := <-done; code != http.StatusServiceUnavailable {
 		t.Errorf("in-flight request got %d after Close, want 503", code)
