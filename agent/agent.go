@@ -5,7 +5,6 @@ package agent
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -16,12 +15,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/membership"
+	"github.com/prefixrouter/prefixrouter/probe"
 )
 
 // Defaults of Config's zero values.
@@ -43,10 +41,6 @@ const (
 // DefaultHealthPaths are tried in order: vLLM and TGI answer /health,
 // SageMaker containers /ping.
 var DefaultHealthPaths = []string{"/health", "/ping"}
-
-// DefaultBusyMetrics are the model server's gauges whose sum is the number
-// of requests it still has to finish (vLLM's names).
-var DefaultBusyMetrics = []string{"vllm:num_requests_running", "vllm:num_requests_waiting"}
 
 // Config configures Run. Client, Endpoint, Instance.ID and Instance.Addr
 // are required; every other zero value means its default.
@@ -72,7 +66,8 @@ type Config struct {
 	// MetricsPath; zero means /metrics.
 	MetricsPath string
 	// BusyMetrics are summed over all their series to decide that the
-	// server is idle; zero means DefaultBusyMetrics.
+	// server is idle; zero means probe.LoadMetrics (vLLM's running and
+	// waiting requests).
 	BusyMetrics []string
 	// PollInterval of adapter discovery.
 	PollInterval time.Duration
@@ -104,7 +99,7 @@ func (c *Config) setDefaults() {
 		c.MetricsPath = "/metrics"
 	}
 	if len(c.BusyMetrics) == 0 {
-		c.BusyMetrics = DefaultBusyMetrics
+		c.BusyMetrics = probe.LoadMetrics
 	}
 	if c.PollInterval <= 0 {
 		c.PollInterval = DefaultPollInterval
@@ -167,10 +162,10 @@ func (a *agent) run(ctx context.Context) error {
 	in := a.cfg.Instance
 	static := slices.Clone(in.Adapters)
 	if a.cfg.DiscoverAdapters {
-		if d, err := a.discover(ctx); err != nil {
+		if m, err := probe.FetchModels(ctx, a.cfg.HTTPClient, a.url(a.cfg.ModelsPath)); err != nil {
 			a.log.Warn("agent: adapter discovery failed; registering the static adapters", "err", err)
 		} else {
-			d.apply(&in, static)
+			applyModels(&in, static, m)
 		}
 	}
 	reg, err := membership.RegisterInstance(ctx, a.cfg.Client, a.cfg.Endpoint, in, a.cfg.Options)
@@ -182,28 +177,41 @@ func (a *agent) run(ctx context.Context) error {
 	}
 	a.log.Info("agent: registered", "key", reg.Key(), "adapters", in.Adapters)
 
-	var poll <-chan time.Time
+	var discovery *probe.Prober
 	if a.cfg.DiscoverAdapters {
-		t := time.NewTicker(a.cfg.PollInterval)
-		defer t.Stop()
-		poll = t.C
-	}
-	for {
-		select {
-		case <-ctx.Done():
+		if discovery, err = a.startDiscovery(ctx, reg, static); err != nil {
 			a.drain(reg)
-			return nil
-		case <-poll:
-			d, err := a.discover(ctx)
+			return fmt.Errorf("agent: adapter discovery: %w", err)
+		}
+	}
+	<-ctx.Done()
+	if discovery != nil {
+		discovery.Close() // before the drain: no adapter update after it
+	}
+	a.drain(reg)
+	return nil
+}
+
+// startDiscovery polls the model list every PollInterval and writes the
+// adapters it lists (with the static ones) and the base model into the
+// registration when they change. ctx bounds the writes.
+func (a *agent) startDiscovery(ctx context.Context, reg *membership.InstanceRegistration, static []string) (*probe.Prober, error) {
+	models := a.url(a.cfg.ModelsPath)
+	return probe.Start(probe.Options{Interval: a.cfg.PollInterval},
+		func() []string { return []string{models} },
+		func(ctx context.Context, url string) (probe.Models, error) {
+			return probe.FetchModels(ctx, a.cfg.HTTPClient, url)
+		},
+		func(_ string, m probe.Models, err error) {
 			if err != nil {
 				a.log.Warn("agent: adapter discovery failed; keeping the registered list", "err", err)
-				continue
+				return
 			}
 			cur := reg.Instance()
 			next := cur
-			d.apply(&next, static)
+			applyModels(&next, static, m)
 			if slices.Equal(cur.Adapters, next.Adapters) && cur.Labels[ModelLabel] == next.Labels[ModelLabel] {
-				continue
+				return
 			}
 			uctx, cancel := context.WithTimeout(ctx, DefaultRequestTimeout)
 			err = reg.Update(uctx, func(in *fleet.Instance) { in.Adapters, in.Labels = next.Adapters, next.Labels })
@@ -211,11 +219,10 @@ func (a *agent) run(ctx context.Context) error {
 			if err != nil {
 				// The registration keeps retrying the new record.
 				a.log.Warn("agent: adapter update not yet written", "err", err)
-				continue
+				return
 			}
 			a.log.Info("agent: adapters changed", "adapters", next.Adapters)
-		}
-	}
+		})
 }
 
 // waitHealthy probes the health paths until one answers 2xx; false if ctx
@@ -240,93 +247,39 @@ func (a *agent) waitHealthy(ctx context.Context) bool {
 // get fetches path and returns an error unless it answered 2xx; the body is
 // discarded.
 func (a *agent) get(ctx context.Context, path string) error {
-	body, err := a.fetch(ctx, path, "")
-	if body != nil {
-		body.Close()
-	}
-	return err
-}
-
-func (a *agent) fetch(ctx context.Context, path, accept string) (io.ReadCloser, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(a.cfg.Instance.Addr, "/")+path, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, a.url(path), nil)
 	if err != nil {
-		return nil, err
-	}
-	if accept != "" {
-		req.Header.Set("Accept", accept)
+		return err
 	}
 	resp, err := a.cfg.HTTPClient.Do(req)
 	if err != nil {
-		return nil, err
+		return err
 	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
 	if resp.StatusCode/100 != 2 {
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
-		resp.Body.Close()
-		return nil, fmt.Errorf("agent: GET %s: %s", path, resp.Status)
+		return fmt.Errorf("agent: GET %s: %s", path, resp.Status)
 	}
-	return resp.Body, nil
+	return nil
 }
 
-// discovery is what the model server's /v1/models lists.
-type discovery struct {
-	base     string
-	adapters []string
-}
+// url is path on the model server.
+func (a *agent) url(path string) string { return strings.TrimRight(a.cfg.Instance.Addr, "/") + path }
 
-// apply sets in's adapters to the union of static and discovered ones
+// applyModels sets in's adapters to the union of static and discovered ones
 // (sorted) and its model label to the base model.
-func (d discovery) apply(in *fleet.Instance, static []string) {
-	set := append(slices.Clone(static), d.adapters...)
+func applyModels(in *fleet.Instance, static []string, m probe.Models) {
+	set := append(slices.Clone(static), m.Adapters...)
 	slices.Sort(set)
 	in.Adapters = slices.Compact(set)
-	if d.base != "" {
+	if m.Base != "" {
 		labels := make(map[string]string, len(in.Labels)+1)
 		for k, v := range in.Labels {
 			labels[k] = v
 		}
-		labels[ModelLabel] = d.base
+		labels[ModelLabel] = m.Base
 		in.Labels = labels
 	}
-}
-
-func (a *agent) discover(ctx context.Context) (discovery, error) {
-	body, err := a.fetch(ctx, a.cfg.ModelsPath, "application/json")
-	if err != nil {
-		return discovery{}, err
-	}
-	defer body.Close()
-	return parseModels(io.LimitReader(body, 8<<20))
-}
-
-// parseModels reads an OpenAI model list as vLLM serves it: LoRA adapters
-// carry the id of their base model in "parent", the base model has
-// "parent": null.
-func parseModels(r io.Reader) (discovery, error) {
-	var list struct {
-		Data []struct {
-			ID     string  `json:"id"`
-			Parent *string `json:"parent"`
-		} `json:"data"`
-	}
-	if err := json.NewDecoder(r).Decode(&list); err != nil {
-		return discovery{}, fmt.Errorf("agent: decode model list: %w", err)
-	}
-	var d discovery
-	for _, m := range list.Data {
-		if m.ID == "" {
-			continue
-		}
-		if m.Parent == nil || *m.Parent == "" {
-			if d.base == "" {
-				d.base = m.ID
-			}
-			continue
-		}
-		d.adapters = append(d.adapters, m.ID)
-	}
-	slices.Sort(d.adapters)
-	d.adapters = slices.Compact(d.adapters)
-	return d, nil
 }
 
 // drain marks the instance draining, waits for the server to finish its
@@ -401,42 +354,9 @@ func (a *agent) idle(ctx context.Context, start time.Time) bool {
 // busy returns the sum of the busy metrics. It is an error when the scrape
 // fails or none of the metrics is exposed (the load is then unknown).
 func (a *agent) busy(ctx context.Context) (float64, error) {
-	body, err := a.fetch(ctx, a.cfg.MetricsPath, "text/plain;version=0.0.4")
+	m, err := probe.Scrape(ctx, a.cfg.HTTPClient, a.url(a.cfg.MetricsPath))
 	if err != nil {
 		return 0, err
 	}
-	defer body.Close()
-	return sumMetrics(io.LimitReader(body, 32<<20), a.cfg.BusyMetrics)
-}
-
-// sumMetrics sums every series of the named families in a Prometheus text
-// exposition.
-func sumMetrics(r io.Reader, names []string) (float64, error) {
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(r)
-	if err != nil {
-		return 0, fmt.Errorf("agent: parse metrics: %w", err)
-	}
-	found, sum := false, 0.0
-	for _, n := range names {
-		f, ok := fams[n]
-		if !ok {
-			continue
-		}
-		found = true
-		for _, m := range f.GetMetric() {
-			switch {
-			case m.Gauge != nil:
-				sum += m.GetGauge().GetValue()
-			case m.Untyped != nil:
-				sum += m.GetUntyped().GetValue()
-			case m.Counter != nil:
-				sum += m.GetCounter().GetValue()
-			}
-		}
-	}
-	if !found {
-		return 0, fmt.Errorf("agent: none of %s in the model server's metrics", strings.Join(names, ", "))
-	}
-	return sum, nil
+	return m.Sum(a.cfg.BusyMetrics...)
 }

@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -334,58 +333,6 @@ func TestRunRejectsBadConfig(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			if err := Run(context.Background(), tc.cfg); err == nil {
 				t.Fatal("accepted")
-			}
-		})
-	}
-}
-
-func TestParseModels(t *testing.T) {
-	for _, tc := range []struct {
-		name, body string
-		base       string
-		adapters   []string
-		err        bool
-	}{
-		{"vllm", `{"object":"list","data":[{"id":"base","object":"model","parent":null},{"id":"lora-b","parent":"base"},{"id":"lora-a","parent":"base"}]}`, "base", []string{"lora-a", "lora-b"}, false},
-		{"no parent field", `{"data":[{"id":"m"}]}`, "m", nil, false},
-		{"empty", `{"object":"list","data":[]}`, "", nil, false},
-		{"garbage", `<html>`, "", nil, true},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			d, err := parseModels(strings.NewReader(tc.body))
-			if (err != nil) != tc.err {
-				t.Fatalf("err = %v", err)
-			}
-			if d.base != tc.base || !slices.Equal(d.adapters, tc.adapters) {
-				t.Fatalf("got %+v", d)
-			}
-		})
-	}
-}
-
-func TestSumMetrics(t *testing.T) {
-	const vllm = `# TYPE vllm:num_requests_running gauge
-vllm:num_requests_running{model_name="a"} 2
-vllm:num_requests_running{model_name="b"} 1
-# TYPE vllm:num_requests_waiting gauge
-vllm:num_requests_waiting{model_name="a"} 4
-# TYPE vllm:gpu_cache_usage_perc gauge
-vllm:gpu_cache_usage_perc 0.5
-`
-	for _, tc := range []struct {
-		name, body string
-		want       float64
-		err        bool
-	}{
-		{"vllm", vllm, 7, false},
-		{"idle", "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0\n", 0, false},
-		{"absent", "# TYPE other gauge\nother 3\n", 0, true},
-		{"garbage", "{{{", 0, true},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := sumMetrics(strings.NewReader(tc.body), DefaultBusyMetrics)
-			if (err != nil) != tc.err || got != tc.want {
-				t.Fatalf("sum = %v, %v; want %v (error %v)", got, err, tc.want, tc.err)
 			}
 		})
 	}

@@ -6,6 +6,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/prefixrouter/prefixrouter/probe"
 )
 
 // runPair makes two real runs (two "strategies") against loopback fakes.
@@ -100,19 +102,22 @@ func TestParseMetricsNames(t *testing.T) {
 		name, text  string
 		hits, query float64
 		found       bool
+		capacity    int64
 	}{
-		{"v1 with two engines", "# TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total{engine=\"0\"} 10\nvllm:prefix_cache_hits_total{engine=\"1\"} 5\n# TYPE vllm:prefix_cache_queries_total counter\nvllm:prefix_cache_queries_total{engine=\"0\"} 30\nvllm:prefix_cache_queries_total{engine=\"1\"} 20\n", 15, 50, true},
-		{"untyped", "vllm:prefix_cache_hits_total 1\nvllm:prefix_cache_queries_total 4\n", 1, 4, true},
-		{"v0 names", "# TYPE vllm:gpu_prefix_cache_hits_total counter\nvllm:gpu_prefix_cache_hits_total 2\n# TYPE vllm:gpu_prefix_cache_queries_total counter\nvllm:gpu_prefix_cache_queries_total 8\n", 2, 8, true},
-		{"absent", "# TYPE up gauge\nup 1\n", 0, 0, false},
+		{"v1 with two engines", "# TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total{engine=\"0\"} 10\nvllm:prefix_cache_hits_total{engine=\"1\"} 5\n# TYPE vllm:prefix_cache_queries_total counter\nvllm:prefix_cache_queries_total{engine=\"0\"} 30\nvllm:prefix_cache_queries_total{engine=\"1\"} 20\n", 15, 50, true, 0},
+		{"untyped", "vllm:prefix_cache_hits_total 1\nvllm:prefix_cache_queries_total 4\n", 1, 4, true, 0},
+		{"v0 names", "# TYPE vllm:gpu_prefix_cache_hits_total counter\nvllm:gpu_prefix_cache_hits_total 2\n# TYPE vllm:gpu_prefix_cache_queries_total counter\nvllm:gpu_prefix_cache_queries_total 8\n", 2, 8, true, 0},
+		{"absent", "# TYPE up gauge\nup 1\n", 0, 0, false, 0},
+		{"capacity", "# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"100\"} 1\nvllm:prefix_cache_hits_total 0\nvllm:prefix_cache_queries_total 0\n", 0, 0, true, 1600},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s, err := parseMetrics(strings.NewReader(tt.text))
+			m, err := probe.ParseMetrics(strings.NewReader(tt.text))
 			if err != nil {
 				t.Fatal(err)
 			}
-			if s.hits != tt.hits || s.queries != tt.query || s.found != tt.found {
+			s := readScrape(m)
+			if s.hits != tt.hits || s.queries != tt.query || s.found != tt.found || s.capacityTokens != tt.capacity {
 				t.Fatalf("got %+v", s)
 			}
 		})
