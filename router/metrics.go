@@ -30,6 +30,7 @@ type metrics struct {
 	pickSeconds    *prometheus.HistogramVec
 	retries        *prometheus.CounterVec
 	upstreamErrors *prometheus.CounterVec
+	keysMoved      *prometheus.HistogramVec
 	codes          [600]string // status code label values, to avoid Itoa per request
 }
 
@@ -52,11 +53,12 @@ func newMetrics(reg prometheus.Registerer, r *Router) (*metrics, error) {
 			Name: "prefixrouter_upstream_errors_total",
 			Help: "Upstream failures by kind: dial, timeout, status (5xx), body (stream broke off), other.",
 		}, []string{"endpoint", "kind"}),
+		keysMoved: newKeysMovedHistogram(),
 	}
 	for i := range m.codes {
 		m.codes[i] = strconv.Itoa(i)
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.pickSeconds, m.retries, m.upstreamErrors, stateCollector{r}} {
+	for _, c := range []prometheus.Collector{m.requests, m.pickSeconds, m.retries, m.upstreamErrors, m.keysMoved, stateCollector{r}} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -80,6 +82,8 @@ var (
 		"Load other sources put on the instance, from its /metrics (-1 unknown or not polled).", []string{"endpoint", "instance"}, nil)
 	healthyDesc = prometheus.NewDesc("prefixrouter_instance_healthy",
 		"1 unless active health checks marked the instance down (always 1 when they are off).", []string{"endpoint", "instance"}, nil)
+	thresholdDesc = prometheus.NewDesc("prefixrouter_endpoint_concurrency_threshold",
+		"The endpoint's ConcurrencyThreshold: requests in flight on one instance, summed over router replicas, beyond which PREFIX_AWARE spills (each replica admits its share of it, or compares it with the polled load).", []string{"endpoint"}, nil)
 )
 
 // stateCollector reads per-instance state at scrape time from the current
@@ -91,6 +95,7 @@ func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- breakerDesc
 	ch <- externalDesc
 	ch <- healthyDesc
+	ch <- thresholdDesc
 }
 
 func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
@@ -99,6 +104,7 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	for name, ev := range v.endpoints {
+		ch <- prometheus.MustNewConstMetric(thresholdDesc, prometheus.GaugeValue, float64(ev.threshold), name)
 		for id, iv := range ev.instances {
 			st := iv.state.Status()
 			ch <- prometheus.MustNewConstMetric(inFlightDesc, prometheus.GaugeValue, float64(st.InFlight), name, id)

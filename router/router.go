@@ -113,8 +113,9 @@ type Router struct {
 
 	view atomic.Pointer[view] // nil until the first Update
 
-	mu       sync.Mutex                   // guards trackers; serializes Update
+	mu       sync.Mutex                   // guards trackers and moves; serializes Update
 	trackers map[string]*overload.Tracker // by endpoint; owned by Update
+	moves    map[string]*movement         // by endpoint; owned by Update
 }
 
 // view is everything a request needs, published as one immutable value.
@@ -271,6 +272,7 @@ func (r *Router) Update(s *fleet.Snapshot) {
 	defer r.mu.Unlock()
 	v := &view{snap: s, endpoints: make(map[string]*endpointView, len(s.Endpoints))}
 	trackers := make(map[string]*overload.Tracker, len(s.Endpoints))
+	moves := make(map[string]*movement, len(s.Endpoints))
 	for name, ep := range s.Endpoints {
 		tr := r.trackers[name]
 		if tr == nil {
@@ -310,8 +312,14 @@ func (r *Router) Update(s *fleet.Snapshot) {
 			}
 		}
 		v.endpoints[name] = ev
+		mv, moved, ok := measureMovement(r.moves[name], ev.table)
+		moves[name] = mv
+		if ok {
+			r.metrics.keysMoved.WithLabelValues(name).Observe(moved)
+		}
 	}
 	r.trackers = trackers
+	r.moves = moves
 	r.view.Store(v)
 }
 
