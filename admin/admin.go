@@ -90,7 +90,7 @@ type Explainer interface {
 	Explain(ctx context.Context, endpoint, path string, header http.Header, body []byte) (Explanation, error)
 }
 
-// Options configure a Server. Only Snapshots is required.
+// Options configure a Server. Snapshots and Ready are required.
 type Options struct {
 	// Snapshots gives the current fleet snapshot. Required.
 	Snapshots SnapshotSource
@@ -103,8 +103,8 @@ type Options struct {
 	Configs ConfigStore
 	// Explainer serves ExplainRoute; nil makes it answer Unimplemented.
 	Explainer Explainer
-	// Ready reports readiness for the gRPC health service. Nil means ready
-	// when a snapshot is loaded and has at least one instance (as /readyz).
+	// Ready reports readiness for the gRPC health service: the router's
+	// Ready, the rule /readyz applies too (router.Readiness). Required.
 	Ready func() error
 	// ReadyInterval is how often the health status is refreshed for Watch
 	// streams (Check always evaluates Ready afresh). Zero means 1s.
@@ -139,10 +139,14 @@ type Server struct {
 }
 
 // NewServer builds the server and registers its metrics on o.Registry. It
-// fails when o.Snapshots is nil or the metrics are already registered.
+// fails when o.Snapshots or o.Ready is nil or the metrics are already
+// registered.
 func NewServer(o Options) (*Server, error) {
 	if o.Snapshots == nil {
 		return nil, errors.New("admin: Options.Snapshots is required")
+	}
+	if o.Ready == nil {
+		return nil, errors.New("admin: Options.Ready is required")
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
@@ -154,9 +158,6 @@ func NewServer(o Options) (*Server, error) {
 		o.ReadyInterval = time.Second
 	}
 	s := &Server{svc: &service{o: o}, ready: o.Ready, stopping: make(chan struct{})}
-	if s.ready == nil {
-		s.ready = func() error { return snapshotReady(o.Snapshots.Snapshot()) }
-	}
 
 	metrics := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram())
 	if o.Registry != nil {
@@ -340,18 +341,6 @@ func (w *watchStream) Send(m *healthpb.HealthCheckResponse) error {
 	default:
 	}
 	return err
-}
-
-// snapshotReady mirrors the data plane's /readyz: a snapshot is loaded and has
-// at least one instance.
-func snapshotReady(s *fleet.Snapshot) error {
-	if s == nil {
-		return errors.New("admin: no fleet snapshot loaded")
-	}
-	if s.InstanceCount() == 0 {
-		return errors.New("admin: fleet has no instance")
-	}
-	return nil
 }
 
 // interceptorLogger adapts slog to the middleware's logger.

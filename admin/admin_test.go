@@ -157,6 +157,9 @@ func start(t *testing.T, o admin.Options) *harness {
 	if o.Now == nil {
 		o.Now = func() time.Time { return built.Add(90 * time.Second) }
 	}
+	if o.Ready == nil {
+		o.Ready = func() error { return nil }
+	}
 	srv, err := admin.NewServer(o)
 	if err != nil {
 		t.Fatal(err)
@@ -578,11 +581,15 @@ func TestMetrics(t *testing.T) {
 	}
 
 	// The registry is the caller's: a second server on it is an error, not a panic.
-	if _, err := admin.NewServer(admin.Options{Snapshots: h.snaps, Registry: h.reg}); err == nil {
+	if _, err := admin.NewServer(admin.Options{Snapshots: h.snaps, Ready: func() error { return nil }, Registry: h.reg}); err == nil {
 		t.Error("second NewServer on the same registry succeeded")
 	}
-	if _, err := admin.NewServer(admin.Options{}); err == nil {
+	if _, err := admin.NewServer(admin.Options{Ready: func() error { return nil }}); err == nil {
 		t.Error("NewServer without Snapshots succeeded")
+	}
+	// Readiness has one definition (router.Readiness): no default here.
+	if _, err := admin.NewServer(admin.Options{Snapshots: h.snaps}); err == nil {
+		t.Error("NewServer without Ready succeeded")
 	}
 }
 
@@ -642,30 +649,6 @@ func TestHealth(t *testing.T) {
 	// Check evaluates readiness itself: no wait for the ticker.
 	if got := check(""); got != healthpb.HealthCheckResponse_NOT_SERVING {
 		t.Fatalf("Check after unready = %v", got)
-	}
-}
-
-func TestHealthDefaultsToSnapshotReadiness(t *testing.T) {
-	snaps := &snapSource{}
-	h := start(t, admin.Options{Snapshots: snaps})
-	hc := healthpb.NewHealthClient(h.conn)
-	for _, tt := range []struct {
-		name string
-		snap *fleet.Snapshot
-		want healthpb.HealthCheckResponse_ServingStatus
-	}{
-		{"no snapshot", nil, healthpb.HealthCheckResponse_NOT_SERVING},
-		{"empty fleet", fleet.NewSnapshot([]fleet.Endpoint{{Name: "chat"}}, 1, 1, built), healthpb.HealthCheckResponse_NOT_SERVING},
-		{"one instance", testSnapshot(), healthpb.HealthCheckResponse_SERVING},
-	} {
-		snaps.p.Store(tt.snap)
-		resp, err := hc.Check(ctx(t), &healthpb.HealthCheckRequest{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if resp.Status != tt.want {
-			t.Errorf("%s: status %v, want %v", tt.name, resp.Status, tt.want)
-		}
 	}
 }
 

@@ -9,7 +9,7 @@
 //		Statuses:  rt,                 // optional: Status(endpoint, id) overload.Status per instance
 //		Configs:   store,              // nil with a static fleet: SetRoutingConfig → Unavailable
 //		Explainer: explainer,          // optional: ExplainRoute
-//		Ready:     rt.Ready,           // health service status
+//		Ready:     rt.Ready,           // health service status (required)
 //		Registry:  reg,                // grpc_server_* metrics
 //		Logger:    logger,
 //	})

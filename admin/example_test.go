@@ -13,11 +13,8 @@ import (
 	"github.com/prefixrouter/prefixrouter/admin"
 	"github.com/prefixrouter/prefixrouter/admin/adminpb"
 	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/router"
 )
-
-type fixed struct{ s *fleet.Snapshot }
-
-func (f fixed) Snapshot() *fleet.Snapshot { return f.s }
 
 // A static fleet (no etcd): the config can be read but not set.
 func ExampleNewServer() {
@@ -25,7 +22,13 @@ func ExampleNewServer() {
 		Name:      "chat",
 		Instances: []fleet.Instance{{ID: "i-0", Addr: "http://127.0.0.1:8001"}},
 	}}, 0, 1, time.Now())
-	srv, err := admin.NewServer(admin.Options{Snapshots: fixed{snap}})
+	rt, err := router.New(router.Options{DefaultEndpoint: "chat"})
+	if err != nil {
+		panic(err)
+	}
+	defer rt.Close()
+	rt.Update(snap)
+	srv, err := admin.NewServer(admin.Options{Snapshots: rt, Statuses: rt, Ready: rt.Ready})
 	if err != nil {
 		panic(err)
 	}

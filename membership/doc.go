@@ -16,7 +16,7 @@
 //	defer w.Close()
 //	r, err := membership.RegisterRouter(ctx, cli, replicaID, membership.RouterInfo{Addr: addr, Version: v}, opts)
 //	defer r.Close(shutdownCtx)
-//	// /readyz: w.Snapshot() != nil && w.Snapshot().InstanceCount() > 0; w.SnapshotAge() says how stale.
+//	// readiness (router.Readiness) reads w.SnapshotAge() to say how stale the snapshot is.
 //
 // A model-server instance (prefixrouter register; see package agent):
 //

@@ -60,10 +60,7 @@ type Config struct {
 	// BalanceFactor bounds each instance's load to this multiple of its
 	// set's average under PREFIX_AWARE (0: off); see router.Options.
 	BalanceFactor float64
-	// StaleAfter is the snapshot age past which /readyz reports the
-	// snapshot as stale. It stays ready regardless (static stability: a
-	// replica routing on its last good snapshot beats no replica), so this
-	// only shapes the message. Zero means 30 s.
+	// StaleAfter: see router.Options (it only shapes the /readyz message).
 	StaleAfter time.Duration
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
@@ -110,9 +107,6 @@ func Start(ctx context.Context, cfg Config) (*Replica, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if cfg.StaleAfter == 0 {
-		cfg.StaleAfter = 30 * time.Second
-	}
 	if cfg.Registry == nil {
 		cfg.Registry = prometheus.NewRegistry()
 		cfg.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -127,6 +121,12 @@ func Start(ctx context.Context, cfg Config) (*Replica, error) {
 		cfg.Transport = router.NewTransport(cfg.UpstreamHeaderTimeout)
 	}
 	r := &Replica{cfg: cfg, log: cfg.Logger, registry: cfg.Registry}
+	// The watcher starts after the router (it feeds it), so readiness
+	// reads its age through r; nil for a static fleet, which has no age.
+	var snapshotAge func() time.Duration
+	if cfg.Client != nil {
+		snapshotAge = func() time.Duration { return r.watcher.SnapshotAge() }
+	}
 	var err error
 	r.router, err = router.New(router.Options{
 		DefaultEndpoint:  cfg.Endpoint,
@@ -137,6 +137,8 @@ func Start(ctx context.Context, cfg Config) (*Replica, error) {
 		Breaker:          cfg.Breaker,
 		LoadPollInterval: cfg.LoadPollInterval,
 		BalanceFactor:    cfg.BalanceFactor,
+		StaleAfter:       cfg.StaleAfter,
+		SnapshotAge:      snapshotAge,
 
 		HealthCheckInterval: cfg.HealthCheckInterval,
 		HealthCheckPath:     cfg.HealthCheckPath,
@@ -202,7 +204,7 @@ func Start(ctx context.Context, cfg Config) (*Replica, error) {
 	r.data = &http.Server{Handler: r.router, ReadHeaderTimeout: 30 * time.Second, ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)}
 	adminMux := http.NewServeMux()
 	adminMux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{Registry: cfg.Registry}))
-	adminMux.HandleFunc("GET /readyz", r.serveReadyz)
+	adminMux.HandleFunc("GET /readyz", r.router.ServeReadyz)
 	adminMux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	// One port for both: gRPC clients speak HTTP/2 with prior knowledge
 	// (h2c), curl and Prometheus HTTP/1.1.
@@ -256,30 +258,6 @@ func (r *Replica) Registry() *prometheus.Registry { return r.registry }
 
 // Watcher is the replica's etcd watcher, nil for a static fleet.
 func (r *Replica) Watcher() *membership.Watcher { return r.watcher }
-
-// serveReadyz reports readiness with the snapshot's revision and age.
-// Static stability: a replica stays ready on its last good snapshot while
-// etcd is away; the age tells how old it is (also in the
-// prefixrouter_snapshot_age_seconds metric).
-func (r *Replica) serveReadyz(w http.ResponseWriter, _ *http.Request) {
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	if err := r.router.Ready(); err != nil {
-		w.WriteHeader(http.StatusServiceUnavailable)
-		fmt.Fprintf(w, "not ready: %v\n", err)
-		return
-	}
-	s := r.router.Snapshot()
-	if r.watcher == nil {
-		fmt.Fprintf(w, "ok static fleet instances=%d\n", s.InstanceCount())
-		return
-	}
-	age := r.watcher.SnapshotAge()
-	state := "fresh"
-	if age > r.cfg.StaleAfter {
-		state = "stale (etcd unreachable? routing on the last good snapshot)"
-	}
-	fmt.Fprintf(w, "ok revision=%d instances=%d replicas=%d snapshot_age=%s %s\n", s.Revision, s.InstanceCount(), s.Replicas, age.Round(time.Millisecond), state)
-}
 
 // Close stops the replica: it deregisters (revoking its lease), stops taking
 // requests, waits up to the context's deadline for requests in flight (streams

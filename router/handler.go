@@ -61,32 +61,8 @@ func (r *Router) routes() *http.ServeMux {
 	}
 	mux.HandleFunc("GET /ping", live)
 	mux.HandleFunc("GET /healthz", live)
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		if err := r.Ready(); err != nil {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			_, _ = io.WriteString(w, err.Error()+"\n")
-			return
-		}
-		_, _ = io.WriteString(w, "ok\n")
-	})
+	mux.HandleFunc("GET /readyz", r.ServeReadyz)
 	return mux
-}
-
-// Ready reports whether the router can route: a snapshot is loaded, it has at
-// least one instance that is not draining, and Options.Ready agrees.
-func (r *Router) Ready() error {
-	v := r.view.Load()
-	switch {
-	case v == nil:
-		return errors.New("router: no fleet snapshot loaded")
-	case !v.ready:
-		return errors.New("router: the fleet has no instance that is not draining")
-	}
-	if r.opts.Ready != nil {
-		return r.opts.Ready()
-	}
-	return nil
 }
 
 type modelList struct {

@@ -64,9 +64,13 @@ type Options struct {
 	// Rand returns a uniform int in [0, n); it must be safe for concurrent
 	// use. Nil means math/rand/v2.IntN.
 	Rand func(n int) int
-	// Ready, if set, is consulted by /readyz after the router's own checks
-	// (e.g. the age of the etcd snapshot).
-	Ready func() error
+	// SnapshotAge reports the time since the fleet source last heard from
+	// etcd (membership.Watcher.SnapshotAge), for Readiness. Nil means a
+	// static fleet: no age.
+	SnapshotAge func() time.Duration
+	// StaleAfter is the snapshot age past which Readiness notes the
+	// snapshot as stale (it stays ready). Zero means DefaultStaleAfter.
+	StaleAfter time.Duration
 	// RingOptions are passed to ring.New (tests inject the hash).
 	RingOptions []ring.Option
 	// LoadPollInterval > 0 starts a poller that scrapes each instance's
@@ -123,6 +127,7 @@ type view struct {
 	snap      *fleet.Snapshot
 	endpoints map[string]*endpointView
 	ready     bool // at least one non-draining instance
+	draining  int  // draining instances, for Readiness
 }
 
 type endpointView struct {
@@ -183,6 +188,9 @@ func newRouter(opts Options, clock clockwork.Clock) (*Router, error) {
 	}
 	if opts.LoadMetricsPath == "" {
 		opts.LoadMetricsPath = "/metrics"
+	}
+	if opts.StaleAfter == 0 {
+		opts.StaleAfter = DefaultStaleAfter
 	}
 	r := &Router{opts: opts, log: opts.Logger, rand: opts.Rand, balance: int64(math.Round(opts.BalanceFactor * 1000)), trackers: map[string]*overload.Tracker{}}
 	if r.log == nil {
@@ -307,7 +315,9 @@ func (r *Router) Update(s *fleet.Snapshot) {
 			}
 			ev.instances[in.ID] = iv
 			ev.byPtr[in] = iv
-			if !in.Draining {
+			if in.Draining {
+				v.draining++
+			} else {
 				v.ready = true
 			}
 		}
