@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"math"
 	"net/http"
 )
 
@@ -53,8 +52,10 @@ func (l Load) probe(ctx context.Context, t Target) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	if math.IsNaN(sum) || math.IsInf(sum, 0) {
-		return 0, fmt.Errorf("probe: load %v from %s is not a number", sum, t.URL)
+	// A count of requests: NaN, negative or absurd values (which would
+	// not even convert to int64) mean a broken exporter, so unknown.
+	if !(sum >= 0 && sum < 1<<53) {
+		return 0, fmt.Errorf("probe: load %v from %s is not a request count", sum, t.URL)
 	}
 	return int64(sum + 0.5), nil
 }

@@ -16,7 +16,7 @@ import (
 
 // TestLoadRound: the external load is the reported load minus this
 // replica's own requests; a failed scrape, a server that exports none of
-// the gauges and a value that is not a number all make it unknown.
+// the gauges and a value that is not a request count all make it unknown.
 func TestLoadRound(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
@@ -28,6 +28,10 @@ func TestLoadRound(t *testing.T) {
 			fmt.Fprint(w, "other_total 3\n")
 		case "/nan":
 			fmt.Fprint(w, "vllm:num_requests_running NaN\n")
+		case "/negative":
+			fmt.Fprint(w, "vllm:num_requests_running -3\n")
+		case "/huge":
+			fmt.Fprint(w, "vllm:num_requests_running 1e300\n")
 		default:
 			http.Error(w, "down", http.StatusInternalServerError)
 		}
@@ -52,9 +56,11 @@ func TestLoadRound(t *testing.T) {
 		{srv.URL + "/idle", state("idle", 7)},
 		{srv.URL + "/other", state("other", 7)},
 		{srv.URL + "/nan", state("nan", 7)},
+		{srv.URL + "/negative", state("negative", 7)},
+		{srv.URL + "/huge", state("huge", 7)},
 		{srv.URL + "/down", state("down", 7)},
 	}
-	want := map[string]int64{"busy": 5, "own-only": 0, "idle": 0, "other": -1, "nan": -1, "down": -1}
+	want := map[string]int64{"busy": 5, "own-only": 0, "idle": 0, "other": -1, "nan": -1, "negative": -1, "huge": -1, "down": -1}
 	l := Load{Logger: discardLogger()}.withDefaults()
 	r, err := newRounds(Options{Interval: time.Hour}, func() []Target { return targets }, l.probe, l.observe)
 	if err != nil {
