@@ -1,9 +1,11 @@
 package router
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -163,4 +165,54 @@ func BenchmarkSetLoad(b *testing.B) {
 			}
 		})
 	})
+}
+
+// cannedTransport answers every upstream request at once with a small 200,
+// so BenchmarkServeHTTP measures the router's own request path.
+type cannedTransport struct{}
+
+func (cannedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.Body != nil {
+		_ = req.Body.Close()
+	}
+	return &http.Response{
+		StatusCode: http.StatusOK, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header: http.Header{"Content-Type": {"application/json"}}, Body: http.NoBody, ContentLength: 0, Request: req,
+	}, nil
+}
+
+// BenchmarkServeHTTP is one whole data-plane request in memory: parse, key,
+// pick, ReverseProxy over an instant transport, outcome, metrics.
+func BenchmarkServeHTTP(b *testing.B) {
+	invoke, chat := benchBodies(b)
+	for _, tc := range []struct {
+		name, path string
+		body       []byte
+	}{
+		{"invoke", "/invocations", invoke},
+		{"chat", "/v1/chat/completions", chat},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			r, err := New(Options{DefaultEndpoint: "ep", Transport: cannedTransport{}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { r.Close() })
+			ep := fleet.Endpoint{Name: "ep", Config: fleet.DefaultRoutingConfig()}
+			for i := range 16 {
+				ep.Instances = append(ep.Instances, fleet.Instance{ID: fmt.Sprintf("i-%02d", i), Addr: fmt.Sprintf("http://10.0.0.%d:8000", i)})
+			}
+			r.Update(fleet.NewSnapshot([]fleet.Endpoint{ep}, 0, 1, time.Now()))
+			b.SetBytes(int64(len(tc.body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				req := httptest.NewRequest(http.MethodPost, tc.path, bytes.NewReader(tc.body))
+				w := httptest.NewRecorder()
+				r.ServeHTTP(w, req)
+				if w.Code != http.StatusOK {
+					b.Fatalf("status %d", w.Code)
+				}
+			}
+		})
+	}
 }
