@@ -162,7 +162,8 @@ func readBody(w http.ResponseWriter, req *http.Request, limit int64) ([]byte, *r
 }
 
 // reject answers a router-made error and counts it.
-func (r *Router) reject(w http.ResponseWriter, kind apiKind, endpoint, strategy string, e *reqError) {
+func (r *Router) reject(w http.ResponseWriter, req *http.Request, kind apiKind, endpoint, strategy string, e *reqError) {
+	traceReject(req.Context(), endpoint, strategy, e)
 	writeError(w, kind, e.status, e.code, e.msg)
 	r.metrics.requests.WithLabelValues(endpoint, strategy, decisionNone, r.metrics.code(e.status)).Inc()
 }
@@ -171,46 +172,46 @@ func (r *Router) reject(w http.ResponseWriter, kind apiKind, endpoint, strategy 
 func (r *Router) serve(w http.ResponseWriter, req *http.Request, kind apiKind, upstreamPath, endpoint string) {
 	v := r.view.Load()
 	if v == nil {
-		r.reject(w, kind, "unknown", "", &reqError{http.StatusServiceUnavailable, codeNotLoaded, "no fleet snapshot loaded yet"})
+		r.reject(w, req, kind, "unknown", "", &reqError{http.StatusServiceUnavailable, codeNotLoaded, "no fleet snapshot loaded yet"})
 		return
 	}
 	ev := v.endpoints[endpoint]
 	if ev == nil {
 		// The label is not the client's string: unknown names must not
 		// create metric series.
-		r.reject(w, kind, "unknown", "", &reqError{http.StatusNotFound, codeUnknownEndpoint, fmt.Sprintf("endpoint %q not found", endpoint)})
+		r.reject(w, req, kind, "unknown", "", &reqError{http.StatusNotFound, codeUnknownEndpoint, fmt.Sprintf("endpoint %q not found", endpoint)})
 		return
 	}
 	strategy := string(ev.strategy)
 	body, rerr := readBody(w, req, r.opts.MaxBodyBytes)
 	if rerr != nil {
-		r.reject(w, kind, endpoint, strategy, rerr)
+		r.reject(w, req, kind, endpoint, strategy, rerr)
 		return
 	}
 	rr, rerr := parseRequest(kind, req.Header, body, ev.prefixLen)
 	if rerr != nil {
-		r.reject(w, kind, endpoint, strategy, rerr)
+		r.reject(w, req, kind, endpoint, strategy, rerr)
 		return
 	}
 	start := time.Now()
 	set, err := ev.table.Set(rr.model)
 	if err != nil {
 		if errors.Is(err, lora.ErrUnknownModel) {
-			r.reject(w, kind, endpoint, strategy, &reqError{http.StatusNotFound, codeUnknownModel, fmt.Sprintf("model %q is not served by endpoint %q", rr.model, endpoint)})
+			r.reject(w, req, kind, endpoint, strategy, &reqError{http.StatusNotFound, codeUnknownModel, fmt.Sprintf("model %q is not served by endpoint %q", rr.model, endpoint)})
 		} else {
-			r.reject(w, kind, endpoint, strategy, &reqError{http.StatusServiceUnavailable, codeNoInstance, err.Error()})
+			r.reject(w, req, kind, endpoint, strategy, &reqError{http.StatusServiceUnavailable, codeNoInstance, err.Error()})
 		}
 		return
 	}
 	p, ok := r.pick(ev, set, rr.key, v.snap.Replicas, bitset{})
 	r.metrics.pickSeconds.WithLabelValues(strategy).Observe(time.Since(start).Seconds())
 	if !ok {
-		r.reject(w, kind, endpoint, strategy, &reqError{http.StatusServiceUnavailable, codeNoInstance, fmt.Sprintf("no instance of endpoint %q can take the request (all circuit breakers open)", endpoint)})
+		r.reject(w, req, kind, endpoint, strategy, &reqError{http.StatusServiceUnavailable, codeNoInstance, fmt.Sprintf("no instance of endpoint %q can take the request (all circuit breakers open)", endpoint)})
 		return
 	}
 	a := &attempt{
 		r: r, kind: kind, endpoint: endpoint, ev: ev, set: set, key: rr.key,
-		replicas: v.snap.Replicas, upstreamPath: upstreamPath, cur: p,
+		replicas: v.snap.Replicas, upstreamPath: upstreamPath, cur: p, spill: p.spill,
 	}
 	r.proxy.serve(w, req, body, a)
 }

@@ -18,6 +18,7 @@ type pick struct {
 	idx      int
 	done     overload.Done
 	decision string
+	spill    string // PREFIX_AWARE: why the ring primary was passed over (Spill*)
 }
 
 // bitset marks set indexes (tried or refused instances) without allocating
@@ -114,6 +115,7 @@ func (r *Router) pickPrefix(ev *endpointView, set *lora.Set, key uint64, replica
 		bound = balanceBound(r.balance, ev.setLoad(set), n)
 	}
 	var buf [firstCandidates]int
+	var spill string
 	cands := set.Ring().Candidates(key, min(n, firstCandidates), buf[:0])
 	for j := 0; ; j++ {
 		if j == len(cands) {
@@ -125,10 +127,16 @@ func (r *Router) pickPrefix(ev *endpointView, set *lora.Set, key uint64, replica
 		}
 		i := cands[j]
 		if skip.has(i) {
+			if j == 0 {
+				spill = SpillTried
+			}
 			continue
 		}
 		iv := ev.instance(set, i)
 		if iv == nil || h.skip(iv) {
+			if j == 0 {
+				spill = SpillHealth
+			}
 			continue
 		}
 		if done, ok := iv.state.TryAcquireBounded(ev.threshold, replicas, bound); ok {
@@ -136,10 +144,15 @@ func (r *Router) pickPrefix(ev *endpointView, set *lora.Set, key uint64, replica
 			if j == 0 {
 				d = DecisionAffinity
 			}
-			return pick{iv: iv, idx: i, done: done, decision: d}, true
+			return pick{iv: iv, idx: i, done: done, decision: d, spill: spill}, true
+		}
+		if j == 0 {
+			spill = spillReason(iv.state, ev.threshold, replicas, bound)
 		}
 	}
-	return r.pickLeast(ev, set, skip, h, DecisionFallback)
+	p, ok := r.pickLeast(ev, set, skip, h, DecisionFallback)
+	p.spill = spill
+	return p, ok
 }
 
 // pickLeast admits the instance with the lowest load among those whose

@@ -44,6 +44,7 @@ type attempt struct {
 	upstreamPath string
 
 	cur     pick   // the admitted instance; cur.done nil once released
+	spill   string // why the first pick passed over the ring primary, if it did
 	tried   bitset // set indexes already tried
 	retries int
 
@@ -153,6 +154,7 @@ func (a *attempt) finish(clientCtx context.Context, aborted bool) {
 		status = statusClientClosed
 	}
 	m.requests.WithLabelValues(a.endpoint, string(a.ev.strategy), a.cur.decision, m.code(status)).Inc()
+	a.traceFinish(clientCtx)
 }
 
 func (p *proxy) modifyResponse(resp *http.Response) error {

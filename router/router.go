@@ -18,6 +18,7 @@ import (
 
 	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/lora"
@@ -57,6 +58,11 @@ type Options struct {
 	Registry *prometheus.Registry
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
+	// TracerProvider, if set, turns tracing on: a span per request with the
+	// routing attributes (Attr*), and W3C trace context (traceparent) sent
+	// upstream with a client span per try. Nil (default) means off, at no
+	// cost on the request path.
+	TracerProvider trace.TracerProvider
 	// Transport sends upstream requests; nil means NewTransport(0).
 	Transport http.RoundTripper
 	// Breaker configures every instance's circuit breaker.
@@ -109,7 +115,7 @@ type Router struct {
 	log     *slog.Logger
 	rand    func(int) int
 	balance int64 // BalanceFactor in thousandths; 0 = off
-	mux     *http.ServeMux
+	handler http.Handler // the routes, instrumented when tracing is on
 	proxy   *proxy
 	metrics *metrics
 	load    *probe.Prober // nil unless LoadPollInterval > 0
@@ -212,8 +218,10 @@ func newRouter(opts Options, clock clockwork.Clock) (*Router, error) {
 	if tr == nil {
 		tr = NewTransport(0)
 	}
-	r.proxy = newProxy(r, tr)
-	r.mux = r.routes()
+	// Probes and the load poller use tr itself: they are not traced.
+	var upstream http.RoundTripper
+	r.handler, upstream = instrument(opts.TracerProvider, r.routes(), tr)
+	r.proxy = newProxy(r, upstream)
 	if err := r.startProbes(tr, clock); err != nil {
 		r.Close()
 		return nil, err
@@ -367,5 +375,5 @@ func (r *Router) targets(path string) []probe.Target {
 
 // ServeHTTP routes one request.
 func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
-	r.mux.ServeHTTP(w, req)
+	r.handler.ServeHTTP(w, req)
 }
