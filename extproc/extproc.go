@@ -17,6 +17,7 @@ import (
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/jonboulle/clockwork"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -64,6 +65,10 @@ type Options struct {
 	// zero means router.DefaultMaxBodyBytes. The router's own limit still
 	// applies.
 	MaxBodyBytes int64
+	// TracerProvider, if set, records a span per picked request (parent:
+	// the traceparent Envoy forwards) with the router's attributes; nil
+	// means off.
+	TracerProvider trace.TracerProvider
 	// Clock drives the readiness refresh; nil means the real clock.
 	Clock clockwork.Clock
 	// Logger; nil means slog.Default().
@@ -100,6 +105,7 @@ func (o *Options) withDefaults() error {
 type Server struct {
 	opts   Options
 	log    *slog.Logger
+	tracer trace.Tracer // nil when tracing is off
 	grpc   *grpc.Server
 	health *health.Server
 	ln     net.Listener
@@ -120,6 +126,9 @@ func Start(ln net.Listener, opts Options) (*Server, error) {
 		// returned, so every in-flight slot is released by then.
 		grpc:   grpc.NewServer(grpc.WaitForHandlers(true)),
 		health: health.NewServer(),
+	}
+	if opts.TracerProvider != nil {
+		s.tracer = opts.TracerProvider.Tracer("github.com/prefixrouter/prefixrouter/extproc")
 	}
 	extprocv3.RegisterExternalProcessorServer(s.grpc, processor{s})
 	healthpb.RegisterHealthServer(s.grpc, s.health)

@@ -19,6 +19,9 @@ import (
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/jonboulle/clockwork"
+	"go.opentelemetry.io/otel/attribute"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -567,4 +570,43 @@ func TestHealth(t *testing.T) {
 		return check(extproc.HealthReadiness) == healthpb.HealthCheckResponse_SERVING &&
 			check(extproc.HealthExtProc) == healthpb.HealthCheckResponse_SERVING
 	})
+}
+
+// TestTracing: with a tracer provider, each pick is a span in the trace
+// Envoy forwards, with the router's attributes, ended with the response.
+func TestTracing(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	c := startCluster(t, fleetOf(t, 3), extproc.Options{TracerProvider: tp})
+	const traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
+	e := c.open(t)
+	e.headers("/invocations", map[string]string{"traceparent": "00-" + traceID + "-00f067aa0ba902b7-01"}, nil, true)
+	dest := e.pickAnswer()
+	if len(exp.GetSpans()) != 0 {
+		t.Fatal("the span ended before the response")
+	}
+	e.respond(dest[0], 200)
+	e.respondEnd()
+	spans := exp.GetSpans()
+	if len(spans) != 1 {
+		t.Fatalf("%d spans, want 1", len(spans))
+	}
+	s := spans[0]
+	if s.SpanContext.TraceID().String() != traceID {
+		t.Errorf("trace %s, want Envoy's %s", s.SpanContext.TraceID(), traceID)
+	}
+	got := map[string]string{}
+	for _, kv := range s.Attributes {
+		got[string(kv.Key)] = kv.Value.Emit()
+	}
+	want := map[attribute.Key]string{router.AttrEndpoint: endpoint, router.AttrDecision: router.DecisionAffinity, router.AttrInstance: c.ids[dest[0]], router.AttrStrategy: "PREFIX_AWARE"}
+	for k, v := range want {
+		if got[string(k)] != v {
+			t.Errorf("attribute %s = %q, want %q (all %v)", k, got[string(k)], v, got)
+		}
+	}
+	if got["http.response.status_code"] != "200" {
+		t.Errorf("status attribute %q", got["http.response.status_code"])
+	}
 }

@@ -13,6 +13,10 @@ import (
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	otelcodes "go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.37.0"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -57,7 +61,8 @@ type stream struct {
 	subset []string // nil: no hint
 	body   []byte   // request body held before the pick
 	picked *router.Picked
-	status int // response status; 0 until the response headers
+	span   trace.Span // nil unless tracing
+	status int        // response status; 0 until the response headers
 
 	bodySeen bool // a request body chunk arrived before the pick
 	answered bool // request headers answered (picked or rejected)
@@ -193,6 +198,7 @@ func (st *stream) tryPick(complete, eos bool) (bool, error) {
 		return false, nil
 	}
 	st.answered = true
+	st.trace(p, err)
 	if err != nil {
 		var rej *router.Rejection
 		if errors.As(err, &rej) {
@@ -323,6 +329,37 @@ func (st *stream) release() {
 		st.picked.Done(st.status)
 		st.picked = nil
 	}
+	if st.span != nil {
+		if st.status != 0 {
+			st.span.SetAttributes(semconv.HTTPResponseStatusCode(st.status))
+		}
+		st.span.End()
+		st.span = nil
+	}
+}
+
+// trace starts the request's span when tracing is on, as a child of the
+// trace Envoy forwards in traceparent. A rejection's span ends at once.
+func (st *stream) trace(p *router.Picked, err error) {
+	if st.s.tracer == nil {
+		return
+	}
+	ctx := propagation.TraceContext{}.Extract(context.Background(), propagation.HeaderCarrier(st.header))
+	_, span := st.s.tracer.Start(ctx, "prefixrouter.pick", trace.WithSpanKind(trace.SpanKindServer))
+	if err != nil {
+		span.SetAttributes(router.AttrDecision.String("none"))
+		span.SetStatus(otelcodes.Error, err.Error())
+		span.End()
+		return
+	}
+	span.SetAttributes(
+		router.AttrEndpoint.String(p.Endpoint), router.AttrStrategy.String(p.Strategy),
+		router.AttrDecision.String(p.Decision), router.AttrInstance.String(p.Instance),
+	)
+	if p.Spill != "" {
+		span.SetAttributes(router.AttrSpill.String(p.Spill))
+	}
+	st.span = span
 }
 
 // finish runs when Process returns: a pick still held means the response

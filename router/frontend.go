@@ -56,6 +56,9 @@ type Picked struct {
 	// Instance is the id of the admitted instance, Decision how it was
 	// chosen (the decision label), Endpoint and Strategy where.
 	Instance, Decision, Endpoint, Strategy string
+	// Spill is why the key's ring primary was passed over (a Spill*
+	// value), empty when it was not.
+	Spill string
 
 	r       *Router
 	ev      *endpointView
@@ -138,7 +141,7 @@ func (r *Router) Pick(req PickRequest) (*Picked, error) {
 		return nil, r.rejectPick(kind, endpoint, strategy, ErrNoInstance, &reqError{http.StatusServiceUnavailable, codeNoInstance, msg})
 	}
 	out := &Picked{
-		Instance: p.iv.inst.ID, Decision: p.decision, Endpoint: endpoint, Strategy: strategy,
+		Instance: p.iv.inst.ID, Decision: p.decision, Endpoint: endpoint, Strategy: strategy, Spill: p.spill,
 		r: r, ev: ev, cur: p, primary: p.iv.hostPort,
 	}
 	out.Candidates = fallbacks(ev, set, rr.key, p, skip, max(req.MaxCandidates, 1))

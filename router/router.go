@@ -114,7 +114,7 @@ type Router struct {
 	opts    Options
 	log     *slog.Logger
 	rand    func(int) int
-	balance int64 // BalanceFactor in thousandths; 0 = off
+	balance int64        // BalanceFactor in thousandths; 0 = off
 	handler http.Handler // the routes, instrumented when tracing is on
 	proxy   *proxy
 	metrics *metrics
