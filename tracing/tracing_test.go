@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
 	collectorpb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 
 	"github.com/prefixrouter/prefixrouter/tracing"
