@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 	"github.com/prefixrouter/prefixrouter/overload"
 )
 
@@ -92,7 +93,7 @@ func (tr *tracedRouter) post(t *testing.T, body string, h map[string]string) *ht
 func (tr *tracedRouter) serverSpan(t *testing.T, n int) tracetest.SpanStub {
 	t.Helper()
 	var found []tracetest.SpanStub
-	waitFor(t, "the request's server span", func() bool {
+	testsupport.Eventually(t, 5*time.Second, "the request's server span", func() bool {
 		found = found[:0]
 		for _, s := range tr.exp.GetSpans() {
 			if s.SpanKind == trace.SpanKindServer {
@@ -165,7 +166,7 @@ func TestTracing(t *testing.T) {
 	close(tr.backends[primary].release)
 	<-held
 	var spilled tracetest.SpanStub
-	waitFor(t, "three server spans", func() bool { return countServer(tr.exp) >= 3 })
+	testsupport.Eventually(t, 5*time.Second, "three server spans", func() bool { return countServer(tr.exp) >= 3 })
 	for _, s := range tr.exp.GetSpans() {
 		if s.SpanKind == trace.SpanKindServer && attrs(s)[AttrDecision] == DecisionSpill {
 			spilled = s
@@ -180,7 +181,7 @@ func TestTracing(t *testing.T) {
 	// request spills for the reason "breaker".
 	tr.post(t, body, map[string]string{"X-Test-Fail": "1"})
 	<-tr.parents
-	waitFor(t, "the primary's breaker to open", func() bool {
+	testsupport.Eventually(t, 5*time.Second, "the primary's breaker to open", func() bool {
 		st, _ := tr.r.Status("ep", primary)
 		return st.Breaker == gobreaker.StateOpen
 	})

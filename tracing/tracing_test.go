@@ -7,13 +7,13 @@ import (
 	"time"
 
 	collectorpb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
-	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 
+	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 	"github.com/prefixrouter/prefixrouter/tracing"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { testsupport.VerifyNoLeaks(m) }
 
 // collector is a loopback OTLP/gRPC trace collector.
 type collector struct {
