@@ -60,11 +60,17 @@ func (r *recorder) all() []*fleet.Snapshot {
 
 func startWatcher(t *testing.T, cli *clientv3.Client, m *Metrics, rec *recorder) *Watcher {
 	t.Helper()
+	return startWatcherWith(t, cli, WatcherOptions{Options: Options{Logger: quiet, Metrics: m}, ProgressInterval: 50 * time.Millisecond}, rec)
+}
+
+// startWatcherWith starts a watcher with opts and waits for its first sync.
+func startWatcherWith(t *testing.T, cli *clientv3.Client, opts WatcherOptions, rec *recorder) *Watcher {
+	t.Helper()
 	var fn func(*fleet.Snapshot)
 	if rec != nil {
 		fn = rec.add
 	}
-	w := StartWatcher(cli, WatcherOptions{Options: Options{Logger: quiet, Metrics: m}, ProgressInterval: 50 * time.Millisecond}, fn)
+	w := StartWatcher(cli, opts, fn)
 	t.Cleanup(func() { w.Close() })
 	select {
 	case <-w.Synced():
@@ -372,15 +378,18 @@ func TestCompactionRelists(t *testing.T) {
 }
 
 // TestEtcdDownKeepsLastSnapshot stops etcd (keeping its data), checks that
-// the watcher publishes nothing while it is down, and that changes made
-// after etcd restarts reach it.
+// the watcher publishes nothing while it is down and that its snapshot ages,
+// and that changes made after etcd restarts reach it. The watcher's clock
+// is fake: the test ages the snapshot by moving it, not by waiting.
 func TestEtcdDownKeepsLastSnapshot(t *testing.T) {
 	e := startEtcd(t)
 	cli := newClient(t, e.ClientURL())
 	ctx := testsupport.Context(t, 20*time.Second)
 	m := NewMetrics(nil)
 	rec := &recorder{}
-	w := startWatcher(t, cli, m, rec)
+	clock := testsupport.NewFakeClock()
+	const progress = 50 * time.Millisecond
+	w := startWatcherWith(t, cli, WatcherOptions{Options: Options{Logger: quiet, Metrics: m}, ProgressInterval: progress, Clock: clock}, rec)
 	l := Layout{}
 	reg, err := RegisterInstance(ctx, cli, "ep1", fleet.Instance{ID: "keep", Addr: "http://127.0.0.1:9"}, Options{TTL: 2 * time.Second, Logger: quiet})
 	if err != nil {
@@ -389,19 +398,26 @@ func TestEtcdDownKeepsLastSnapshot(t *testing.T) {
 	defer reg.Close(ctx)
 	testsupport.Eventually(t, time.Second, "instance visible", has(w, "ep1", "keep"))
 	published := len(rec.all())
+	if age := w.SnapshotAge(); age != 0 {
+		t.Fatalf("snapshot age %v before the clock moved, want 0", age)
+	}
 
 	e.Close()
-	down := time.Now()
-	// The age grows while etcd is down: poll until it is clearly stale
-	// (well past several 50 ms progress intervals).
-	testsupport.Eventually(t, 10*time.Second, "snapshot age grows", func() bool { return w.SnapshotAge() > time.Second })
+	down := clock.Now()
+	// Each poll moves the clock one progress interval, which also sends a
+	// progress request to the stopped etcd; none may count as a sync, so
+	// the age grows past 1 s (20 intervals).
+	testsupport.Eventually(t, 10*time.Second, "snapshot age grows", func() bool {
+		clock.Advance(progress)
+		return w.SnapshotAge() > time.Second
+	})
 	if n := len(rec.all()); n != published {
 		t.Fatalf("%d snapshots published while etcd was down", n-published)
 	}
 	if !has(w, "ep1", "keep")() {
 		t.Fatal("instance dropped while etcd was down")
 	}
-	if lastSync := float64(m.lastSyncNs.Load()) / 1e9; lastSync > float64(down.UnixNano())/1e9 {
+	if lastSync := m.lastSyncNs.Load(); lastSync > down.UnixNano() {
 		t.Fatal("last sync advanced while etcd was down")
 	}
 
@@ -420,7 +436,9 @@ func TestEtcdDownKeepsLastSnapshot(t *testing.T) {
 		return n && k && s.Endpoint("ep1").Config.RoutingStrategy == fleet.Random
 	})
 	t.Logf("converged %v after the restart", took)
-	testsupport.Eventually(t, 5*time.Second, "age fresh again", func() bool { return w.SnapshotAge() >= 0 && w.SnapshotAge() < time.Second })
+	// The clock stands still now: the syncs since the restart set the age
+	// back to zero.
+	testsupport.Eventually(t, 5*time.Second, "age fresh again", func() bool { return w.SnapshotAge() == 0 })
 	for i, s := range rec.all() {
 		if _, ok := instanceOf(s, "ep1", "keep"); !ok && i >= published-1 {
 			t.Fatalf("snapshot %d lost the registered instance", i)

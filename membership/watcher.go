@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -32,8 +33,11 @@ type WatcherOptions struct {
 	Options
 	// ProgressInterval; zero means DefaultProgressInterval.
 	ProgressInterval time.Duration
-	// Now is the clock for BuiltAt and the sync time; nil means time.Now.
-	Now func() time.Time
+	// Clock dates BuiltAt and every sync (so SnapshotAge) and paces the
+	// progress requests; nil means the real clock. Tests pass a
+	// clockwork.FakeClock to age a snapshot without waiting. Retries of a
+	// failed list wait on the real clock: they pace network calls.
+	Clock clockwork.Clock
 	// DefaultConfig is the routing config of an endpoint whose config key is
 	// not set (serve's --strategy, --prefix-length, --concurrency-threshold).
 	// The zero value means fleet.DefaultRoutingConfig(). It must be valid.
@@ -57,7 +61,7 @@ type Watcher struct {
 	metrics  *Metrics
 	publish  func(*fleet.Snapshot)
 	progress time.Duration
-	now      func() time.Time
+	clock    clockwork.Clock
 	defCfg   fleet.RoutingConfig
 
 	snap     atomic.Pointer[fleet.Snapshot]
@@ -82,7 +86,7 @@ func StartWatcher(cli *clientv3.Client, opts WatcherOptions, onSnapshot func(*fl
 		metrics:  opts.Metrics,
 		publish:  onSnapshot,
 		progress: opts.ProgressInterval,
-		now:      opts.Now,
+		clock:    opts.Clock,
 		defCfg:   opts.DefaultConfig.Normalize(),
 		synced:   make(chan struct{}),
 		ctx:      ctx,
@@ -91,8 +95,8 @@ func StartWatcher(cli *clientv3.Client, opts WatcherOptions, onSnapshot func(*fl
 	if w.progress <= 0 {
 		w.progress = DefaultProgressInterval
 	}
-	if w.now == nil {
-		w.now = time.Now
+	if w.clock == nil {
+		w.clock = clockwork.NewRealClock()
 	}
 	w.wg.Add(1)
 	go w.run()
@@ -122,7 +126,7 @@ func (w *Watcher) SnapshotAge() time.Duration {
 	if ns == 0 {
 		return -1
 	}
-	return w.now().Sub(time.Unix(0, ns))
+	return w.clock.Now().Sub(time.Unix(0, ns))
 }
 
 // Close stops the watcher and waits for its goroutine. The last snapshot
@@ -134,7 +138,7 @@ func (w *Watcher) Close() error {
 }
 
 func (w *Watcher) markSynced() {
-	t := w.now()
+	t := w.clock.Now()
 	w.lastSync.Store(t.UnixNano())
 	w.metrics.synced(t)
 }
@@ -214,13 +218,13 @@ func (w *Watcher) watch(st *state) string {
 	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(w.ctx))
 	defer cancel()
 	wch := w.cli.Watch(ctx, w.layout.Root(), clientv3.WithPrefix(), clientv3.WithRev(st.rev+1), clientv3.WithProgressNotify())
-	tick := time.NewTicker(w.progress)
+	tick := w.clock.NewTicker(w.progress)
 	defer tick.Stop()
 	for {
 		select {
 		case <-w.ctx.Done():
 			return ""
-		case <-tick.C:
+		case <-tick.Chan():
 			// Same ctx as the watch, so the request goes on its stream.
 			// Errors mean the stream is down; the age then grows.
 			_ = w.cli.RequestProgress(ctx)
@@ -363,7 +367,7 @@ func (w *Watcher) emit(st *state) {
 		eps = append(eps, fleet.Endpoint{Name: ep, Config: cfg, Instances: insts})
 	}
 	sort.Slice(eps, func(i, j int) bool { return eps[i].Name < eps[j].Name })
-	s := fleet.NewSnapshot(eps, st.rev, len(st.routers), w.now())
+	s := fleet.NewSnapshot(eps, st.rev, len(st.routers), w.clock.Now())
 	w.snap.Store(s)
 	w.syncOnce.Do(func() { close(w.synced) })
 	w.metrics.snapshotPublished()

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/sony/gobreaker/v2"
@@ -200,40 +201,88 @@ func TestTryAcquireConcurrentNeverOvershoots(t *testing.T) {
 	}
 }
 
+// TestBreakerOpensAndRecovers runs in a synctest bubble: gobreaker reads
+// time.Now itself, so the bubble's fake clock is what moves both the breaker
+// and State's mirror of it through the open timeout, in no real time.
 func TestBreakerOpensAndRecovers(t *testing.T) {
-	s := NewState("a", BreakerSettings{ConsecutiveFailures: 3, OpenTimeout: 50 * time.Millisecond})
-	dial := &net.OpError{Op: "dial", Err: errors.New("refused")}
-	for i := range 3 {
-		d, ok := s.Acquire()
-		if !ok {
-			t.Fatalf("attempt %d rejected before the breaker opened", i)
+	synctest.Test(t, func(t *testing.T) {
+		const timeout = 10 * time.Second
+		s := NewState("a", BreakerSettings{ConsecutiveFailures: 3, OpenTimeout: timeout})
+		dial := &net.OpError{Op: "dial", Err: errors.New("refused")}
+		for i := range 3 {
+			d, ok := s.Acquire()
+			if !ok {
+				t.Fatalf("attempt %d rejected before the breaker opened", i)
+			}
+			d(dial)
 		}
-		d(dial)
-	}
-	if !s.Open() || s.Status().Breaker != gobreaker.StateOpen {
-		t.Fatalf("breaker not open after 3 failures: %v", s.Status().Breaker)
-	}
-	if _, ok := s.Acquire(); ok {
-		t.Fatal("open breaker admitted")
-	}
-	if _, ok := s.TryAcquire(10, 1); ok {
-		t.Fatal("open breaker admitted under threshold")
-	}
-	testsupport.Eventually(t, 5*time.Second, "open timeout", func() bool { return !s.Open() })
-	probe, ok := s.Acquire()
-	if !ok {
-		t.Fatal("half-open breaker rejected the probe")
-	}
-	if _, ok := s.Acquire(); ok {
-		t.Fatal("half-open breaker admitted a second probe")
-	}
-	probe(nil)
-	if st := s.Status().Breaker; st != gobreaker.StateClosed {
-		t.Fatalf("breaker %v after a successful probe, want closed", st)
-	}
-	if n := s.InFlight(); n != 0 {
-		t.Fatalf("in flight %d", n)
-	}
+		if !s.Open() || s.Status().Breaker != gobreaker.StateOpen {
+			t.Fatalf("breaker not open after 3 failures: %v", s.Status().Breaker)
+		}
+		if _, ok := s.Acquire(); ok {
+			t.Fatal("open breaker admitted")
+		}
+		if _, ok := s.TryAcquire(10, 1); ok {
+			t.Fatal("open breaker admitted under threshold")
+		}
+		time.Sleep(timeout - time.Nanosecond)
+		if !s.Open() {
+			t.Fatal("breaker reported closed before its open timeout")
+		}
+		if _, ok := s.Acquire(); ok {
+			t.Fatal("open breaker admitted before its open timeout")
+		}
+		// gobreaker half-opens once its expiry is strictly in the past.
+		time.Sleep(2 * time.Nanosecond)
+		if s.Open() {
+			t.Fatal("breaker still reported open after its open timeout")
+		}
+		probe, ok := s.Acquire()
+		if !ok {
+			t.Fatal("half-open breaker rejected the probe")
+		}
+		if st := s.Status().Breaker; st != gobreaker.StateHalfOpen {
+			t.Fatalf("breaker %v while its probe is out, want half-open", st)
+		}
+		if _, ok := s.Acquire(); ok {
+			t.Fatal("half-open breaker admitted a second probe")
+		}
+		probe(nil)
+		if st := s.Status().Breaker; st != gobreaker.StateClosed {
+			t.Fatalf("breaker %v after a successful probe, want closed", st)
+		}
+		if n := s.InFlight(); n != 0 {
+			t.Fatalf("in flight %d", n)
+		}
+	})
+}
+
+// TestBreakerReopensOnFailedProbe: a failed probe of a half-open breaker
+// opens it again for a whole open timeout.
+func TestBreakerReopensOnFailedProbe(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const timeout = 10 * time.Second
+		s := NewState("a", BreakerSettings{ConsecutiveFailures: 1, OpenTimeout: timeout})
+		d, _ := s.Acquire()
+		d(UpstreamStatus(503))
+		time.Sleep(timeout + time.Nanosecond)
+		probe, ok := s.Acquire()
+		if !ok {
+			t.Fatal("half-open breaker rejected the probe")
+		}
+		probe(UpstreamStatus(502))
+		if !s.Open() || s.Status().Breaker != gobreaker.StateOpen {
+			t.Fatalf("breaker %v after a failed probe, want open", s.Status().Breaker)
+		}
+		time.Sleep(timeout - time.Nanosecond)
+		if _, ok := s.Acquire(); ok {
+			t.Fatal("reopened breaker admitted before a new open timeout")
+		}
+		time.Sleep(2 * time.Nanosecond)
+		if _, ok := s.Acquire(); !ok {
+			t.Fatal("reopened breaker rejected the probe after its open timeout")
+		}
+	})
 }
 
 func TestClientCancelIsNotAFailure(t *testing.T) {

@@ -33,6 +33,9 @@ type State struct {
 	external atomic.Int64
 	// brState mirrors the breaker's state and openUntil the time (unix ns)
 	// at which an open breaker half-opens, so that Open needs no lock.
+	// openUntil is read from time.Now, not an injected clock, because it
+	// must agree with gobreaker, which reads time.Now itself; tests move
+	// both through the open timeout inside a testing/synctest bubble.
 	brState   atomic.Int32
 	openUntil atomic.Int64
 	timeout   time.Duration

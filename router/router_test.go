@@ -320,7 +320,9 @@ func tenantFor(t *testing.T, h *harness, body, id string) string {
 
 func TestDeadBackendSkippedAndBreaker(t *testing.T) {
 	bs := []*backend{newBackend(t, "i-a"), newBackend(t, "i-b")}
-	h := newHarness(t, hopts{cfg: prefixCfg(10), breaker: overload.BreakerSettings{ConsecutiveFailures: 2, OpenTimeout: 200 * time.Millisecond}}, bs...)
+	// The open timeout outlasts the test: the breaker must stay open while
+	// the test checks that the instance is skipped without a dial.
+	h := newHarness(t, hopts{cfg: prefixCfg(10), breaker: overload.BreakerSettings{ConsecutiveFailures: 2, OpenTimeout: time.Hour}}, bs...)
 	dead := deadAddr(t)
 	h.ep.Instances = append(h.ep.Instances, fleet.Instance{ID: "i-dead", Addr: "http://" + dead})
 	h.update()
@@ -345,8 +347,33 @@ func TestDeadBackendSkippedAndBreaker(t *testing.T) {
 	if res.status != 200 || res.instance == "i-dead" || retries() != 2 {
 		t.Fatalf("open breaker: status %d instance %s retries %v", res.status, res.instance, retries())
 	}
-	// The instance comes back on the same address; after the open timeout a
-	// probe succeeds and closes the breaker.
+}
+
+// TestBreakerProbeReachesRevivedInstance: a dead instance's breaker opens;
+// the instance comes back on the same address, and after the open timeout
+// the router's probe reaches it, which closes the breaker and restores
+// affinity. gobreaker reads the real clock and the router is tested over
+// real sockets (no synctest bubble), so the open timeout is kept at 20 ms:
+// the test waits that long, not more, for the transition (the breaker's
+// own transitions are tested on a fake clock in overload).
+func TestBreakerProbeReachesRevivedInstance(t *testing.T) {
+	bs := []*backend{newBackend(t, "i-a"), newBackend(t, "i-b")}
+	h := newHarness(t, hopts{cfg: prefixCfg(10), breaker: overload.BreakerSettings{ConsecutiveFailures: 2, OpenTimeout: 20 * time.Millisecond}}, bs...)
+	dead := deadAddr(t)
+	h.ep.Instances = append(h.ep.Instances, fleet.Instance{ID: "i-dead", Addr: "http://" + dead})
+	h.update()
+	body := "prompt for the dead one"
+	hdr := map[string]string{"X-Amzn-SageMaker-Prefix-Aware-Id": tenantFor(t, h, body, "i-dead")}
+	for k := range 2 {
+		if res := h.mustDo("/invocations", body, hdr); res.status != 200 || res.instance == "i-dead" {
+			t.Fatalf("try %d: status %d instance %s", k, res.status, res.instance)
+		}
+	}
+	st := h.state("i-dead")
+	// Open, or already half-open if the run is slow: not closed.
+	if b := st.Status().Breaker; b == gobreaker.StateClosed {
+		t.Fatal("breaker closed after 2 dial errors")
+	}
 	l, err := net.Listen("tcp", dead)
 	if err != nil {
 		t.Skipf("cannot re-listen on %s: %v", dead, err)
@@ -357,9 +384,10 @@ func TestDeadBackendSkippedAndBreaker(t *testing.T) {
 	revived.Listener = l
 	revived.Start()
 	defer revived.Close()
-	testsupport.Eventually(t, 10*time.Second, "probe to the revived instance", func() bool {
+	took := testsupport.Eventually(t, 10*time.Second, "probe to the revived instance", func() bool {
 		return h.mustDo("/invocations", body, hdr).instance == "i-dead"
 	})
+	t.Logf("revived instance reached %v after it came back (open timeout 20ms)", took)
 	if st.Status().Breaker != gobreaker.StateClosed {
 		t.Fatalf("breaker %v after a successful probe", st.Status().Breaker)
 	}
