@@ -1,0 +1,77 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/prefixrouter/prefixrouter/admin"
+	"github.com/prefixrouter/prefixrouter/admin/adminpb"
+)
+
+func newAdminCmd() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "admin",
+		Short: "Inspect a running router replica through its gRPC admin API",
+	}
+	c.AddCommand(newAdminFleetCmd())
+	return c
+}
+
+func newAdminFleetCmd() *cobra.Command {
+	var (
+		addr     string
+		endpoint string
+		asJSON   bool
+		timeout  time.Duration
+	)
+	c := &cobra.Command{
+		Use:   "fleet",
+		Short: "Show a replica's fleet snapshot with each instance's live state on that replica",
+		Long: `admin fleet calls GetFleet on a replica's admin listener (serve --admin-listen; plaintext
+gRPC, see docs/admin-api.md) and prints one row per instance: id, address, draining, and that
+replica's view of it: healthy (active health checks), requests in flight, external load
+(polled from the instance's /metrics; "unknown" when not polled) and circuit breaker state.
+--json prints the GetFleetResponse in protobuf's JSON mapping, every field included.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if addr == "" {
+				return usageErr("--admin-addr is required")
+			}
+			if timeout <= 0 {
+				return usageErr("--timeout must be positive, got %v", timeout)
+			}
+			conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				return usageErr("--admin-addr %q: %w", addr, err)
+			}
+			defer conn.Close()
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			resp, err := adminpb.NewAdminClient(conn).GetFleet(ctx, &adminpb.GetFleetRequest{Endpoint: endpoint})
+			if err != nil {
+				return fmt.Errorf("admin fleet: %s: %w", addr, err)
+			}
+			if asJSON {
+				b, err := protojson.MarshalOptions{Multiline: true, EmitUnpopulated: true}.Marshal(resp)
+				if err != nil {
+					return fmt.Errorf("admin fleet: %w", err)
+				}
+				_, err = fmt.Fprintln(cmd.OutOrStdout(), string(b))
+				return err
+			}
+			return admin.WriteFleet(cmd.OutOrStdout(), resp)
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&addr, "admin-addr", "127.0.0.1:9090", "the replica's admin address (its --admin-listen)")
+	f.StringVar(&endpoint, "endpoint", "", "only this endpoint (default: all)")
+	f.BoolVar(&asJSON, "json", false, "print JSON instead of a table")
+	f.DurationVar(&timeout, "timeout", 10*time.Second, "give up on the call after this long")
+	return c
+}
