@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jonboulle/clockwork"
+	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 
 	"github.com/prefixrouter/prefixrouter/overload"
 )
@@ -102,7 +102,7 @@ func TestStartHealth(t *testing.T) {
 	defer srv.Close()
 	st := overload.NewState("i", overload.BreakerSettings{})
 	logs := make(logLines, 10)
-	fc := clockwork.NewFakeClock()
+	fc := testsupport.NewFakeClock()
 	p, err := StartHealth(Options{Interval: time.Second, Clock: fc},
 		Health{UnhealthyThreshold: 3, Logger: slog.New(slog.NewTextHandler(logs, nil))},
 		func() []Target { return []Target{{srv.URL + DefaultHealthPath, st}} })

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jonboulle/clockwork"
+	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 
 	"github.com/prefixrouter/prefixrouter/overload"
 )
@@ -89,7 +89,7 @@ func TestStartLoad(t *testing.T) {
 	}))
 	defer srv.Close()
 	s := overload.NewState("a", overload.BreakerSettings{})
-	fc := clockwork.NewFakeClock()
+	fc := testsupport.NewFakeClock()
 	p, err := StartLoad(Options{Interval: time.Second, Clock: fc}, Load{Logger: discardLogger()},
 		func() []Target { return []Target{{URL: srv.URL + "/metrics", Instance: s}} })
 	if err != nil {

@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jonboulle/clockwork"
-
 	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 )
 
@@ -16,17 +14,15 @@ func TestMain(m *testing.M) { testsupport.VerifyNoLeaks(m) }
 
 // waitRound blocks until the prober driven by fc has finished its round and
 // waits for the next (its timer is the clock's only waiter).
-func waitRound(t *testing.T, fc *clockwork.FakeClock) {
+func waitRound(t *testing.T, fc *testsupport.FakeClock) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := fc.BlockUntilContext(ctx, 1); err != nil {
+	if err := fc.BlockUntilContext(testsupport.Context(t, 10*time.Second), 1); err != nil {
 		t.Fatalf("round not finished: %v", err)
 	}
 }
 
 // nextRound advances fc by one interval and waits for the round it starts.
-func nextRound(t *testing.T, fc *clockwork.FakeClock, interval time.Duration) {
+func nextRound(t *testing.T, fc *testsupport.FakeClock, interval time.Duration) {
 	t.Helper()
 	fc.Advance(interval)
 	waitRound(t, fc)
@@ -67,7 +63,7 @@ func TestStartValidates(t *testing.T) {
 // and none in between; each round asks for the targets once and observes
 // every outcome.
 func TestProberRounds(t *testing.T) {
-	fc := clockwork.NewFakeClock()
+	fc := testsupport.NewFakeClock()
 	var asked atomic.Int64
 	var seen atomic.Int64
 	outcomes := make(chan int, 10)
@@ -105,7 +101,7 @@ func TestProberRounds(t *testing.T) {
 // TestProberOverrun: a round that outlasts the interval is followed by the
 // next one at once, not an interval later.
 func TestProberOverrun(t *testing.T) {
-	fc := clockwork.NewFakeClock()
+	fc := testsupport.NewFakeClock()
 	var rounds atomic.Int64
 	p, err := Start(Options{Interval: time.Minute, Clock: fc},
 		func() []int { return []int{int(rounds.Add(1))} },
@@ -196,7 +192,7 @@ func TestRoundTimeout(t *testing.T) {
 func TestCloseCancelsProbes(t *testing.T) {
 	started := make(chan struct{})
 	var observed atomic.Int64
-	p, err := Start(Options{Interval: time.Hour, Timeout: time.Hour, Clock: clockwork.NewFakeClock()},
+	p, err := Start(Options{Interval: time.Hour, Timeout: time.Hour, Clock: testsupport.NewFakeClock()},
 		func() []int { return []int{1} },
 		func(ctx context.Context, _ int) (int, error) {
 			close(started)

@@ -1,7 +1,6 @@
 package router
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -10,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jonboulle/clockwork"
 	"go.uber.org/goleak"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
@@ -64,7 +62,7 @@ const healthInterval = time.Second
 // calls healthRound.
 type healthHarness struct {
 	*harness
-	clock *clockwork.FakeClock
+	clock *testsupport.FakeClock
 }
 
 func newHealthHarness(t *testing.T, cfg fleet.RoutingConfig, hbs []*healthBackend) *healthHarness {
@@ -73,7 +71,7 @@ func newHealthHarness(t *testing.T, cfg fleet.RoutingConfig, hbs []*healthBacken
 	for i, hb := range hbs {
 		bs[i] = hb.backend
 	}
-	fc := clockwork.NewFakeClock()
+	fc := testsupport.NewFakeClock()
 	h := &healthHarness{harness: newHarness(t, hopts{cfg: cfg, health: healthInterval, hTimeout: 100 * time.Millisecond, clock: fc}, bs...), clock: fc}
 	h.waitRound() // the round at start, which may have run before the fleet was loaded
 	return h
@@ -90,9 +88,7 @@ func (h *healthHarness) healthRound() {
 // waits on the clock for the next.
 func (h *healthHarness) waitRound() {
 	h.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := h.clock.BlockUntilContext(ctx, 1); err != nil {
+	if err := h.clock.BlockUntilContext(testsupport.Context(h.t, 10*time.Second), 1); err != nil {
 		h.t.Fatalf("health round not finished: %v", err)
 	}
 }

@@ -1,7 +1,6 @@
 package router
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -10,8 +9,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/jonboulle/clockwork"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/internal/testsupport"
@@ -205,14 +202,13 @@ func TestLoadPoller(t *testing.T) {
 		fmt.Fprint(w, "ok")
 	}
 	tr := NewTransport(0)
-	fc := clockwork.NewFakeClock()
+	fc := testsupport.NewFakeClock()
 	r, err := newRouter(Options{DefaultEndpoint: "ep", LoadPollInterval: time.Second, Transport: tr}, fc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	ctx := testsupport.Context(t, 10*time.Second)
 	if err := fc.BlockUntilContext(ctx, 1); err != nil { // the round at start, before the fleet
 		t.Fatal(err)
 	}
