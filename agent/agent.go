@@ -22,7 +22,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/probe"
 )
 
-// Defaults of Config's zero values.
+// Defaults of Options's zero values.
 const (
 	DefaultPollInterval      = 10 * time.Second
 	DefaultHealthInterval    = 500 * time.Millisecond
@@ -42,9 +42,9 @@ const (
 // SageMaker containers /ping.
 var DefaultHealthPaths = []string{"/health", "/ping"}
 
-// Config configures Run. Client, Endpoint, Instance.ID and Instance.Addr
+// Options configures Run. Client, Endpoint, Instance.ID and Instance.Addr
 // are required; every other zero value means its default.
-type Config struct {
+type Options struct {
 	// Client reaches etcd (membership.NewClient). Run does not close it.
 	Client *clientv3.Client
 	// Options carry the layout (--etcd-prefix), the lease TTL (--ttl), the
@@ -88,7 +88,7 @@ type Config struct {
 	HTTPClient *http.Client
 }
 
-func (c *Config) setDefaults() {
+func (c *Options) withDefaults() {
 	if len(c.HealthPaths) == 0 {
 		c.HealthPaths = DefaultHealthPaths
 	}
@@ -132,8 +132,8 @@ func (c *Config) setDefaults() {
 // returns nil. If ctx ends before the server was healthy, nothing was
 // registered and Run returns nil. It returns an error only when the
 // configuration is invalid or the first registration fails.
-func Run(ctx context.Context, cfg Config) error {
-	cfg.setDefaults()
+func Run(ctx context.Context, cfg Options) error {
+	cfg.withDefaults()
 	if cfg.Client == nil {
 		return errors.New("agent: no etcd client")
 	}
@@ -148,7 +148,7 @@ func Run(ctx context.Context, cfg Config) error {
 }
 
 type agent struct {
-	cfg Config
+	cfg Options
 	log *slog.Logger
 	// warnedLoad: the unknown-load warning was logged (once per drain).
 	warnedLoad bool

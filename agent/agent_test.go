@@ -104,7 +104,7 @@ type running struct {
 	done   chan error
 }
 
-func start(t *testing.T, cfg Config) *running {
+func start(t *testing.T, cfg Options) *running {
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{cancel: cancel, done: make(chan error, 1)}
 	go func() { r.done <- Run(ctx, cfg) }()
@@ -125,8 +125,8 @@ func (r *running) stop(t *testing.T, within time.Duration) error {
 	}
 }
 
-func baseConfig(cli *clientv3.Client, f *fakeServer, id string) Config {
-	return Config{
+func baseConfig(cli *clientv3.Client, f *fakeServer, id string) Options {
+	return Options{
 		Client:            cli,
 		Options:           membership.Options{TTL: 2 * time.Second, Logger: quiet},
 		Endpoint:          "ep",
@@ -324,11 +324,11 @@ func TestRunRejectsBadConfig(t *testing.T) {
 	cli := etcdtest.Client(t, e)
 	for _, tc := range []struct {
 		name string
-		cfg  Config
+		cfg  Options
 	}{
-		{"no client", Config{Endpoint: "ep", Instance: fleet.Instance{ID: "a", Addr: "http://x"}}},
-		{"no endpoint", Config{Client: cli, Instance: fleet.Instance{ID: "a", Addr: "http://x"}}},
-		{"no addr", Config{Client: cli, Endpoint: "ep", Instance: fleet.Instance{ID: "a"}}},
+		{"no client", Options{Endpoint: "ep", Instance: fleet.Instance{ID: "a", Addr: "http://x"}}},
+		{"no endpoint", Options{Client: cli, Instance: fleet.Instance{ID: "a", Addr: "http://x"}}},
+		{"no addr", Options{Client: cli, Endpoint: "ep", Instance: fleet.Instance{ID: "a"}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if err := Run(context.Background(), tc.cfg); err == nil {

@@ -16,6 +16,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/internal/localfleet"
 	"github.com/prefixrouter/prefixrouter/internal/sim"
 	"github.com/prefixrouter/prefixrouter/overload"
+	"github.com/prefixrouter/prefixrouter/router"
 )
 
 // Scenario names, in the order Run runs them.
@@ -67,9 +68,9 @@ func Description(name string) string {
 	return ""
 }
 
-// Config configures a run. Zero values mean the defaults in brackets; the
+// Options configures a run. Zero values mean the defaults in brackets; the
 // long mode (Long) changes the defaults of the windows and cycles.
-type Config struct {
+type Options struct {
 	// Instances and Replicas of the fleet at the start [7, 2].
 	Instances, Replicas int
 	// Keys is the number of distinct probe requests whose ring primary is
@@ -107,7 +108,7 @@ type Config struct {
 // ErrUnknownScenario is returned by Run for a name not in Scenarios().
 var ErrUnknownScenario = errors.New("chaos: unknown scenario")
 
-func (c Config) withDefaults() (Config, error) {
+func (c Options) withDefaults() (Options, error) {
 	if c.Instances == 0 {
 		c.Instances = 7
 	}
@@ -185,23 +186,26 @@ func (c Config) withDefaults() (Config, error) {
 // (each starts from the fleet the previous one left, converged) and returns
 // the report. An error means the run could not go on (the fleet did not
 // start or converge); property violations are failed Checks in the report.
-func Run(ctx context.Context, cfg Config) (*Report, error) {
+func Run(ctx context.Context, cfg Options) (*Report, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
 	}
 	rep := &Report{Config: reportConfig(cfg), Started: time.Now()}
 	progress(cfg, "chaos: starting %d instances, %d replicas (TTL %v, time scale %v)", cfg.Instances, cfg.Replicas, cfg.TTL, cfg.TimeScale)
-	f, err := localfleet.Start(ctx, localfleet.Config{
+	f, err := localfleet.Start(ctx, localfleet.Options{
 		Instances: cfg.Instances, Replicas: cfg.Replicas,
 		Sim:     sim.Config{TimeScale: cfg.TimeScale},
 		Routing: fleet.DefaultRoutingConfig(),
 		TTL:     cfg.TTL,
-		Breaker: overload.BreakerSettings{OpenTimeout: cfg.BreakerOpenTimeout},
-		// Opted in for hung-instance; the other scenarios do not depend on
-		// it (a crashed instance is skipped sooner, before its lease ends).
-		HealthCheckInterval: healthCheckInterval,
-		HealthCheckTimeout:  healthCheckTimeout,
+		Router: router.Options{
+			Breaker: overload.BreakerOptions{OpenTimeout: cfg.BreakerOpenTimeout},
+			// Opted in for hung-instance; the other scenarios do not depend
+			// on it (a crashed instance is skipped sooner, before its lease
+			// ends).
+			HealthCheckInterval: healthCheckInterval,
+			HealthCheckTimeout:  healthCheckTimeout,
+		},
 		// Drain quickly: the load's requests last milliseconds.
 		DrainTimeout: 10 * time.Second,
 		Logger:       cfg.Logger,
@@ -231,7 +235,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	return rep, nil
 }
 
-func progress(cfg Config, format string, args ...any) {
+func progress(cfg Options, format string, args ...any) {
 	fmt.Fprintf(cfg.Progress, format+"\n", args...)
 }
 

@@ -51,14 +51,14 @@ func TestCompare(t *testing.T) {
 func TestConfigValidation(t *testing.T) {
 	tests := []struct {
 		name string
-		cfg  Config
+		cfg  Options
 		ok   bool
 	}{
-		{"defaults", Config{}, true},
-		{"one instance", Config{Instances: 1}, false},
-		{"too few keys", Config{Keys: 10}, false},
-		{"unknown scenario", Config{Scenarios: []string{"meteor"}}, false},
-		{"negative rate", Config{LoadRate: -1}, false},
+		{"defaults", Options{}, true},
+		{"one instance", Options{Instances: 1}, false},
+		{"too few keys", Options{Keys: 10}, false},
+		{"unknown scenario", Options{Scenarios: []string{"meteor"}}, false},
+		{"negative rate", Options{LoadRate: -1}, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -131,7 +131,7 @@ func TestScenarios(t *testing.T) {
 	var progress bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	rep, err := Run(ctx, Config{
+	rep, err := Run(ctx, Options{
 		Instances: 5, Replicas: 2, Keys: 2000, TimeScale: 20, LoadRate: 40,
 		TTL: 2 * time.Second, LoadWindow: 500 * time.Millisecond, OutageWindow: 3 * time.Second,
 		BreakerOpenTimeout: time.Second, Seed: 7, Scenarios: scenarios, Progress: &progress,
@@ -250,7 +250,7 @@ func TestReport(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	rep, err := Run(ctx, Config{Progress: os.Stderr})
+	rep, err := Run(ctx, Options{Progress: os.Stderr})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -34,7 +34,7 @@ type ReportConfig struct {
 	BreakerOpenTimeout time.Duration `json:"breaker_open_timeout_ns"`
 }
 
-func reportConfig(c Config) ReportConfig {
+func reportConfig(c Options) ReportConfig {
 	return ReportConfig{Instances: c.Instances, Replicas: c.Replicas, Keys: c.Keys, TimeScale: c.TimeScale,
 		LoadRate: c.LoadRate, Long: c.Long, Seed: c.Seed, TTL: c.TTL, LoadWindow: c.LoadWindow,
 		OutageWindow: c.OutageWindow, Cycles: c.Cycles, BreakerOpenTimeout: c.BreakerOpenTimeout}

@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -138,7 +139,7 @@ type Hang struct {
 }
 
 type suite struct {
-	cfg    Config
+	cfg    Options
 	f      *localfleet.Fleet
 	probes [][]byte
 	rng    *rand.Rand
@@ -514,8 +515,7 @@ func (s *suite) failingInstance(ctx context.Context, res *Result) error {
 	}
 	victim := s.pick(ids)
 	res.Event = "fault on " + victim
-	bs := overload.BreakerSettings{OpenTimeout: s.cfg.BreakerOpenTimeout}.Normalize()
-	b := &Breaker{Instance: victim, ConsecutiveFailures: bs.ConsecutiveFailures, OpenTimeout: bs.OpenTimeout}
+	b := &Breaker{Instance: victim, ConsecutiveFailures: overload.DefaultConsecutiveFailures, OpenTimeout: cmp.Or(s.cfg.BreakerOpenTimeout, overload.DefaultOpenTimeout)}
 	res.Breaker = b
 	reps := s.f.Replicas()
 	openedAt := make([]time.Time, len(reps)) // per replica

@@ -112,8 +112,8 @@ func optionReplicas(t *testing.T, opt string, T int, bs []*backend, clusters map
 		var reps []*replica.Replica
 		for i := 0; i < optReplicas; i++ {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			r, err := replica.Start(ctx, replica.Config{
-				Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", Endpoint: ep,
+			r, err := replica.Start(ctx, replica.Options{
+				Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", Router: router.Options{DefaultEndpoint: ep},
 				Static: instances(bs...), Routing: cfg, Logger: quiet,
 			})
 			cancel()

@@ -157,10 +157,10 @@ func (c *cluster) startReplicas(n int, ro replicaOptions) {
 		cli := etcdtest.Client(c.t, c.etcd)
 		tr := router.NewTransport(0)
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		r, err := replica.Start(ctx, replica.Config{
-			ID: id, Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", Endpoint: ep,
-			Client: cli, Membership: c.opts, LoadPollInterval: ro.loadPoll,
-			Logger: quiet, Transport: tr,
+		r, err := replica.Start(ctx, replica.Options{
+			ID: id, Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0",
+			Client: cli, Membership: c.opts, Logger: quiet,
+			Router: router.Options{DefaultEndpoint: ep, LoadPollInterval: ro.loadPoll, Transport: tr},
 		})
 		cancel()
 		if err != nil {

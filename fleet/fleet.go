@@ -31,16 +31,22 @@ func (s Strategy) Valid() bool {
 
 // Ranges of the prefix-aware settings (SageMaker's documented bounds).
 const (
-	MinPrefixLength          = 1024
-	MaxPrefixLength          = 65536
-	MinConcurrencyThreshold  = 1
-	MaxConcurrencyThreshold  = 1024
-	DefaultPrefixLength      = 4096
-	DefaultConcurrencyThresh = 10
+	MinPrefixLength             = 1024
+	MaxPrefixLength             = 65536
+	MinConcurrencyThreshold     = 1
+	MaxConcurrencyThreshold     = 1024
+	DefaultPrefixLength         = 4096
+	DefaultConcurrencyThreshold = 10
 )
 
-// ErrInvalidConfig is wrapped by every validation error of a RoutingConfig.
-var ErrInvalidConfig = errors.New("fleet: invalid routing config")
+// ErrInvalid is wrapped by every validation error of a value a user gave: a
+// routing config, an instance record, a component's Options. The command
+// line maps it to exit code 2 (invalid input).
+var ErrInvalid = errors.New("invalid")
+
+// ErrInvalidConfig is wrapped by every validation error of a RoutingConfig;
+// it wraps ErrInvalid.
+var ErrInvalidConfig = fmt.Errorf("fleet: %w routing config", ErrInvalid)
 
 // PrefixAwareConfig is SageMaker's PrefixAwareRoutingConfig.
 type PrefixAwareConfig struct {
@@ -50,7 +56,7 @@ type PrefixAwareConfig struct {
 	PrefixLength int `json:"PrefixLength,omitempty"`
 	// ConcurrencyThreshold is the number of in-flight requests an instance
 	// takes before new requests spill to the next candidate. Zero means
-	// DefaultConcurrencyThresh.
+	// DefaultConcurrencyThreshold.
 	ConcurrencyThreshold int `json:"ConcurrencyThreshold,omitempty"`
 }
 
@@ -67,7 +73,7 @@ func DefaultRoutingConfig() RoutingConfig {
 		RoutingStrategy: PrefixAware,
 		PrefixAwareRoutingConfig: &PrefixAwareConfig{
 			PrefixLength:         DefaultPrefixLength,
-			ConcurrencyThreshold: DefaultConcurrencyThresh,
+			ConcurrencyThreshold: DefaultConcurrencyThreshold,
 		},
 	}
 }

@@ -47,7 +47,7 @@ func TestRoutingConfigValidate(t *testing.T) {
 
 func TestRoutingConfigNormalize(t *testing.T) {
 	got := RoutingConfig{}.Normalize()
-	if got.RoutingStrategy != PrefixAware || got.PrefixLength() != DefaultPrefixLength || got.ConcurrencyThreshold() != DefaultConcurrencyThresh {
+	if got.RoutingStrategy != PrefixAware || got.PrefixLength() != DefaultPrefixLength || got.ConcurrencyThreshold() != DefaultConcurrencyThreshold {
 		t.Fatalf("zero config normalizes to %+v", got)
 	}
 	c := RoutingConfig{RoutingStrategy: Random, PrefixAwareRoutingConfig: &PrefixAwareConfig{ConcurrencyThreshold: 7}}

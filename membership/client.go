@@ -86,6 +86,9 @@ func (c ClientConfig) Validate() error {
 	if (c.Username == "") != (c.Password == "") {
 		return errors.New("membership: --etcd-username and --etcd-password must be given together")
 	}
+	if c.DialTimeout < 0 {
+		return fmt.Errorf("membership: --etcd-dial-timeout %v is negative", c.DialTimeout)
+	}
 	return nil
 }
 

@@ -38,13 +38,14 @@ type Embedded struct {
 type EmbeddedOption func(*embeddedOptions)
 
 type embeddedOptions struct {
-	peerURL  string
-	logLevel string
-	tickMs   uint
-	electMs  uint
-	compact  string
-	tls      *clientTLS
+	tickMs  uint
+	electMs uint
+	tls     *clientTLS
 }
+
+// embeddedPeerURL binds an ephemeral loopback port so that several embedded
+// members never clash; a single member never dials its peers.
+const embeddedPeerURL = "http://127.0.0.1:0"
 
 // clientTLS is the client-side TLS of an embedded member (WithClientTLS).
 type clientTLS struct {
@@ -52,29 +53,11 @@ type clientTLS struct {
 	clientCertAuth                   bool
 }
 
-// WithPeerURL sets the peer URL. The default, http://127.0.0.1:0, binds an
-// ephemeral loopback port so that several embedded members never clash; a
-// single member never dials its peers.
-func WithPeerURL(u string) EmbeddedOption { return func(o *embeddedOptions) { o.peerURL = u } }
-
-// WithLogLevel sets etcd's zap log level ("debug", "info", "warn", "error");
-// the default is "error" so that the embedding process stays quiet.
-func WithLogLevel(level string) EmbeddedOption {
-	return func(o *embeddedOptions) { o.logLevel = level }
-}
-
 // WithFastTicks shortens etcd's heartbeat and election timeouts. Tests use
 // it so that a member elects itself quickly and the minimum lease TTL (1.5
 // election timeouts, rounded up to whole seconds) drops to 1 s.
 func WithFastTicks() EmbeddedOption {
 	return func(o *embeddedOptions) { o.tickMs, o.electMs = 10, 100 }
-}
-
-// WithAutoCompactionRetention enables etcd's periodic auto-compaction, e.g.
-// "1h" keeps one hour of history. The default keeps all history (etcd's
-// default), which is fine for the small, slowly changing keyspace here.
-func WithAutoCompactionRetention(retention string) EmbeddedOption {
-	return func(o *embeddedOptions) { o.compact = retention }
 }
 
 // WithClientTLS serves clients over TLS with the PEM certificate certFile and
@@ -94,7 +77,7 @@ func WithClientTLS(certFile, keyFile, trustedCAFile string, clientCertAuth bool)
 // on clientURL (DefaultClientURL when empty; a port of 0 picks a free port,
 // see ClientURL). It returns once the member serves requests.
 func StartEmbedded(dir, clientURL string, opts ...EmbeddedOption) (*Embedded, error) {
-	o := embeddedOptions{peerURL: "http://127.0.0.1:0", logLevel: "error"}
+	var o embeddedOptions
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -125,9 +108,9 @@ func StartEmbedded(dir, clientURL string, opts ...EmbeddedOption) (*Embedded, er
 			return nil, fmt.Errorf("membership: embedded etcd client URL %q: TLS wants https://", clientURL)
 		}
 	}
-	pu, err := url.Parse(o.peerURL)
-	if err != nil || pu.Host == "" {
-		return nil, fmt.Errorf("membership: embedded etcd peer URL %q: want e.g. http://127.0.0.1:2380", o.peerURL)
+	pu, err := url.Parse(embeddedPeerURL)
+	if err != nil {
+		return nil, fmt.Errorf("membership: embedded etcd peer URL: %w", err)
 	}
 	cfg := embed.NewConfig()
 	cfg.Name = "prefixrouter"
@@ -138,13 +121,10 @@ func StartEmbedded(dir, clientURL string, opts ...EmbeddedOption) (*Embedded, er
 	cfg.AdvertisePeerUrls = []url.URL{*pu}
 	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
 	closing := new(atomic.Bool)
-	level, err := zapcore.ParseLevel(o.logLevel)
-	if err != nil {
-		return nil, fmt.Errorf("membership: embedded etcd log level: %w", err)
-	}
-	cfg.LogLevel = o.logLevel
+	// Errors only, so that the embedding process stays quiet.
+	cfg.LogLevel = "error"
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.New(&quietCore{
-		Core:    zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.Lock(os.Stderr), level),
+		Core:    zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.Lock(os.Stderr), zapcore.ErrorLevel),
 		closing: closing,
 	}))
 	// The HTTP/JSON gateway is not used by anything here.
@@ -158,10 +138,6 @@ func StartEmbedded(dir, clientURL string, opts ...EmbeddedOption) (*Embedded, er
 		cfg.ClientTLSInfo.KeyFile = o.tls.keyFile
 		cfg.ClientTLSInfo.TrustedCAFile = o.tls.trustedCAFile
 		cfg.ClientTLSInfo.ClientCertAuth = o.tls.clientCertAuth
-	}
-	if o.compact != "" {
-		cfg.AutoCompactionMode = "periodic"
-		cfg.AutoCompactionRetention = o.compact
 	}
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {

@@ -241,7 +241,7 @@ func TestRoutingConfig(t *testing.T) {
 		return ep != nil && ep.Config.RoutingStrategy == fleet.LeastOutstanding
 	})
 	c, set, err = GetConfig(ctx, cli, l, "ep1")
-	if err != nil || !set || c.RoutingStrategy != fleet.LeastOutstanding || c.ConcurrencyThreshold() != fleet.DefaultConcurrencyThresh {
+	if err != nil || !set || c.RoutingStrategy != fleet.LeastOutstanding || c.ConcurrencyThreshold() != fleet.DefaultConcurrencyThreshold {
 		t.Fatalf("GetConfig = %+v %v %v", c, set, err)
 	}
 

@@ -144,12 +144,12 @@ func Register(ctx context.Context, cli *clientv3.Client, key string, value []byt
 		notify:  make(chan struct{}, 1),
 		ctx:     rctx, cancel: cancel,
 	}
-	lease, err := r.grantLocked(ctx)
+	lease, err := r.grant(ctx)
 	if err != nil {
 		cancel()
 		return nil, err
 	}
-	if err := r.putLocked(ctx, lease.id, value); err != nil {
+	if err := r.put(ctx, lease.id, value); err != nil {
 		lease.stop()
 		rc, c := context.WithTimeout(context.Background(), r.opTimeout())
 		_, _ = cli.Revoke(rc, lease.id)
@@ -302,9 +302,9 @@ func (r *Registration) opTimeout() time.Duration {
 	return min(max(time.Duration(r.ttl)*time.Second, time.Second), maxOpTimeout)
 }
 
-// grantLocked grants a lease and starts its keepalive. Only the owner (or
+// grant grants a lease and starts its keepalive. Only the owner (or
 // Register before the owner starts) calls it.
-func (r *Registration) grantLocked(ctx context.Context) (activeLease, error) {
+func (r *Registration) grant(ctx context.Context) (activeLease, error) {
 	gctx, cancel := context.WithTimeout(ctx, r.opTimeout())
 	resp, err := r.cli.Grant(gctx, r.ttl)
 	cancel()
@@ -321,7 +321,7 @@ func (r *Registration) grantLocked(ctx context.Context) (activeLease, error) {
 	return activeLease{id: resp.ID, ka: ka, stop: stop}, nil
 }
 
-func (r *Registration) putLocked(ctx context.Context, id clientv3.LeaseID, value []byte) error {
+func (r *Registration) put(ctx context.Context, id clientv3.LeaseID, value []byte) error {
 	pctx, cancel := context.WithTimeout(ctx, r.opTimeout())
 	defer cancel()
 	if _, err := r.cli.Put(pctx, r.key, string(value), clientv3.WithLease(id)); err != nil {
@@ -357,7 +357,7 @@ func (r *Registration) run(lease activeLease) {
 		}
 		value, seq := r.latest()
 		if (lease.id == 0 || dirty || seq != written) && retry == nil {
-			err := r.stepLocked(&lease, value, &dirty)
+			err := r.step(&lease, value, &dirty)
 			if err != nil && (r.cli.Ctx().Err() != nil || r.ctx.Err() != nil) {
 				continue // the checks above answer the waiters
 			}
@@ -390,17 +390,17 @@ func (r *Registration) run(lease activeLease) {
 	}
 }
 
-// stepLocked grants a lease if there is none and writes value under it.
-func (r *Registration) stepLocked(lease *activeLease, value []byte, dirty *bool) error {
+// step grants a lease if there is none and writes value under it.
+func (r *Registration) step(lease *activeLease, value []byte, dirty *bool) error {
 	if lease.id == 0 {
-		l, err := r.grantLocked(r.ctx)
+		l, err := r.grant(r.ctx)
 		if err != nil {
 			return err
 		}
 		*lease = l
 		*dirty = true
 	}
-	if err := r.putLocked(r.ctx, lease.id, value); err != nil {
+	if err := r.put(r.ctx, lease.id, value); err != nil {
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			// Expired while etcd was unreachable: grant a new one next.
 			lease.stop()

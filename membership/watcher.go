@@ -21,7 +21,7 @@ import (
 
 // DefaultProgressInterval is how often the watcher asks etcd to confirm
 // that its watch is current when no event arrives. Each confirmation
-// refreshes LastSync, so SnapshotAge stays below about this interval while
+// refreshes the time of the last sync, so SnapshotAge stays below about this interval while
 // etcd is healthy and grows while it is not.
 const DefaultProgressInterval = 2 * time.Second
 
@@ -51,7 +51,7 @@ type WatcherOptions struct {
 // Update is one atomic store).
 //
 // Static stability: while etcd is unreachable nothing is published, so the
-// last snapshot stays in force; LastSync and SnapshotAge tell how old it
+// last snapshot stays in force; SnapshotAge tells how old it
 // is. When etcd answers again the watch resumes (or, if the history it
 // needs was compacted, the watcher lists again) and the snapshot converges.
 type Watcher struct {
@@ -109,17 +109,8 @@ func (w *Watcher) Snapshot() *fleet.Snapshot { return w.snap.Load() }
 // Synced is closed once the first snapshot has been published.
 func (w *Watcher) Synced() <-chan struct{} { return w.synced }
 
-// LastSync returns when the watcher last heard from etcd (a list, a watch
-// event or a progress notification); zero before the first.
-func (w *Watcher) LastSync() time.Time {
-	ns := w.lastSync.Load()
-	if ns == 0 {
-		return time.Time{}
-	}
-	return time.Unix(0, ns)
-}
-
-// SnapshotAge returns the time since LastSync, or -1 before the first sync.
+// SnapshotAge returns the time since the watcher last heard from etcd (a
+// list, a watch event or a progress notification), or -1 before the first sync.
 // A /readyz handler may compare it with a bound.
 func (w *Watcher) SnapshotAge() time.Duration {
 	ns := w.lastSync.Load()

@@ -8,9 +8,11 @@ import (
 	"time"
 
 	"github.com/sony/gobreaker/v2"
+
+	"github.com/prefixrouter/prefixrouter/fleet"
 )
 
-// Defaults of BreakerSettings, used where a field is zero.
+// Defaults of BreakerOptions, used where a field is zero.
 const (
 	// DefaultConsecutiveFailures opens a breaker after five failures in a row:
 	// enough to ride out one bad connection, few enough that a dead instance
@@ -25,9 +27,9 @@ const (
 	DefaultHalfOpenMaxRequests = 1
 )
 
-// BreakerSettings configures the circuit breaker of every instance. The zero
+// BreakerOptions configures the circuit breaker of every instance. The zero
 // value means the defaults above.
-type BreakerSettings struct {
+type BreakerOptions struct {
 	// ConsecutiveFailures is the number of failures in a row that opens the
 	// breaker. Zero means DefaultConsecutiveFailures.
 	ConsecutiveFailures uint32
@@ -40,8 +42,8 @@ type BreakerSettings struct {
 	HalfOpenMaxRequests uint32
 }
 
-// Normalize returns s with zero fields replaced by their defaults.
-func (s BreakerSettings) Normalize() BreakerSettings {
+// withDefaults returns s with zero fields replaced by their defaults.
+func (s BreakerOptions) withDefaults() BreakerOptions {
 	if s.ConsecutiveFailures == 0 {
 		s.ConsecutiveFailures = DefaultConsecutiveFailures
 	}
@@ -54,10 +56,10 @@ func (s BreakerSettings) Normalize() BreakerSettings {
 	return s
 }
 
-// Validate rejects negative durations.
-func (s BreakerSettings) Validate() error {
+// Validate rejects negative durations; its errors wrap fleet.ErrInvalid.
+func (s BreakerOptions) Validate() error {
 	if s.OpenTimeout < 0 {
-		return fmt.Errorf("overload: OpenTimeout %v is negative", s.OpenTimeout)
+		return fmt.Errorf("overload: %w: OpenTimeout (--breaker-open-timeout) %v is negative", fleet.ErrInvalid, s.OpenTimeout)
 	}
 	return nil
 }
@@ -104,8 +106,8 @@ func IsExcluded(err error) bool {
 	return errors.Is(err, context.Canceled) || errors.Is(err, ErrClientGone)
 }
 
-func newBreaker(name string, s BreakerSettings, onChange func(from, to gobreaker.State)) *gobreaker.TwoStepCircuitBreaker[struct{}] {
-	s = s.Normalize()
+func newBreaker(name string, s BreakerOptions, onChange func(from, to gobreaker.State)) *gobreaker.TwoStepCircuitBreaker[struct{}] {
+	s = s.withDefaults()
 	return gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
 		Name:        name,
 		MaxRequests: s.HalfOpenMaxRequests,

@@ -14,7 +14,7 @@ func ExampleReplicaShare() {
 }
 
 func ExampleState_TryAcquire() {
-	st := overload.NewState("i-1", overload.BreakerSettings{})
+	st := overload.NewState("i-1", overload.BreakerOptions{})
 	done, ok := st.TryAcquire(1, 1)
 	_, again := st.TryAcquire(1, 1)
 	fmt.Println(ok, again, st.InFlight())

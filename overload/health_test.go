@@ -20,7 +20,7 @@ func TestObserveProbe(t *testing.T) {
 		{"down again", 3, "xxxoxxx", false, 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := NewState("i", BreakerSettings{})
+			s := NewState("i", BreakerOptions{})
 			changes := 0
 			for _, p := range tc.probes {
 				if s.ObserveProbe(p == 'o', tc.threshold) {

@@ -69,18 +69,18 @@ func TestReplicaShare(t *testing.T) {
 	}
 }
 
-func TestBreakerSettings(t *testing.T) {
+func TestBreakerOptions(t *testing.T) {
 	tests := []struct {
-		in      BreakerSettings
-		want    BreakerSettings
+		in      BreakerOptions
+		want    BreakerOptions
 		wantErr bool
 	}{
-		{BreakerSettings{}, BreakerSettings{DefaultConsecutiveFailures, DefaultOpenTimeout, DefaultHalfOpenMaxRequests}, false},
-		{BreakerSettings{2, time.Second, 3}, BreakerSettings{2, time.Second, 3}, false},
-		{BreakerSettings{OpenTimeout: -1}, BreakerSettings{DefaultConsecutiveFailures, -1, DefaultHalfOpenMaxRequests}, true},
+		{BreakerOptions{}, BreakerOptions{DefaultConsecutiveFailures, DefaultOpenTimeout, DefaultHalfOpenMaxRequests}, false},
+		{BreakerOptions{2, time.Second, 3}, BreakerOptions{2, time.Second, 3}, false},
+		{BreakerOptions{OpenTimeout: -1}, BreakerOptions{DefaultConsecutiveFailures, -1, DefaultHalfOpenMaxRequests}, true},
 	}
 	for _, tc := range tests {
-		if got := tc.in.Normalize(); got != tc.want {
+		if got := tc.in.withDefaults(); got != tc.want {
 			t.Errorf("Normalize(%+v) = %+v, want %+v", tc.in, got, tc.want)
 		}
 		if err := tc.in.Validate(); (err != nil) != tc.wantErr {
@@ -104,7 +104,7 @@ func TestTryAcquireThreshold(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(fmt.Sprintf("T%d_R%d_ext%d", tc.threshold, tc.replicas, tc.external), func(t *testing.T) {
-			s := NewState("a", BreakerSettings{})
+			s := NewState("a", BreakerOptions{})
 			s.SetExternalLoad(tc.external)
 			var dones []Done
 			for range tc.threshold + 5 {
@@ -145,7 +145,7 @@ func TestTryAcquireBounded(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(fmt.Sprintf("T%d_ext%d_bound%d", tc.threshold, tc.external, tc.bound), func(t *testing.T) {
-			s := NewState("a", BreakerSettings{})
+			s := NewState("a", BreakerOptions{})
 			s.SetExternalLoad(tc.external)
 			var dones []Done
 			for range tc.threshold + 5 {
@@ -167,7 +167,7 @@ func TestTryAcquireBounded(t *testing.T) {
 }
 
 func TestTryAcquireConcurrentNeverOvershoots(t *testing.T) {
-	s := NewState("a", BreakerSettings{})
+	s := NewState("a", BreakerOptions{})
 	const threshold = 8
 	var peak, cur atomic.Int64
 	var wg sync.WaitGroup
@@ -207,7 +207,7 @@ func TestTryAcquireConcurrentNeverOvershoots(t *testing.T) {
 func TestBreakerOpensAndRecovers(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const timeout = 10 * time.Second
-		s := NewState("a", BreakerSettings{ConsecutiveFailures: 3, OpenTimeout: timeout})
+		s := NewState("a", BreakerOptions{ConsecutiveFailures: 3, OpenTimeout: timeout})
 		dial := &net.OpError{Op: "dial", Err: errors.New("refused")}
 		for i := range 3 {
 			d, ok := s.Acquire()
@@ -262,7 +262,7 @@ func TestBreakerOpensAndRecovers(t *testing.T) {
 func TestBreakerReopensOnFailedProbe(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const timeout = 10 * time.Second
-		s := NewState("a", BreakerSettings{ConsecutiveFailures: 1, OpenTimeout: timeout})
+		s := NewState("a", BreakerOptions{ConsecutiveFailures: 1, OpenTimeout: timeout})
 		d, _ := s.Acquire()
 		d(UpstreamStatus(503))
 		time.Sleep(timeout + time.Nanosecond)
@@ -286,7 +286,7 @@ func TestBreakerReopensOnFailedProbe(t *testing.T) {
 }
 
 func TestClientCancelIsNotAFailure(t *testing.T) {
-	s := NewState("a", BreakerSettings{ConsecutiveFailures: 2, OpenTimeout: time.Hour})
+	s := NewState("a", BreakerOptions{ConsecutiveFailures: 2, OpenTimeout: time.Hour})
 	for range 10 {
 		d, ok := s.Acquire()
 		if !ok {
@@ -315,7 +315,7 @@ func TestClientCancelIsNotAFailure(t *testing.T) {
 }
 
 func TestTrackerSyncKeepsState(t *testing.T) {
-	tr := NewTracker(BreakerSettings{})
+	tr := NewTracker(BreakerOptions{})
 	m := tr.Sync([]string{"a", "b"})
 	a := m["a"]
 	d, _ := a.Acquire()
@@ -339,7 +339,7 @@ func TestTrackerSyncKeepsState(t *testing.T) {
 }
 
 func BenchmarkTryAcquire(b *testing.B) {
-	s := NewState("a", BreakerSettings{})
+	s := NewState("a", BreakerOptions{})
 	b.ReportAllocs()
 	for b.Loop() {
 		d, ok := s.TryAcquire(10, 1)
@@ -351,7 +351,7 @@ func BenchmarkTryAcquire(b *testing.B) {
 }
 
 func BenchmarkTryAcquireParallel(b *testing.B) {
-	tr := NewTracker(BreakerSettings{})
+	tr := NewTracker(BreakerOptions{})
 	ids := make([]string, 16)
 	for i := range ids {
 		ids[i] = fmt.Sprintf("i%d", i)

@@ -47,8 +47,8 @@ type State struct {
 }
 
 // NewState returns the state of a fresh instance with a closed breaker.
-func NewState(id string, s BreakerSettings) *State {
-	s = s.Normalize()
+func NewState(id string, s BreakerOptions) *State {
+	s = s.withDefaults()
 	st := &State{id: id, timeout: s.OpenTimeout}
 	st.external.Store(-1)
 	st.breaker = newBreaker(id, s, st.onBreakerChange)

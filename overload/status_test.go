@@ -11,7 +11,7 @@ import (
 // TestStatus checks that Status reports every part of the state it copies:
 // in flight, external load (and unknown as -1), breaker and health.
 func TestStatus(t *testing.T) {
-	s := NewState("i-a", BreakerSettings{ConsecutiveFailures: 1, OpenTimeout: time.Hour})
+	s := NewState("i-a", BreakerOptions{ConsecutiveFailures: 1, OpenTimeout: time.Hour})
 	want := Status{ID: "i-a", InFlight: 0, ExternalLoad: -1, Breaker: gobreaker.StateClosed, Healthy: true}
 	if got := s.Status(); got != want {
 		t.Fatalf("fresh: %+v, want %+v", got, want)

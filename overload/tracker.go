@@ -10,7 +10,7 @@ import (
 // under a mutex when the fleet changes, carrying over the State of instances
 // that stay so their in-flight counts and breakers survive snapshots.
 type Tracker struct {
-	settings BreakerSettings
+	settings BreakerOptions
 
 	mu     sync.Mutex                        // serializes Sync
 	states atomic.Pointer[map[string]*State] // immutable once published
@@ -18,8 +18,8 @@ type Tracker struct {
 
 // NewTracker returns an empty tracker whose instances get breakers with the
 // given settings.
-func NewTracker(s BreakerSettings) *Tracker {
-	t := &Tracker{settings: s.Normalize()}
+func NewTracker(s BreakerOptions) *Tracker {
+	t := &Tracker{settings: s.withDefaults()}
 	m := map[string]*State{}
 	t.states.Store(&m)
 	return t

@@ -45,11 +45,11 @@ func TestHealthRound(t *testing.T) {
 	hang.Store(true)
 
 	targets := []Target{
-		{srv.URL + "/ok", overload.NewState("ok", overload.BreakerSettings{})},
-		{srv.URL + "/missing", overload.NewState("missing", overload.BreakerSettings{})},
-		{srv.URL + "/err", overload.NewState("err", overload.BreakerSettings{})},
-		{srv.URL + "/hang", overload.NewState("hang", overload.BreakerSettings{})},
-		{deadURL + "/ok", overload.NewState("dead", overload.BreakerSettings{})},
+		{srv.URL + "/ok", overload.NewState("ok", overload.BreakerOptions{})},
+		{srv.URL + "/missing", overload.NewState("missing", overload.BreakerOptions{})},
+		{srv.URL + "/err", overload.NewState("err", overload.BreakerOptions{})},
+		{srv.URL + "/hang", overload.NewState("hang", overload.BreakerOptions{})},
+		{deadURL + "/ok", overload.NewState("dead", overload.BreakerOptions{})},
 	}
 	want := map[string]bool{"ok": true, "missing": true, "err": false, "hang": false, "dead": false}
 	o, h, err := Health{Logger: discardLogger()}.withDefaults(Options{Interval: time.Hour, Timeout: 50 * time.Millisecond, Concurrency: 2})
@@ -100,7 +100,7 @@ func TestStartHealth(t *testing.T) {
 		w.WriteHeader(int(code.Load()))
 	}))
 	defer srv.Close()
-	st := overload.NewState("i", overload.BreakerSettings{})
+	st := overload.NewState("i", overload.BreakerOptions{})
 	logs := make(logLines, 10)
 	fc := testsupport.NewFakeClock()
 	p, err := StartHealth(Options{Interval: time.Second, Clock: fc},

@@ -38,7 +38,7 @@ func TestLoadRound(t *testing.T) {
 	}))
 	defer srv.Close()
 	state := func(id string, known int64) *overload.State {
-		s := overload.NewState(id, overload.BreakerSettings{})
+		s := overload.NewState(id, overload.BreakerOptions{})
 		s.SetExternalLoad(known)
 		return s
 	}
@@ -88,7 +88,7 @@ func TestStartLoad(t *testing.T) {
 		fmt.Fprint(w, vllmText)
 	}))
 	defer srv.Close()
-	s := overload.NewState("a", overload.BreakerSettings{})
+	s := overload.NewState("a", overload.BreakerOptions{})
 	fc := testsupport.NewFakeClock()
 	p, err := StartLoad(Options{Interval: time.Second, Clock: fc}, Load{Logger: discardLogger()},
 		func() []Target { return []Target{{URL: srv.URL + "/metrics", Instance: s}} })

@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -25,64 +24,17 @@ import (
 	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/lora"
 	"github.com/prefixrouter/prefixrouter/membership"
-	"github.com/prefixrouter/prefixrouter/overload"
 	"github.com/prefixrouter/prefixrouter/router"
 )
 
 // Version is reported in the replica's etcd record.
 var Version = "dev"
 
-// Config configures a replica. Exactly one fleet source must be set: Static
-// instances, or an etcd Client.
-type Config struct {
-	// ID names the replica under routers/; required with etcd.
-	ID string
-	// Listen and AdminListen are the data-plane and admin addresses; port 0
-	// picks a free port (see Replica.Addr). The admin listener serves
-	// /metrics, /readyz and /healthz over HTTP/1.1 and the gRPC admin API
-	// (docs/admin-api.md) over cleartext HTTP/2.
-	Listen, AdminListen string
-	// Endpoint is the default endpoint of /invocations and /v1/*.
-	Endpoint string
-	// Static, when non-empty, is a fixed fleet for Endpoint with routing
-	// config Routing; no etcd is used. With etcd, Routing is the config of
-	// every endpoint whose config key is not set.
-	Static  []fleet.Instance
-	Routing fleet.RoutingConfig
-	// Client reaches etcd; the replica does not close it.
-	Client *clientv3.Client
-	// Membership carries the etcd layout, lease TTL and logger.
-	Membership membership.Options
-	// MaxBodyBytes, Breaker, LoadPollInterval: see router.Options.
-	MaxBodyBytes     int64
-	Breaker          overload.BreakerSettings
-	LoadPollInterval time.Duration
-	// BalanceFactor bounds each instance's load to this multiple of its
-	// set's average under PREFIX_AWARE (0: off); see router.Options.
-	BalanceFactor float64
-	// StaleAfter: see router.Options (it only shapes the /readyz message).
-	StaleAfter time.Duration
-	// Logger; nil means slog.Default().
-	Logger *slog.Logger
-	// Registry for metrics; nil means a new one with Go and process collectors.
-	Registry *prometheus.Registry
-	// Transport for upstream requests; nil means router.NewTransport with
-	// UpstreamHeaderTimeout.
-	Transport http.RoundTripper
-	// UpstreamHeaderTimeout bounds the wait for an instance's response
-	// headers (0: no bound). A timeout counts against the instance's
-	// breaker; the client gets the router's error answer.
-	UpstreamHeaderTimeout time.Duration
-	// HealthCheckInterval, HealthCheckPath and HealthCheckTimeout configure
-	// active health checks; see router.Options (interval 0: off).
-	HealthCheckInterval time.Duration
-	HealthCheckPath     string
-	HealthCheckTimeout  time.Duration
-}
-
 // Replica is a running router replica.
 type Replica struct {
-	cfg      Config
+	opts     Options
+	emb      *membership.Embedded // nil unless this replica started it
+	ownCli   *clientv3.Client     // the etcd client this replica dialled, if any
 	log      *slog.Logger
 	registry *prometheus.Registry
 	router   *router.Router
@@ -98,84 +50,62 @@ type Replica struct {
 	closed   bool
 }
 
-// Start starts a replica and returns once it listens and, with etcd, has its
-// first snapshot (or ctx ends).
-func Start(ctx context.Context, cfg Config) (*Replica, error) {
-	if (len(cfg.Static) == 0) == (cfg.Client == nil) {
-		return nil, errors.New("replica: exactly one of a static fleet or an etcd client is required")
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	if cfg.Registry == nil {
-		cfg.Registry = prometheus.NewRegistry()
-		cfg.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	}
-	if err := cfg.Routing.Validate(); err != nil {
+// Start validates opts, starts a replica and returns once it listens and,
+// with etcd, has its first snapshot (bounded by StartupTimeout and ctx).
+// Invalid options give an error wrapping fleet.ErrInvalid.
+func Start(ctx context.Context, opts Options) (*Replica, error) {
+	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	if cfg.UpstreamHeaderTimeout < 0 {
-		return nil, fmt.Errorf("replica: negative upstream header timeout %v", cfg.UpstreamHeaderTimeout)
+	opts = opts.withDefaults()
+	r := &Replica{opts: opts, log: opts.Logger, registry: opts.Registry}
+	if opts.usesEtcd() {
+		if err := r.connect(); err != nil {
+			return nil, err
+		}
+		opts = r.opts // the client and endpoints connect settled
 	}
-	if cfg.Transport == nil {
-		cfg.Transport = router.NewTransport(cfg.UpstreamHeaderTimeout)
-	}
-	r := &Replica{cfg: cfg, log: cfg.Logger, registry: cfg.Registry}
 	// The watcher starts after the router (it feeds it), so readiness
 	// reads its age through r; nil for a static fleet, which has no age.
-	var snapshotAge func() time.Duration
-	if cfg.Client != nil {
-		snapshotAge = func() time.Duration { return r.watcher.SnapshotAge() }
+	if opts.usesEtcd() {
+		opts.Router.SnapshotAge = func() time.Duration { return r.watcher.SnapshotAge() }
 	}
 	var err error
-	r.router, err = router.New(router.Options{
-		DefaultEndpoint:  cfg.Endpoint,
-		MaxBodyBytes:     cfg.MaxBodyBytes,
-		Registry:         cfg.Registry,
-		Logger:           cfg.Logger,
-		Transport:        cfg.Transport,
-		Breaker:          cfg.Breaker,
-		LoadPollInterval: cfg.LoadPollInterval,
-		BalanceFactor:    cfg.BalanceFactor,
-		StaleAfter:       cfg.StaleAfter,
-		SnapshotAge:      snapshotAge,
-
-		HealthCheckInterval: cfg.HealthCheckInterval,
-		HealthCheckPath:     cfg.HealthCheckPath,
-		HealthCheckTimeout:  cfg.HealthCheckTimeout,
-	})
+	r.router, err = router.New(opts.Router)
 	if err != nil {
+		r.closeEtcd()
 		return nil, err
 	}
-	if r.dataLn, err = net.Listen("tcp", cfg.Listen); err != nil {
+	if r.dataLn, err = net.Listen("tcp", opts.Listen); err != nil {
 		r.router.Close()
-		return nil, fmt.Errorf("replica: listen %s: %w", cfg.Listen, err)
+		r.closeEtcd()
+		return nil, fmt.Errorf("replica: listen %s: %w", opts.Listen, err)
 	}
-	if r.adminLn, err = net.Listen("tcp", cfg.AdminListen); err != nil {
+	if r.adminLn, err = net.Listen("tcp", opts.AdminListen); err != nil {
 		r.dataLn.Close()
 		r.router.Close()
-		return nil, fmt.Errorf("replica: admin listen %s: %w", cfg.AdminListen, err)
+		r.closeEtcd()
+		return nil, fmt.Errorf("replica: admin listen %s: %w", opts.AdminListen, err)
 	}
 
-	if len(cfg.Static) > 0 {
-		r.router.Update(fleet.NewSnapshot([]fleet.Endpoint{{Name: cfg.Endpoint, Config: cfg.Routing, Instances: cfg.Static}}, 0, 1, time.Now()))
+	if !opts.usesEtcd() {
+		r.router.Update(fleet.NewSnapshot([]fleet.Endpoint{{Name: opts.Router.DefaultEndpoint, Config: opts.Routing, Instances: opts.Static}}, 0, 1, time.Now()))
 	} else {
-		mopts := cfg.Membership
-		if mopts.Logger == nil {
-			mopts.Logger = cfg.Logger
-		}
+		mopts := opts.Membership
 		if mopts.Metrics == nil {
-			mopts.Metrics = membership.NewMetrics(cfg.Registry)
+			mopts.Metrics = membership.NewMetrics(opts.Registry)
 		}
 		// Routing is the default of endpoints with no config key in etcd.
-		r.watcher = membership.StartWatcher(cfg.Client, membership.WatcherOptions{Options: mopts, DefaultConfig: cfg.Routing}, r.router.Update)
+		r.watcher = membership.StartWatcher(opts.Client, membership.WatcherOptions{Options: mopts, DefaultConfig: opts.Routing}, r.router.Update)
+		startCtx, cancel := context.WithTimeout(ctx, opts.StartupTimeout)
+		defer cancel()
 		select {
 		case <-r.watcher.Synced():
-		case <-ctx.Done():
+		case <-startCtx.Done():
 			r.closeParts()
-			return nil, fmt.Errorf("replica: waiting for the first fleet snapshot: %w", ctx.Err())
+			return nil, fmt.Errorf("replica: no fleet snapshot from etcd %v within the startup timeout %v (is etcd reachable?): %w", opts.Etcd.Endpoints, opts.StartupTimeout, startCtx.Err())
 		}
-		r.reg, err = membership.RegisterRouter(ctx, cfg.Client, cfg.ID, membership.RouterInfo{Addr: r.dataLn.Addr().String(), Version: Version}, mopts)
+		r.reg, err = membership.RegisterRouter(startCtx, opts.Client, opts.ID, membership.RouterInfo{Addr: r.dataLn.Addr().String(), Version: Version}, mopts)
 		if err != nil {
 			r.closeParts()
 			return nil, fmt.Errorf("replica: registering under routers/: %w", err)
@@ -187,11 +117,11 @@ func Start(ctx context.Context, cfg Config) (*Replica, error) {
 		Statuses:  r.router,
 		Explainer: explainer{r.router},
 		Ready:     r.router.Ready,
-		Registry:  cfg.Registry,
-		Logger:    cfg.Logger,
+		Registry:  opts.Registry,
+		Logger:    opts.Logger,
 	}
-	if cfg.Client != nil {
-		aopts.Configs = configStore{cli: cfg.Client, layout: cfg.Membership.Layout}
+	if opts.Client != nil {
+		aopts.Configs = configStore{cli: opts.Client, layout: opts.Membership.Layout}
 	}
 	if r.adminRPC, err = admin.NewServer(aopts); err != nil {
 		if r.reg != nil {
@@ -201,9 +131,9 @@ func Start(ctx context.Context, cfg Config) (*Replica, error) {
 		return nil, err
 	}
 
-	r.data = &http.Server{Handler: r.router, ReadHeaderTimeout: 30 * time.Second, ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)}
+	r.data = &http.Server{Handler: r.router, ReadHeaderTimeout: 30 * time.Second, ErrorLog: slog.NewLogLogger(opts.Logger.Handler(), slog.LevelWarn)}
 	adminMux := http.NewServeMux()
-	adminMux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{Registry: cfg.Registry}))
+	adminMux.Handle("GET /metrics", promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{Registry: opts.Registry}))
 	adminMux.HandleFunc("GET /readyz", r.router.ServeReadyz)
 	adminMux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	// One port for both: gRPC clients speak HTTP/2 with prior knowledge
@@ -222,12 +152,59 @@ func Start(ctx context.Context, cfg Config) (*Replica, error) {
 		}),
 		Protocols:         &protos,
 		ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog:          slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
+		ErrorLog:          slog.NewLogLogger(opts.Logger.Handler(), slog.LevelWarn),
 	}
 	r.serve(r.data, r.dataLn)
 	r.serve(r.admin, r.adminLn)
-	r.log.Info("router replica serving", "id", cfg.ID, "addr", r.Addr(), "admin", r.AdminAddr(), "endpoint", cfg.Endpoint, "etcd", cfg.Client != nil)
+	r.log.Info("router replica serving", "id", opts.ID, "addr", r.Addr(), "admin", r.AdminAddr(), "endpoint", opts.Router.DefaultEndpoint, "etcd", opts.Client != nil)
 	return r, nil
+}
+
+// connect starts the embedded etcd if asked and dials etcd unless the caller
+// gave a client; the replica closes what it started.
+func (r *Replica) connect() error {
+	if r.opts.EmbeddedEtcdDir != "" {
+		emb, err := membership.StartEmbedded(r.opts.EmbeddedEtcdDir, r.opts.EmbeddedEtcdClientURL)
+		if err != nil {
+			return fmt.Errorf("replica: starting embedded etcd: %w", err)
+		}
+		r.emb = emb
+		r.log.Info("embedded etcd serving", "client_url", emb.ClientURL(), "dir", r.opts.EmbeddedEtcdDir)
+		r.opts.Etcd.Endpoints = emb.Endpoints()
+	}
+	if r.opts.Client == nil {
+		cli, err := membership.NewClient(r.opts.Etcd)
+		if err != nil {
+			r.closeEtcd()
+			return fmt.Errorf("replica: connecting to etcd %v: %w", r.opts.Etcd.Endpoints, err)
+		}
+		r.ownCli, r.opts.Client = cli, cli
+	}
+	return nil
+}
+
+// closeEtcd closes the client and the embedded etcd this replica started.
+func (r *Replica) closeEtcd() {
+	if r.ownCli != nil {
+		_ = r.ownCli.Close()
+	}
+	if r.emb != nil {
+		_ = r.emb.Close()
+	}
+}
+
+// Run starts a replica, serves until ctx ends, then closes it within
+// ShutdownTimeout: the life of `prefixrouter serve`.
+func Run(ctx context.Context, opts Options) error {
+	r, err := Start(ctx, opts)
+	if err != nil {
+		return err
+	}
+	<-ctx.Done()
+	r.log.Info("shutting down: deregistering and draining requests in flight", "timeout", r.opts.ShutdownTimeout)
+	closeCtx, cancel := context.WithTimeout(context.Background(), r.opts.ShutdownTimeout)
+	defer cancel()
+	return r.Close(closeCtx)
 }
 
 func (r *Replica) serve(srv *http.Server, ln net.Listener) {
@@ -294,6 +271,7 @@ func (r *Replica) closeParts() {
 		_ = r.dataLn.Close()
 		_ = r.adminLn.Close()
 	}
+	r.closeEtcd()
 }
 
 // stopAdmin stops the admin listener. Health turns NOT_SERVING and Watch

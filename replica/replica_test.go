@@ -74,8 +74,8 @@ func TestAdminAPIWithEtcd(t *testing.T) {
 	}
 	tr := &http.Transport{}
 	defer tr.CloseIdleConnections()
-	rep, err := Start(ctx, Config{
-		ID: "r-1", Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", Endpoint: "chat",
+	rep, err := Start(ctx, Options{
+		ID: "r-1", Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", Router: router.Options{DefaultEndpoint: "chat"},
 		Client: cli, Membership: mopts, Logger: quiet,
 	})
 	if err != nil {
@@ -227,8 +227,8 @@ func TestStaticFleetAdmin(t *testing.T) {
 	ignore := goleak.IgnoreCurrent()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	rep, err := Start(ctx, Config{
-		Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", Endpoint: "chat",
+	rep, err := Start(ctx, Options{
+		Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", Router: router.Options{DefaultEndpoint: "chat"},
 		Static: insts, Logger: quiet,
 	})
 	if err != nil {
@@ -305,9 +305,10 @@ func TestUpstreamHeaderTimeout(t *testing.T) {
 	defer close(release)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	rep, err := Start(ctx, Config{
-		Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", Endpoint: "chat", Logger: quiet,
-		Static: []fleet.Instance{{ID: "hung", Addr: hung.URL}}, UpstreamHeaderTimeout: 200 * time.Millisecond,
+	rep, err := Start(ctx, Options{
+		Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", Logger: quiet,
+		Router: router.Options{DefaultEndpoint: "chat", UpstreamHeaderTimeout: 200 * time.Millisecond},
+		Static: []fleet.Instance{{ID: "hung", Addr: hung.URL}},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -326,8 +327,9 @@ func TestUpstreamHeaderTimeout(t *testing.T) {
 	if !ok || st.InFlight != 0 {
 		t.Fatalf("instance state %+v %v: the slot must be released", st, ok)
 	}
-	if _, err := Start(ctx, Config{Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", Endpoint: "chat",
-		Static: []fleet.Instance{{ID: "a", Addr: hung.URL}}, UpstreamHeaderTimeout: -time.Second}); err == nil {
+	if _, err := Start(ctx, Options{Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0",
+		Router: router.Options{DefaultEndpoint: "chat", UpstreamHeaderTimeout: -time.Second},
+		Static: []fleet.Instance{{ID: "a", Addr: hung.URL}}}); err == nil {
 		t.Fatal("a negative timeout must be refused")
 	}
 }

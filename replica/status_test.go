@@ -17,6 +17,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 	"github.com/prefixrouter/prefixrouter/membership"
 	"github.com/prefixrouter/prefixrouter/membership/etcdtest"
+	"github.com/prefixrouter/prefixrouter/router"
 )
 
 // modelServer is a loopback instance whose /health answers healthStatus and
@@ -44,14 +45,17 @@ func modelServer(t *testing.T, healthStatus, running, waiting int) string {
 func TestGetFleetShowsHealthAndExternalLoad(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	rep, err := Start(ctx, Config{
-		Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", Endpoint: "chat", Logger: quiet,
+	rep, err := Start(ctx, Options{
+		Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", Logger: quiet,
 		Static: []fleet.Instance{
 			{ID: "down", Addr: modelServer(t, http.StatusInternalServerError, 0, 0)},
 			{ID: "loaded", Addr: modelServer(t, http.StatusOK, 4, 3)},
 		},
-		HealthCheckInterval: 10 * time.Millisecond,
-		LoadPollInterval:    10 * time.Millisecond,
+		Router: router.Options{
+			DefaultEndpoint:     "chat",
+			HealthCheckInterval: 10 * time.Millisecond,
+			LoadPollInterval:    10 * time.Millisecond,
+		},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -101,8 +105,8 @@ func TestOneReadiness(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer reg.Close(context.Background())
-	rep, err := Start(ctx, Config{
-		ID: "r-1", Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", Endpoint: "chat",
+	rep, err := Start(ctx, Options{
+		ID: "r-1", Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", Router: router.Options{DefaultEndpoint: "chat"},
 		Client: cli, Membership: mopts, Logger: quiet,
 	})
 	if err != nil {

@@ -123,7 +123,7 @@ func TestNoInstance(t *testing.T) {
 		}
 	})
 	t.Run("all breakers open", func(t *testing.T) {
-		h := newHarness(t, hopts{cfg: prefixCfg(10), breaker: overload.BreakerSettings{ConsecutiveFailures: 1, OpenTimeout: time.Hour}})
+		h := newHarness(t, hopts{cfg: prefixCfg(10), breaker: overload.BreakerOptions{ConsecutiveFailures: 1, OpenTimeout: time.Hour}})
 		for _, id := range []string{"d1", "d2", "d3"} {
 			h.ep.Instances = append(h.ep.Instances, fleet.Instance{ID: id, Addr: "http://" + deadAddr(t)})
 		}
@@ -159,7 +159,7 @@ func httptestRecorder(h http.Handler, path, body string) result {
 
 func TestClientCancelIsNotAFailure(t *testing.T) {
 	b := newBackend(t, "i-a")
-	h := newHarness(t, hopts{cfg: prefixCfg(10), breaker: overload.BreakerSettings{ConsecutiveFailures: 1, OpenTimeout: time.Hour}}, b)
+	h := newHarness(t, hopts{cfg: prefixCfg(10), breaker: overload.BreakerOptions{ConsecutiveFailures: 1, OpenTimeout: time.Hour}}, b)
 	// Canceled while the backend holds the request.
 	for range 3 {
 		ctx, cancel := context.WithCancel(context.Background())
@@ -195,7 +195,7 @@ func TestClientCancelIsNotAFailure(t *testing.T) {
 			}
 		}
 	}
-	h2 := newHarness(t, hopts{cfg: prefixCfg(10), breaker: overload.BreakerSettings{ConsecutiveFailures: 1, OpenTimeout: time.Hour}}, sb)
+	h2 := newHarness(t, hopts{cfg: prefixCfg(10), breaker: overload.BreakerOptions{ConsecutiveFailures: 1, OpenTimeout: time.Hour}}, sb)
 	ctx, cancel := context.WithCancel(context.Background())
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, h2.srv.URL+"/v1/chat/completions", strings.NewReader(`{"stream":true,"messages":[]}`))
 	resp, err := h2.client.Do(req)
@@ -232,7 +232,7 @@ func TestUpstream5xxCountsAndPassesThrough(t *testing.T) {
 		w.WriteHeader(c)
 		io.WriteString(w, `{"upstream":true}`)
 	}
-	h := newHarness(t, hopts{cfg: prefixCfg(10), breaker: overload.BreakerSettings{ConsecutiveFailures: 3, OpenTimeout: time.Hour}}, b)
+	h := newHarness(t, hopts{cfg: prefixCfg(10), breaker: overload.BreakerOptions{ConsecutiveFailures: 3, OpenTimeout: time.Hour}}, b)
 	for _, c := range []int{501, 501, 501, 400, 503, 503} {
 		mu.Lock()
 		code = c

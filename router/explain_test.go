@@ -172,7 +172,7 @@ func TestExplainCandidatesBounded(t *testing.T) {
 
 func TestStatus(t *testing.T) {
 	bs := []*backend{newBackend(t, "i-a"), newBackend(t, "i-b")}
-	h := newHarness(t, hopts{cfg: prefixCfg(10), breaker: overload.BreakerSettings{ConsecutiveFailures: 1, OpenTimeout: time.Minute}}, bs...)
+	h := newHarness(t, hopts{cfg: prefixCfg(10), breaker: overload.BreakerOptions{ConsecutiveFailures: 1, OpenTimeout: time.Minute}}, bs...)
 	h.ep.Instances = append(h.ep.Instances, fleet.Instance{ID: "i-dead", Addr: "http://" + deadAddr(t)})
 	h.update()
 

@@ -4,11 +4,9 @@
 package router
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"math"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
@@ -17,14 +15,11 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
-	"github.com/prometheus/client_golang/prometheus"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/lora"
 	"github.com/prefixrouter/prefixrouter/overload"
 	"github.com/prefixrouter/prefixrouter/probe"
-	"github.com/prefixrouter/prefixrouter/ring"
 )
 
 // Headers the router reads and sets.
@@ -35,79 +30,6 @@ const (
 	HeaderDecision    = "X-Prefixrouter-Decision"          // response: how it was chosen
 	HeaderError       = "X-Prefixrouter-Error"             // response: short code of a router-made error
 )
-
-// DefaultMaxBodyBytes is SageMaker's InvokeEndpoint payload limit.
-const DefaultMaxBodyBytes = 6 << 20
-
-// MaxRetries is how many times a request is re-sent to another instance after
-// a dial error (the upstream provably received nothing).
-const MaxRetries = 2
-
-// ErrNoInstance is returned by Choose when no instance can take the request.
-var ErrNoInstance = errors.New("router: no instance available")
-
-// Options configures a Router. Zero values mean the documented defaults.
-type Options struct {
-	// DefaultEndpoint serves /invocations and /v1/*. Required.
-	DefaultEndpoint string
-	// MaxBodyBytes bounds request bodies (413 beyond). Zero means
-	// DefaultMaxBodyBytes.
-	MaxBodyBytes int64
-	// Registry receives the metrics; nil means a private registry (metrics
-	// are kept but not exported).
-	Registry *prometheus.Registry
-	// Logger; nil means slog.Default().
-	Logger *slog.Logger
-	// TracerProvider, if set, turns tracing on: a span per request with the
-	// routing attributes (Attr*), and W3C trace context (traceparent) sent
-	// upstream with a client span per try. Nil (default) means off, at no
-	// cost on the request path.
-	TracerProvider trace.TracerProvider
-	// Transport sends upstream requests; nil means NewTransport(0).
-	Transport http.RoundTripper
-	// Breaker configures every instance's circuit breaker.
-	Breaker overload.BreakerSettings
-	// Rand returns a uniform int in [0, n); it must be safe for concurrent
-	// use. Nil means math/rand/v2.IntN.
-	Rand func(n int) int
-	// SnapshotAge reports the time since the fleet source last heard from
-	// etcd (membership.Watcher.SnapshotAge), for Readiness. Nil means a
-	// static fleet: no age.
-	SnapshotAge func() time.Duration
-	// StaleAfter is the snapshot age past which Readiness notes the
-	// snapshot as stale (it stays ready). Zero means DefaultStaleAfter.
-	StaleAfter time.Duration
-	// RingOptions are passed to ring.New (tests inject the hash).
-	RingOptions []ring.Option
-	// LoadPollInterval > 0 starts a poller that scrapes each instance's
-	// LoadMetricsPath every interval and adds the load other sources put on
-	// it to admission (see probe.Load). Zero (default) disables it.
-	LoadPollInterval time.Duration
-	// LoadMetricsPath is the path polled on each instance; empty means
-	// "/metrics".
-	LoadMetricsPath string
-	// BalanceFactor > 0 bounds PREFIX_AWARE loads (consistent hashing with
-	// bounded loads, as HAProxy's hash-balance-factor): a candidate is
-	// admitted only if its load is below
-	// ceil(BalanceFactor × (total load of the model's set + 1) / set size),
-	// otherwise the request spills to the next candidate. Zero (default)
-	// disables it; otherwise it must be in [1, 10] and is used to 0.001.
-	// See docs/balance.md.
-	BalanceFactor float64
-	// HealthCheckInterval > 0 starts active health checks: every interval,
-	// each instance's HealthCheckPath is fetched (see probe.Health;
-	// any status below 500 is healthy, so a 404 is) and an instance that
-	// fails probe.DefaultUnhealthyThreshold probes in a row is skipped by
-	// every strategy until a probe succeeds. If no instance of a model's set
-	// is healthy, health is ignored for it (fail open: a broken health
-	// endpoint must not take the fleet down). Explain and Choose's ring
-	// primary do not depend on it. Zero (default) disables it.
-	HealthCheckInterval time.Duration
-	// HealthCheckPath is the path probed; empty means "/health".
-	HealthCheckPath string
-	// HealthCheckTimeout bounds each probe; zero means 1 s.
-	HealthCheckTimeout time.Duration
-}
 
 // Router is an http.Handler routing requests over the current fleet snapshot.
 type Router struct {
@@ -165,59 +87,17 @@ func New(opts Options) (*Router, error) { return newRouter(opts, clockwork.NewRe
 // newRouter is New with the clock that paces health checks and load polls
 // (tests pass a fake one).
 func newRouter(opts Options, clock clockwork.Clock) (*Router, error) {
-	if opts.DefaultEndpoint == "" {
-		return nil, errors.New("router: DefaultEndpoint is required")
-	}
-	if opts.MaxBodyBytes < 0 {
-		return nil, fmt.Errorf("router: MaxBodyBytes %d is negative", opts.MaxBodyBytes)
-	}
-	if opts.MaxBodyBytes == 0 {
-		opts.MaxBodyBytes = DefaultMaxBodyBytes
-	}
-	if err := opts.Breaker.Validate(); err != nil {
+	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	if opts.LoadPollInterval < 0 {
-		return nil, fmt.Errorf("router: LoadPollInterval %v is negative", opts.LoadPollInterval)
-	}
-	if opts.HealthCheckInterval < 0 || opts.HealthCheckTimeout < 0 {
-		return nil, fmt.Errorf("router: HealthCheckInterval %v and HealthCheckTimeout %v must not be negative", opts.HealthCheckInterval, opts.HealthCheckTimeout)
-	}
-	if opts.HealthCheckPath == "" {
-		opts.HealthCheckPath = probe.DefaultHealthPath
-	}
-	if opts.HealthCheckTimeout == 0 {
-		opts.HealthCheckTimeout = probe.DefaultHealthTimeout
-	}
-	if f := opts.BalanceFactor; !(f == 0 || (f >= 1 && f <= 10)) {
-		return nil, fmt.Errorf("router: BalanceFactor %v must be 0 (off) or in [1, 10]", f)
-	}
-	if opts.LoadMetricsPath == "" {
-		opts.LoadMetricsPath = "/metrics"
-	}
-	if opts.StaleAfter == 0 {
-		opts.StaleAfter = DefaultStaleAfter
-	}
+	opts = opts.withDefaults()
 	r := &Router{opts: opts, log: opts.Logger, rand: opts.Rand, balance: int64(math.Round(opts.BalanceFactor * 1000)), trackers: map[string]*overload.Tracker{}}
-	if r.log == nil {
-		r.log = slog.Default()
-	}
-	if r.rand == nil {
-		r.rand = rand.IntN
-	}
-	reg := opts.Registry
-	if reg == nil {
-		reg = prometheus.NewRegistry()
-	}
-	m, err := newMetrics(reg, r)
+	m, err := newMetrics(opts.Registry, r)
 	if err != nil {
 		return nil, fmt.Errorf("router: register metrics: %w", err)
 	}
 	r.metrics = m
 	tr := opts.Transport
-	if tr == nil {
-		tr = NewTransport(0)
-	}
 	// Probes and the load poller use tr itself: they are not traced.
 	var upstream http.RoundTripper
 	r.handler, upstream = instrument(opts.TracerProvider, r.routes(), tr)

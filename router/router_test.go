@@ -77,7 +77,7 @@ type harness struct {
 
 type hopts struct {
 	cfg      fleet.RoutingConfig
-	breaker  overload.BreakerSettings
+	breaker  overload.BreakerOptions
 	maxBody  int64
 	labels   map[string]string
 	adapters []string
@@ -322,7 +322,7 @@ func TestDeadBackendSkippedAndBreaker(t *testing.T) {
 	bs := []*backend{newBackend(t, "i-a"), newBackend(t, "i-b")}
 	// The open timeout outlasts the test: the breaker must stay open while
 	// the test checks that the instance is skipped without a dial.
-	h := newHarness(t, hopts{cfg: prefixCfg(10), breaker: overload.BreakerSettings{ConsecutiveFailures: 2, OpenTimeout: time.Hour}}, bs...)
+	h := newHarness(t, hopts{cfg: prefixCfg(10), breaker: overload.BreakerOptions{ConsecutiveFailures: 2, OpenTimeout: time.Hour}}, bs...)
 	dead := deadAddr(t)
 	h.ep.Instances = append(h.ep.Instances, fleet.Instance{ID: "i-dead", Addr: "http://" + dead})
 	h.update()
@@ -358,7 +358,7 @@ func TestDeadBackendSkippedAndBreaker(t *testing.T) {
 // own transitions are tested on a fake clock in overload).
 func TestBreakerProbeReachesRevivedInstance(t *testing.T) {
 	bs := []*backend{newBackend(t, "i-a"), newBackend(t, "i-b")}
-	h := newHarness(t, hopts{cfg: prefixCfg(10), breaker: overload.BreakerSettings{ConsecutiveFailures: 2, OpenTimeout: 20 * time.Millisecond}}, bs...)
+	h := newHarness(t, hopts{cfg: prefixCfg(10), breaker: overload.BreakerOptions{ConsecutiveFailures: 2, OpenTimeout: 20 * time.Millisecond}}, bs...)
 	dead := deadAddr(t)
 	h.ep.Instances = append(h.ep.Instances, fleet.Instance{ID: "i-dead", Addr: "http://" + dead})
 	h.update()

@@ -37,7 +37,7 @@ func newTracedRouter(t *testing.T, threshold int) *tracedRouter {
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	upstream := NewTransport(0)
 	r, err := New(Options{DefaultEndpoint: "ep", TracerProvider: tp, Transport: upstream,
-		Breaker: overload.BreakerSettings{ConsecutiveFailures: 1, OpenTimeout: time.Hour}})
+		Breaker: overload.BreakerOptions{ConsecutiveFailures: 1, OpenTimeout: time.Hour}})
 	if err != nil {
 		t.Fatal(err)
 	}

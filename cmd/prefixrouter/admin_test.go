@@ -16,6 +16,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 	"github.com/prefixrouter/prefixrouter/replica"
+	"github.com/prefixrouter/prefixrouter/router"
 )
 
 // TestAdminFleetAgainstReplica runs `prefixrouter admin fleet` against a live
@@ -45,11 +46,14 @@ func TestAdminFleetAgainstReplica(t *testing.T) {
 	downAddr, loadedAddr := server(http.StatusInternalServerError, -1, 0), server(http.StatusOK, 4, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	rep, err := replica.Start(ctx, replica.Config{
-		Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", Endpoint: "chat", Logger: slog.New(slog.DiscardHandler),
-		Static:              []fleet.Instance{{ID: "down", Addr: downAddr}, {ID: "loaded", Addr: loadedAddr}},
-		HealthCheckInterval: 10 * time.Millisecond,
-		LoadPollInterval:    10 * time.Millisecond,
+	rep, err := replica.Start(ctx, replica.Options{
+		Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler),
+		Static: []fleet.Instance{{ID: "down", Addr: downAddr}, {ID: "loaded", Addr: loadedAddr}},
+		Router: router.Options{
+			DefaultEndpoint:     "chat",
+			HealthCheckInterval: 10 * time.Millisecond,
+			LoadPollInterval:    10 * time.Millisecond,
+		},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,9 +15,9 @@ import (
 
 func newChaosCmd() *cobra.Command {
 	var (
-		cfg      chaos.Config
+		cfg      chaos.Options
 		outDir   string
-		logLevel string
+		logLevel slog.Level
 	)
 	var lines []string
 	for _, s := range chaos.Scenarios() {
@@ -37,10 +38,7 @@ Scenarios:
 Exits 1 when a check fails. --long runs more cycles and longer windows (a 30 s etcd outage).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			logger, err := newLogger(logLevel)
-			if err != nil {
-				return err
-			}
+			logger := newLogger(logLevel)
 			cfg.Logger = logger
 			cfg.Progress = os.Stderr
 			rep, err := chaos.Run(cmd.Context(), cfg)
@@ -77,7 +75,7 @@ Exits 1 when a check fails. --long runs more cycles and longer windows (a 30 s e
 	f.Int64Var(&cfg.Seed, "seed", 1, "seed of the probe texts and of the victims")
 	f.StringSliceVar(&cfg.Scenarios, "scenario", nil, "scenarios to run (default: all)")
 	f.StringVar(&outDir, "out-dir", "chaos-report", "directory for report.md and report.json (empty: none)")
-	f.StringVar(&logLevel, "log-level", "error", "log level of the embedded components")
+	bindLogLevel(f, &logLevel, slog.LevelError, "log level of the embedded components")
 	return c
 }
 

@@ -326,7 +326,7 @@ func TestDashboardQueriesExportedMetrics(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const threshold = 7
-	f, err := localfleet.Start(ctx, localfleet.Config{
+	f, err := localfleet.Start(ctx, localfleet.Options{
 		Instances: 3, Replicas: 1,
 		Sim: sim.Config{TimeScale: 1000},
 		// The crashed instance stays registered this long, so requests

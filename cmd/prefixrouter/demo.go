@@ -2,6 +2,7 @@ package main
 
 import (
 	"github.com/spf13/cobra"
+	"log/slog"
 
 	"github.com/prefixrouter/prefixrouter/internal/demo"
 )
@@ -9,7 +10,7 @@ import (
 func newDemoCmd() *cobra.Command {
 	cfg := demo.Default()
 	var (
-		logLevel  string
+		logLevel  slog.Level
 		workloads []string
 	)
 	c := &cobra.Command{
@@ -26,10 +27,7 @@ and report.html (self-contained charts) to --out-dir.
 The model servers are simulated: no GPU is used, and the figures are the simulator's.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			logger, err := newLogger(logLevel)
-			if err != nil {
-				return err
-			}
+			logger := newLogger(logLevel)
 			cfg.Logger = logger
 			if len(workloads) > 0 {
 				var keep []demo.Workload
@@ -47,7 +45,7 @@ The model servers are simulated: no GPU is used, and the figures are the simulat
 				cfg.Workloads = keep
 			}
 			cfg.Out = cmd.OutOrStdout()
-			_, err = demo.Run(cmd.Context(), cfg)
+			_, err := demo.Run(cmd.Context(), cfg)
 			return err
 		},
 	}
@@ -61,6 +59,6 @@ The model servers are simulated: no GPU is used, and the figures are the simulat
 	f.StringSliceVar(&workloads, "workload", nil, "run only these workload presets (default: all of the demo's)")
 	f.Int64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the request streams")
 	f.StringVar(&cfg.OutDir, "out-dir", cfg.OutDir, "directory for report.md, report.json and report.html")
-	f.StringVar(&logLevel, "log-level", "error", "log level of the embedded components")
+	bindLogLevel(f, &logLevel, slog.LevelError, "log level of the embedded components")
 	return c
 }

@@ -19,17 +19,16 @@ import (
 	"github.com/prefixrouter/prefixrouter/fleet"
 )
 
-// exitError carries a process exit code (2 for invalid input, like flag errors).
-type exitError struct {
-	code int
-	err  error
-}
+// usageError is invalid input found by the command line itself (flags,
+// arguments); it wraps fleet.ErrInvalid, which every Validate in the tree
+// wraps too, so that one errors.Is picks the exit code.
+type usageError struct{ err error }
 
-func (e *exitError) Error() string { return e.err.Error() }
-func (e *exitError) Unwrap() error { return e.err }
+func (e *usageError) Error() string   { return e.err.Error() }
+func (e *usageError) Unwrap() []error { return []error{e.err, fleet.ErrInvalid} }
 
 func usageErr(format string, args ...any) error {
-	return &exitError{code: 2, err: fmt.Errorf(format, args...)}
+	return &usageError{err: fmt.Errorf(format, args...)}
 }
 
 func main() {
@@ -52,13 +51,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	fmt.Fprintln(stderr, "prefixrouter:", err)
-	var ee *exitError
-	switch {
-	case errors.As(err, &ee):
-		return ee.code
-	case errors.Is(err, fleet.ErrInvalidConfig):
-		return 2
-	case strings.HasPrefix(err.Error(), "unknown command"), strings.Contains(err.Error(), "required flag"):
+	if errors.Is(err, fleet.ErrInvalid) {
 		return 2
 	}
 	return 1
@@ -81,6 +74,19 @@ command line wins over the environment.`,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
 			return applyEnv(cmd.Flags())
 		},
+	}
+	// With Args set, cobra hands an unknown subcommand to RunE instead of
+	// failing with an untyped error.
+	root.Args = cobra.ArbitraryArgs
+	root.RunE = func(cmd *cobra.Command, args []string) error {
+		if len(args) == 0 {
+			return cmd.Help()
+		}
+		msg := fmt.Sprintf("unknown command %q for %q", args[0], cmd.CommandPath())
+		if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+			msg += fmt.Sprintf("; did you mean %q?", s[0])
+		}
+		return usageErr("%s (see 'prefixrouter --help')", msg)
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageErr("%w", err) })
 	root.AddCommand(commands()...)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -25,7 +26,7 @@ func newRegisterCmd() *cobra.Command {
 		poll     time.Duration
 		labels   map[string]string
 		health   []string
-		logLevel string
+		logLevel slog.Level
 	)
 	c := &cobra.Command{
 		Use:   "register",
@@ -44,9 +45,9 @@ and exits 0. If the agent crashes, the lease expires after --ttl and routers dro
 instance.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			logger, err := newLogger(logLevel)
-			if err != nil {
-				return err
+			logger := newLogger(logLevel)
+			if inst.ID == "" || inst.Addr == "" {
+				return usageErr("--id and --addr are required")
 			}
 			if err := membership.ValidateName("endpoint", endpoint); err != nil {
 				return usageErr("--endpoint: %w", err)
@@ -65,9 +66,9 @@ instance.`,
 				return err
 			}
 			defer cli.Close()
-			err = agent.Run(cmd.Context(), agent.Config{
+			err = agent.Run(cmd.Context(), agent.Options{
 				Client:           cli,
-				Options:          membership.Options{Layout: ef.layout(), TTL: ttl, Logger: logger},
+				Options:          membership.Options{Layout: ef.layout, TTL: ttl, Logger: logger},
 				Endpoint:         endpoint,
 				Instance:         inst,
 				DiscoverAdapters: discover,
@@ -95,9 +96,7 @@ instance.`,
 	f.DurationVar(&ttl, "ttl", membership.DefaultTTL, "lease TTL: a crashed agent's instance disappears after about this long")
 	f.DurationVar(&drain, "drain-timeout", agent.DefaultDrainTimeout, "on SIGTERM, the longest wait for requests in flight before revoking")
 	f.DurationVar(&poll, "discover-interval", agent.DefaultPollInterval, "how often --discover-adapters polls /v1/models")
-	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
-	_ = c.MarkFlagRequired("id")
-	_ = c.MarkFlagRequired("addr")
+	bindLogLevel(f, &logLevel, slog.LevelInfo, "log level")
 	return c
 }
 
@@ -112,7 +111,7 @@ func withEndpointEtcd(cmd *cobra.Command, ef *etcdFlags, endpoint string, call f
 		return err
 	}
 	defer cli.Close()
-	ctx, cancel := contextTimeout(cmd, ef.dial)
+	ctx, cancel := contextTimeout(cmd, ef.cfg.DialTimeout)
 	defer cancel()
 	return call(ctx, cli)
 }
@@ -129,7 +128,7 @@ func newConfigCmd() *cobra.Command {
 func newConfigSetCmd() *cobra.Command {
 	var (
 		ef       etcdFlags
-		rf       routingFlags
+		rc       fleet.RoutingConfig
 		endpoint string
 		raw      string
 	)
@@ -142,7 +141,6 @@ e.g. {"RoutingStrategy":"PREFIX_AWARE","PrefixAwareRoutingConfig":{"PrefixLength
 a restart. An invalid value is refused with exit code 2 and nothing is written.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var rc fleet.RoutingConfig
 			if raw != "" {
 				for _, name := range []string{"strategy", "prefix-length", "concurrency-threshold"} {
 					if cmd.Flags().Changed(name) {
@@ -153,14 +151,11 @@ a restart. An invalid value is refused with exit code 2 and nothing is written.`
 				if rc, err = membership.ParseRoutingConfig([]byte(raw)); err != nil {
 					return usageErr("--routing-config: %w", err)
 				}
-			} else {
-				var err error
-				if rc, err = rf.config(); err != nil {
-					return err
-				}
+			} else if err := rc.Validate(); err != nil {
+				return usageErr("%w", err)
 			}
 			return withEndpointEtcd(cmd, &ef, endpoint, func(ctx context.Context, cli *clientv3.Client) error {
-				if err := membership.PutConfig(ctx, cli, ef.layout(), endpoint, rc); err != nil {
+				if err := membership.PutConfig(ctx, cli, ef.layout, endpoint, rc); err != nil {
 					return fmt.Errorf("config set: %w", err)
 				}
 				return printJSON(cmd.OutOrStdout(), rc.Normalize())
@@ -169,7 +164,7 @@ a restart. An invalid value is refused with exit code 2 and nothing is written.`
 	}
 	f := c.Flags()
 	ef.register(f)
-	rf.register(c)
+	bindRouting(f, &rc)
 	f.StringVar(&endpoint, "endpoint", "default", "endpoint whose config to set")
 	f.StringVar(&raw, "routing-config", "", "the whole RoutingConfig as JSON (instead of the three flags)")
 	return c
@@ -186,7 +181,7 @@ func newConfigGetCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return withEndpointEtcd(cmd, &ef, endpoint, func(ctx context.Context, cli *clientv3.Client) error {
-				rc, set, err := membership.GetConfig(ctx, cli, ef.layout(), endpoint)
+				rc, set, err := membership.GetConfig(ctx, cli, ef.layout, endpoint)
 				if err != nil {
 					return fmt.Errorf("config get: %w", err)
 				}

@@ -13,6 +13,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/prefixrouter/prefixrouter/router"
+
 	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/internal/bench"
 	"github.com/prefixrouter/prefixrouter/internal/localfleet"
@@ -106,11 +108,12 @@ func Run(ctx context.Context, cfg Config) (*bench.Comparison, error) {
 	}
 	fmt.Fprintf(cfg.Progress, "demo: starting embedded etcd, %d simulated model servers (profile %s, KV cache %d tokens each) and %d router replicas\n",
 		cfg.Instances, prof.Name, cfg.KVCapacityTokens, cfg.Replicas)
-	f, err := localfleet.Start(ctx, localfleet.Config{
+	f, err := localfleet.Start(ctx, localfleet.Options{
 		Instances: cfg.Instances, Replicas: cfg.Replicas,
 		Sim:     sim.Config{Profile: cfg.Profile, KVCapacityTokens: cfg.KVCapacityTokens, TimeScale: cfg.TimeScale},
 		Routing: fleet.RoutingConfig{RoutingStrategy: fleet.PrefixAware},
-		Logger:  cfg.Logger, BalanceFactor: cfg.BalanceFactor,
+		Logger:  cfg.Logger,
+		Router:  router.Options{BalanceFactor: cfg.BalanceFactor},
 	})
 	if err != nil {
 		return nil, err

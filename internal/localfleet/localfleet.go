@@ -22,12 +22,12 @@ import (
 	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/internal/sim"
 	"github.com/prefixrouter/prefixrouter/membership"
-	"github.com/prefixrouter/prefixrouter/overload"
 	"github.com/prefixrouter/prefixrouter/replica"
+	"github.com/prefixrouter/prefixrouter/router"
 )
 
-// Config describes the deployment. Zero values mean the documented defaults.
-type Config struct {
+// Options describes the deployment. Zero values mean the documented defaults.
+type Options struct {
 	// Dir holds etcd's data; empty means a new temporary directory, removed
 	// by Close.
 	Dir string
@@ -44,15 +44,9 @@ type Config struct {
 	// TTL of every lease (default 2 s: chaos scenarios wait for crashes to
 	// expire).
 	TTL time.Duration
-	// Breaker and LoadPollInterval configure every replica's router.
-	Breaker          overload.BreakerSettings
-	LoadPollInterval time.Duration
-	BalanceFactor    float64
-	// HealthCheckInterval, HealthCheckPath and HealthCheckTimeout configure
-	// every replica's active health checks (interval 0, the default: off).
-	HealthCheckInterval time.Duration
-	HealthCheckPath     string
-	HealthCheckTimeout  time.Duration
+	// Router is every replica's router options (its DefaultEndpoint is set
+	// to Endpoint; zero values mean router's defaults, health checks off).
+	Router router.Options
 	// DrainTimeout bounds an instance's graceful stop (default 10 s).
 	DrainTimeout time.Duration
 	// Logger; nil discards.
@@ -61,7 +55,7 @@ type Config struct {
 
 // Fleet is a running deployment.
 type Fleet struct {
-	cfg     Config
+	cfg     Options
 	log     *slog.Logger
 	tempDir string
 	client  *clientv3.Client
@@ -149,7 +143,7 @@ func (in *Instance) serveHTTP(w http.ResponseWriter, r *http.Request) {
 
 // Start starts etcd, the instances (each registered by its agent) and the
 // replicas, and returns once every replica sees every instance.
-func Start(ctx context.Context, cfg Config) (f *Fleet, err error) {
+func Start(ctx context.Context, cfg Options) (f *Fleet, err error) {
 	if cfg.Instances == 0 {
 		cfg.Instances = 7
 	}
@@ -198,12 +192,13 @@ func Start(ctx context.Context, cfg Config) (f *Fleet, err error) {
 		}
 	}
 	for i := 0; i < cfg.Replicas; i++ {
-		rep, err := replica.Start(ctx, replica.Config{
+		ro := cfg.Router
+		ro.DefaultEndpoint = cfg.Endpoint
+		rep, err := replica.Start(ctx, replica.Options{
 			ID: fmt.Sprintf("router-%d", i), Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0",
-			Endpoint: cfg.Endpoint, Client: f.client, Logger: cfg.Logger,
+			Client: f.client, Logger: cfg.Logger,
 			Membership: membership.Options{TTL: cfg.TTL, Logger: cfg.Logger},
-			Breaker:    cfg.Breaker, LoadPollInterval: cfg.LoadPollInterval, BalanceFactor: cfg.BalanceFactor,
-			HealthCheckInterval: cfg.HealthCheckInterval, HealthCheckPath: cfg.HealthCheckPath, HealthCheckTimeout: cfg.HealthCheckTimeout,
+			Router:     ro,
 		})
 		if err != nil {
 			return nil, err
@@ -290,7 +285,7 @@ func (f *Fleet) AddInstance(ctx context.Context) (*Instance, error) {
 	in.cancel = cancel
 	go func() {
 		defer close(in.done)
-		err := agent.Run(actx, agent.Config{
+		err := agent.Run(actx, agent.Options{
 			Client: in.client, Options: membership.Options{TTL: f.cfg.TTL, Logger: f.log},
 			Endpoint: f.cfg.Endpoint, Instance: fleet.Instance{ID: id, Addr: in.URL()},
 			DiscoverAdapters: true, DrainTimeout: f.cfg.DrainTimeout,

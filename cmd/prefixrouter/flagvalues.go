@@ -1,0 +1,107 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/pflag"
+
+	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/membership"
+	"github.com/prefixrouter/prefixrouter/router"
+)
+
+// Flag values that check their input as it is parsed, so that a bad value is
+// a flag error (exit 2) naming the flag.
+
+// strategyValue binds --strategy to a fleet.Strategy, case-insensitively.
+type strategyValue fleet.Strategy
+
+func (s *strategyValue) String() string { return string(*s) }
+func (s *strategyValue) Type() string   { return "strategy" }
+func (s *strategyValue) Set(v string) error {
+	st := fleet.Strategy(strings.ToUpper(strings.TrimSpace(v)))
+	if !st.Valid() {
+		return fmt.Errorf("RoutingStrategy %q is not one of PREFIX_AWARE, LEAST_OUTSTANDING_REQUESTS, RANDOM", v)
+	}
+	*s = strategyValue(st)
+	return nil
+}
+
+// rangeValue binds an int flag that must lie in [min, max]; name is the
+// setting's name in messages.
+type rangeValue struct {
+	name     string
+	p        *int
+	min, max int
+}
+
+func (r rangeValue) String() string { return strconv.Itoa(*r.p) }
+func (r rangeValue) Type() string   { return "int" }
+func (r rangeValue) Set(v string) error {
+	n, err := strconv.Atoi(strings.TrimSpace(v))
+	if err != nil {
+		return err
+	}
+	if n < r.min || n > r.max {
+		return fmt.Errorf("%s %d is outside %d..%d", r.name, n, r.min, r.max)
+	}
+	*r.p = n
+	return nil
+}
+
+// staticValue binds --static-instances (id=url,...) to a fleet.
+type staticValue []fleet.Instance
+
+func (s *staticValue) Type() string { return "id=url,..." }
+func (s *staticValue) String() string {
+	parts := make([]string, len(*s))
+	for i, in := range *s {
+		parts[i] = in.ID + "=" + in.Addr
+	}
+	return strings.Join(parts, ",")
+}
+func (s *staticValue) Set(v string) error {
+	insts, err := router.ParseStaticInstances(v)
+	if err != nil {
+		return err
+	}
+	*s = insts
+	return nil
+}
+
+// bindRouting binds --strategy, --prefix-length and --concurrency-threshold
+// to rc, starting from the default routing config.
+func bindRouting(fs *pflag.FlagSet, rc *fleet.RoutingConfig) {
+	*rc = fleet.DefaultRoutingConfig()
+	p := rc.PrefixAwareRoutingConfig
+	fs.Var((*strategyValue)(&rc.RoutingStrategy), "strategy", "routing strategy: PREFIX_AWARE, LEAST_OUTSTANDING_REQUESTS or RANDOM")
+	fs.Var(rangeValue{"PrefixLength", &p.PrefixLength, fleet.MinPrefixLength, fleet.MaxPrefixLength}, "prefix-length", fmt.Sprintf("prefix that forms the routing key: bytes of the body on invoke paths, characters of message text on OpenAI paths (%d..%d)", fleet.MinPrefixLength, fleet.MaxPrefixLength))
+	fs.Var(rangeValue{"ConcurrencyThreshold", &p.ConcurrencyThreshold, fleet.MinConcurrencyThreshold, fleet.MaxConcurrencyThreshold}, "concurrency-threshold", fmt.Sprintf("in-flight requests an instance takes before new ones spill to the next candidate (%d..%d)", fleet.MinConcurrencyThreshold, fleet.MaxConcurrencyThreshold))
+}
+
+// bindEtcd binds the flags of every command that talks to etcd.
+func bindEtcd(fs *pflag.FlagSet, c *membership.ClientConfig, l *membership.Layout) {
+	fs.StringSliceVar(&c.Endpoints, "etcd-endpoints", []string{membership.DefaultClientURL}, "etcd client URLs, comma-separated")
+	fs.StringVar(&l.Prefix, "etcd-prefix", membership.DefaultPrefix, "root of prefixrouter's keys in etcd")
+	fs.StringVar(&c.CACert, "etcd-cacert", "", "PEM file of the CA that signed etcd's server certificates (enables TLS)")
+	fs.StringVar(&c.Cert, "etcd-cert", "", "PEM client certificate for etcd's --client-cert-auth")
+	fs.StringVar(&c.Key, "etcd-key", "", "PEM key of --etcd-cert")
+	fs.StringVar(&c.Username, "etcd-username", "", "etcd auth user")
+	fs.StringVar(&c.Password, "etcd-password", "", "etcd auth password (prefer $PREFIXROUTER_ETCD_PASSWORD to a flag)")
+	fs.DurationVar(&c.DialTimeout, "etcd-dial-timeout", membership.DefaultDialTimeout, "timeout for connecting to etcd")
+}
+
+// bindLogLevel binds --log-level, starting at def; newLogger turns it into a
+// logger.
+func bindLogLevel(fs *pflag.FlagSet, l *slog.Level, def slog.Level, usage string) {
+	*l = def
+	fs.TextVar(l, "log-level", l, usage+": debug, info, warn or error")
+}
+
+func newLogger(l slog.Level) *slog.Logger {
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l}))
+}

@@ -1,0 +1,213 @@
+package replica
+
+import (
+	"cmp"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/membership"
+	"github.com/prefixrouter/prefixrouter/router"
+)
+
+// Defaults of Options, used where a field is zero.
+const (
+	DefaultListen          = "127.0.0.1:8080"
+	DefaultAdminListen     = "127.0.0.1:9090"
+	DefaultStartupTimeout  = 30 * time.Second
+	DefaultShutdownTimeout = 30 * time.Second
+)
+
+// Options configures one router replica. It is the root of the one options
+// tree (replica ⊃ router ⊃ overload): `serve` binds its flags straight into
+// it, withDefaults fills zero values and Validate checks every setting, here
+// and in the sub-trees' own Validate. Settings first, dependencies last.
+//
+// The fleet comes from exactly one source: Static instances, an etcd Client
+// given by the caller, or etcd reached through Etcd (dialled by Start, with an
+// embedded etcd started first when EmbeddedEtcdDir is set).
+type Options struct {
+	// ID names the replica under routers/ (--replica-id). Empty means the
+	// host name and a random suffix. Ignored with a static fleet.
+	ID string
+	// Listen and AdminListen are the data-plane and admin addresses
+	// (--listen, --admin-listen); port 0 picks a free port (see
+	// Replica.Addr). The admin listener serves /metrics, /readyz and
+	// /healthz over HTTP/1.1 and the gRPC admin API (docs/admin-api.md) over
+	// cleartext HTTP/2. Empty means DefaultListen and DefaultAdminListen.
+	Listen, AdminListen string
+	// Static, when non-empty, is a fixed fleet for Router.DefaultEndpoint
+	// (--static-instances); no etcd is used.
+	Static []fleet.Instance
+	// Routing is the routing config of a static fleet and, with etcd, of
+	// every endpoint whose config key is not set (--strategy,
+	// --prefix-length, --concurrency-threshold). Zero fields mean
+	// fleet.DefaultRoutingConfig's.
+	Routing fleet.RoutingConfig
+	// Etcd says how to reach etcd (--etcd-*); used when Static is empty and
+	// Client is nil. Empty endpoints mean membership.DefaultClientURL, or
+	// the embedded etcd's.
+	Etcd membership.ClientConfig
+	// EmbeddedEtcdDir, when set, starts a single-node etcd in this process
+	// with its data there (--embedded-etcd), serving clients on
+	// EmbeddedEtcdClientURL (empty: membership.DefaultClientURL).
+	EmbeddedEtcdDir, EmbeddedEtcdClientURL string
+	// Membership is the etcd key layout (--etcd-prefix) and the lease TTL of
+	// this replica's registration (--ttl; zero: membership.DefaultTTL).
+	Membership membership.Options
+	// Router is the data plane's options tree.
+	Router router.Options
+	// StartupTimeout bounds the wait for the first fleet snapshot from etcd
+	// (--startup-timeout); zero means DefaultStartupTimeout.
+	StartupTimeout time.Duration
+	// ShutdownTimeout bounds Run's wait for requests in flight after its
+	// context ends (--shutdown-timeout); zero means DefaultShutdownTimeout.
+	ShutdownTimeout time.Duration
+
+	// Dependencies (not settings).
+
+	// Client reaches etcd; the replica does not close it. Tests and
+	// harnesses pass one; nil means Start dials Etcd.
+	Client *clientv3.Client
+	// Logger; nil means slog.Default(). Also the router's and membership's
+	// logger unless those are set.
+	Logger *slog.Logger
+	// Registry for metrics; nil means a new one with Go and process
+	// collectors. Also the router's.
+	Registry *prometheus.Registry
+}
+
+// usesEtcd reports whether the fleet comes from etcd.
+func (o Options) usesEtcd() bool { return len(o.Static) == 0 }
+
+// withDefaults returns o with every zero setting and nil dependency replaced
+// by its documented default. The router's own defaults are filled by
+// router.New.
+func (o Options) withDefaults() Options {
+	if o.Listen == "" {
+		o.Listen = DefaultListen
+	}
+	if o.AdminListen == "" {
+		o.AdminListen = DefaultAdminListen
+	}
+	if o.StartupTimeout == 0 {
+		o.StartupTimeout = DefaultStartupTimeout
+	}
+	if o.ShutdownTimeout == 0 {
+		o.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if o.usesEtcd() && o.ID == "" {
+		o.ID = defaultID()
+	}
+	if o.EmbeddedEtcdDir != "" && o.EmbeddedEtcdClientURL == "" {
+		o.EmbeddedEtcdClientURL = membership.DefaultClientURL
+	}
+	if o.usesEtcd() && len(o.Etcd.Endpoints) == 0 {
+		o.Etcd.Endpoints = []string{membership.DefaultClientURL}
+		if o.EmbeddedEtcdDir != "" {
+			o.Etcd.Endpoints = []string{o.EmbeddedEtcdClientURL}
+		}
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Router.Logger == nil {
+		o.Router.Logger = o.Logger
+	}
+	if o.Membership.Logger == nil {
+		o.Membership.Logger = o.Logger
+	}
+	if o.Registry == nil {
+		o.Registry = prometheus.NewRegistry()
+		o.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	if o.Router.Registry == nil {
+		o.Router.Registry = o.Registry
+	}
+	return o
+}
+
+// Validate checks every setting of the tree, the router's included, without
+// touching the network. Zero values are valid and mean the defaults. Every
+// error wraps fleet.ErrInvalid; several are joined.
+func (o Options) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("replica: %w: "+format, append([]any{fleet.ErrInvalid}, args...)...))
+	}
+	wrap := func(what string, err error) {
+		if err != nil {
+			if !errors.Is(err, fleet.ErrInvalid) {
+				err = fmt.Errorf("%w: %w", fleet.ErrInvalid, err)
+			}
+			errs = append(errs, fmt.Errorf("replica: %s: %w", what, err))
+		}
+	}
+	wrap("endpoint", membership.ValidateName("endpoint", o.Router.DefaultEndpoint))
+	if o.ID != "" {
+		wrap("replica id", membership.ValidateName("replica id", o.ID))
+	}
+	wrap("routing config", o.Routing.Validate())
+	for i, in := range o.Static {
+		wrap(fmt.Sprintf("static instance %d", i), in.Validate())
+	}
+	switch {
+	case !o.usesEtcd() && (len(o.Etcd.Endpoints) > 0 || o.EmbeddedEtcdDir != ""):
+		bad("a static fleet (--static-instances) excludes etcd endpoints (--etcd-endpoints) and an embedded etcd (--embedded-etcd)")
+	case !o.usesEtcd() && o.Client != nil:
+		bad("a static fleet excludes an etcd client")
+	case o.EmbeddedEtcdDir != "" && o.Client != nil:
+		bad("an embedded etcd excludes an etcd client")
+	case o.EmbeddedEtcdDir != "" && len(o.Etcd.Endpoints) > 0 && !slices.Equal(o.Etcd.Endpoints, []string{cmp.Or(o.EmbeddedEtcdClientURL, membership.DefaultClientURL)}):
+		bad("an embedded etcd (--embedded-etcd) excludes etcd endpoints (--etcd-endpoints)")
+	case o.usesEtcd() && o.Client == nil:
+		etcd := o.Etcd
+		if len(etcd.Endpoints) == 0 {
+			etcd.Endpoints = []string{membership.DefaultClientURL}
+		}
+		wrap("etcd", etcd.Validate())
+	}
+	if o.EmbeddedEtcdDir != "" && o.EmbeddedEtcdClientURL != "" {
+		wrap("embedded etcd client URL", membership.ClientConfig{Endpoints: []string{o.EmbeddedEtcdClientURL}}.Validate())
+	}
+	if o.Membership.TTL < 0 {
+		bad("Membership.TTL (--ttl) %v is negative", o.Membership.TTL)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"StartupTimeout (--startup-timeout)", o.StartupTimeout},
+		{"ShutdownTimeout (--shutdown-timeout)", o.ShutdownTimeout},
+	} {
+		if d.v < 0 {
+			bad("%s %v is negative", d.name, d.v)
+		}
+	}
+	if err := o.Router.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// defaultID is the replica id when none is given: the host name and a random
+// suffix, so that two replicas on one host do not collide.
+func defaultID() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "router"
+	}
+	var b [3]byte
+	_, _ = rand.Read(b[:])
+	return host + "-" + hex.EncodeToString(b[:])
+}

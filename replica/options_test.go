@@ -1,0 +1,208 @@
+package replica
+
+import (
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/membership"
+	"github.com/prefixrouter/prefixrouter/overload"
+	"github.com/prefixrouter/prefixrouter/router"
+)
+
+// validStatic is the smallest valid tree: a static fleet of one.
+func validStatic() Options {
+	return Options{
+		Router: router.Options{DefaultEndpoint: "chat"},
+		Static: []fleet.Instance{{ID: "a", Addr: "http://127.0.0.1:1"}},
+	}
+}
+
+// validEtcd is the smallest valid tree with etcd.
+func validEtcd() Options {
+	return Options{Router: router.Options{DefaultEndpoint: "chat"}}
+}
+
+type validateCase struct {
+	field string // the setting's path in the tree
+	base  func() Options
+	set   func(*Options)
+	want  string // "" = valid; else a substring of the error
+}
+
+// validateCases cover every setting of the options tree: a value in range, a
+// value out of range, and zero (which means the default and is valid).
+// TestValidateCoversEverySetting checks that no setting is missing.
+var validateCases = []validateCase{
+	{"ID", validEtcd, func(o *Options) { o.ID = "router-1" }, ""},
+	{"ID", validEtcd, func(o *Options) { o.ID = "a/b" }, "replica id"},
+	{"ID", validEtcd, func(o *Options) { o.ID = "" }, ""},
+	{"Listen", validStatic, func(o *Options) { o.Listen = "127.0.0.1:0" }, ""},
+	{"Listen", validStatic, func(o *Options) { o.Listen = "" }, ""},
+	{"AdminListen", validStatic, func(o *Options) { o.AdminListen = "127.0.0.1:0" }, ""},
+	{"AdminListen", validStatic, func(o *Options) { o.AdminListen = "" }, ""},
+	{"Static", validStatic, func(o *Options) { o.Static = append(o.Static, fleet.Instance{ID: "b", Addr: "http://127.0.0.1:2"}) }, ""},
+	{"Static", validStatic, func(o *Options) { o.Static = []fleet.Instance{{ID: "", Addr: "http://x"}} }, "static instance 0"},
+	{"Static", validStatic, func(o *Options) { o.Static = nil }, ""}, // then etcd, at its default URL
+	{"Static", validStatic, func(o *Options) { o.Etcd.Endpoints = []string{"http://127.0.0.1:2379"} }, "excludes etcd endpoints"},
+	{"Static", validStatic, func(o *Options) { o.EmbeddedEtcdDir = "/tmp/x" }, "excludes etcd endpoints"},
+	{"Routing", validStatic, func(o *Options) {
+		o.Routing = fleet.RoutingConfig{RoutingStrategy: fleet.Random}
+	}, ""},
+	{"Routing", validStatic, func(o *Options) { o.Routing = fleet.RoutingConfig{RoutingStrategy: "ROUND_ROBIN"} }, "RoutingStrategy"},
+	{"Routing", validStatic, func(o *Options) {
+		o.Routing = fleet.RoutingConfig{PrefixAwareRoutingConfig: &fleet.PrefixAwareConfig{PrefixLength: 100}}
+	}, "PrefixLength 100"},
+	{"Routing", validStatic, func(o *Options) {
+		o.Routing = fleet.RoutingConfig{PrefixAwareRoutingConfig: &fleet.PrefixAwareConfig{ConcurrencyThreshold: 2000}}
+	}, "ConcurrencyThreshold 2000"},
+	{"Routing", validStatic, func(o *Options) { o.Routing = fleet.RoutingConfig{} }, ""},
+	{"Etcd", validEtcd, func(o *Options) { o.Etcd.Endpoints = []string{"http://10.0.0.1:2379", "http://10.0.0.2:2379"} }, ""},
+	{"Etcd", validEtcd, func(o *Options) { o.Etcd.Endpoints = []string{"ftp://10.0.0.1:2379"} }, "scheme"},
+	{"Etcd", validEtcd, func(o *Options) { o.Etcd.Cert = "c.pem" }, "etcd"},
+	{"Etcd", validEtcd, func(o *Options) { o.Etcd.DialTimeout = -time.Second }, "etcd"},
+	{"Etcd", validEtcd, func(o *Options) { o.Etcd = membership.ClientConfig{} }, ""},
+	{"EmbeddedEtcdDir", validEtcd, func(o *Options) { o.EmbeddedEtcdDir = "/tmp/etcd" }, ""},
+	{"EmbeddedEtcdDir", validEtcd, func(o *Options) {
+		o.EmbeddedEtcdDir, o.Etcd.Endpoints = "/tmp/etcd", []string{"http://10.0.0.1:2379"}
+	}, "excludes etcd endpoints"},
+	{"EmbeddedEtcdDir", validEtcd, func(o *Options) { o.EmbeddedEtcdDir = "" }, ""},
+	{"EmbeddedEtcdClientURL", validEtcd, func(o *Options) {
+		o.EmbeddedEtcdDir, o.EmbeddedEtcdClientURL = "/tmp/etcd", "http://127.0.0.1:12379"
+	}, ""},
+	{"EmbeddedEtcdClientURL", validEtcd, func(o *Options) {
+		o.EmbeddedEtcdDir, o.EmbeddedEtcdClientURL = "/tmp/etcd", "ftp://127.0.0.1:12379"
+	}, "scheme"},
+	{"EmbeddedEtcdClientURL", validEtcd, func(o *Options) { o.EmbeddedEtcdDir = "/tmp/etcd" }, ""},
+	{"Membership.Layout", validEtcd, func(o *Options) { o.Membership.Layout.Prefix = "/pr/v1/" }, ""},
+	{"Membership.Layout", validEtcd, func(o *Options) { o.Membership.Layout.Prefix = "" }, ""},
+	{"Membership.TTL", validEtcd, func(o *Options) { o.Membership.TTL = 3 * time.Second }, ""},
+	{"Membership.TTL", validEtcd, func(o *Options) { o.Membership.TTL = -time.Second }, "TTL"},
+	{"Membership.TTL", validEtcd, func(o *Options) { o.Membership.TTL = 0 }, ""},
+	{"Router.StaleAfter", validStatic, func(o *Options) { o.Router.StaleAfter = time.Minute }, ""},
+	{"Router.StaleAfter", validStatic, func(o *Options) { o.Router.StaleAfter = -time.Minute }, "StaleAfter"},
+	{"StartupTimeout", validStatic, func(o *Options) { o.StartupTimeout = time.Second }, ""},
+	{"StartupTimeout", validStatic, func(o *Options) { o.StartupTimeout = -time.Second }, "--startup-timeout"},
+	{"ShutdownTimeout", validStatic, func(o *Options) { o.ShutdownTimeout = time.Second }, ""},
+	{"ShutdownTimeout", validStatic, func(o *Options) { o.ShutdownTimeout = -time.Second }, "--shutdown-timeout"},
+	{"Router.DefaultEndpoint", validStatic, func(o *Options) { o.Router.DefaultEndpoint = "embed" }, ""},
+	{"Router.DefaultEndpoint", validStatic, func(o *Options) { o.Router.DefaultEndpoint = "a b" }, "endpoint"},
+	{"Router.DefaultEndpoint", validStatic, func(o *Options) { o.Router.DefaultEndpoint = "" }, "--endpoint"},
+	{"Router.MaxBodyBytes", validStatic, func(o *Options) { o.Router.MaxBodyBytes = 1 << 20 }, ""},
+	{"Router.MaxBodyBytes", validStatic, func(o *Options) { o.Router.MaxBodyBytes = -1 }, "--max-body-bytes"},
+	{"Router.MaxBodyBytes", validStatic, func(o *Options) { o.Router.MaxBodyBytes = 0 }, ""},
+	{"Router.BalanceFactor", validStatic, func(o *Options) { o.Router.BalanceFactor = 1.25 }, ""},
+	{"Router.BalanceFactor", validStatic, func(o *Options) { o.Router.BalanceFactor = 0.5 }, "--balance-factor"},
+	{"Router.BalanceFactor", validStatic, func(o *Options) { o.Router.BalanceFactor = 11 }, "--balance-factor"},
+	{"Router.BalanceFactor", validStatic, func(o *Options) { o.Router.BalanceFactor = 0 }, ""},
+	{"Router.UpstreamHeaderTimeout", validStatic, func(o *Options) { o.Router.UpstreamHeaderTimeout = time.Minute }, ""},
+	{"Router.UpstreamHeaderTimeout", validStatic, func(o *Options) { o.Router.UpstreamHeaderTimeout = -1 }, "--upstream-header-timeout"},
+	{"Router.Breaker.ConsecutiveFailures", validStatic, func(o *Options) { o.Router.Breaker.ConsecutiveFailures = 3 }, ""},
+	{"Router.Breaker.ConsecutiveFailures", validStatic, func(o *Options) { o.Router.Breaker.ConsecutiveFailures = 0 }, ""},
+	{"Router.Breaker.OpenTimeout", validStatic, func(o *Options) { o.Router.Breaker.OpenTimeout = time.Second }, ""},
+	{"Router.Breaker.OpenTimeout", validStatic, func(o *Options) { o.Router.Breaker.OpenTimeout = -time.Second }, "--breaker-open-timeout"},
+	{"Router.Breaker.HalfOpenMaxRequests", validStatic, func(o *Options) { o.Router.Breaker.HalfOpenMaxRequests = 2 }, ""},
+	{"Router.Breaker.HalfOpenMaxRequests", validStatic, func(o *Options) { o.Router.Breaker.HalfOpenMaxRequests = 0 }, ""},
+	{"Router.LoadPollInterval", validStatic, func(o *Options) { o.Router.LoadPollInterval = time.Second }, ""},
+	{"Router.LoadPollInterval", validStatic, func(o *Options) { o.Router.LoadPollInterval = -time.Second }, "--load-poll-interval"},
+	{"Router.LoadMetricsPath", validStatic, func(o *Options) { o.Router.LoadMetricsPath = "/metrics" }, ""},
+	{"Router.LoadMetricsPath", validStatic, func(o *Options) { o.Router.LoadMetricsPath = "metrics" }, "LoadMetricsPath"},
+	{"Router.HealthCheckInterval", validStatic, func(o *Options) { o.Router.HealthCheckInterval = time.Second }, ""},
+	{"Router.HealthCheckInterval", validStatic, func(o *Options) { o.Router.HealthCheckInterval = -time.Second }, "--health-check-interval"},
+	{"Router.HealthCheckPath", validStatic, func(o *Options) { o.Router.HealthCheckPath = "/ping" }, ""},
+	{"Router.HealthCheckPath", validStatic, func(o *Options) { o.Router.HealthCheckPath = "ping" }, "--health-check-path"},
+	{"Router.HealthCheckTimeout", validStatic, func(o *Options) { o.Router.HealthCheckTimeout = time.Second }, ""},
+	{"Router.HealthCheckTimeout", validStatic, func(o *Options) { o.Router.HealthCheckTimeout = -time.Second }, "--health-check-timeout"},
+}
+
+func TestValidate(t *testing.T) {
+	for _, tc := range validateCases {
+		o := tc.base()
+		tc.set(&o)
+		err := o.Validate()
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: Validate() = %v, want nil", tc.field, err)
+		case tc.want != "" && err == nil:
+			t.Errorf("%s: Validate() = nil, want an error mentioning %q", tc.field, tc.want)
+		case tc.want != "" && !strings.Contains(err.Error(), tc.want):
+			t.Errorf("%s: Validate() = %v, want it to mention %q", tc.field, err, tc.want)
+		case tc.want != "" && !errors.Is(err, fleet.ErrInvalid):
+			t.Errorf("%s: Validate() = %v does not wrap fleet.ErrInvalid (the CLI's exit 2)", tc.field, err)
+		}
+	}
+}
+
+// settings lists the paths of the settings in the tree (dependencies, which
+// are pointers, funcs and interfaces, are not settings), descending into
+// the router's and the breaker's options.
+func settings(t reflect.Type, prefix string) []string {
+	var out []string
+	for i := range t.NumField() {
+		f := t.Field(i)
+		switch f.Type.Kind() {
+		case reflect.Pointer, reflect.Func, reflect.Interface:
+			continue
+		}
+		if f.Type == reflect.TypeFor[[]any]() || f.Name == "RingOptions" {
+			continue
+		}
+		path := prefix + f.Name
+		switch f.Type {
+		case reflect.TypeFor[router.Options](), reflect.TypeFor[overload.BreakerOptions]():
+			out = append(out, settings(f.Type, path+".")...)
+		case reflect.TypeFor[membership.Options]():
+			out = append(out, path+".Layout", path+".TTL")
+		default:
+			out = append(out, path)
+		}
+	}
+	return out
+}
+
+// TestValidateCoversEverySetting fails when a setting is added to the tree
+// without a row in validateCases: the field, its flag, its check, its test.
+func TestValidateCoversEverySetting(t *testing.T) {
+	covered := map[string]bool{}
+	for _, tc := range validateCases {
+		covered[tc.field] = true
+	}
+	for _, s := range settings(reflect.TypeFor[Options](), "") {
+		if !covered[s] {
+			t.Errorf("setting %s has no row in validateCases", s)
+		}
+	}
+}
+
+func TestWithDefaults(t *testing.T) {
+	o := validEtcd().withDefaults()
+	if o.Listen != DefaultListen || o.AdminListen != DefaultAdminListen {
+		t.Errorf("listen defaults: %q %q", o.Listen, o.AdminListen)
+	}
+	if o.StartupTimeout != DefaultStartupTimeout || o.ShutdownTimeout != DefaultShutdownTimeout {
+		t.Errorf("duration defaults: %v %v", o.StartupTimeout, o.ShutdownTimeout)
+	}
+	if o.ID == "" {
+		t.Error("an etcd replica needs an id; withDefaults left it empty")
+	}
+	if len(o.Etcd.Endpoints) != 1 || o.Etcd.Endpoints[0] != membership.DefaultClientURL {
+		t.Errorf("etcd endpoints default: %v", o.Etcd.Endpoints)
+	}
+	if o.Logger == nil || o.Registry == nil || o.Router.Registry != o.Registry || o.Router.Logger != o.Logger || o.Membership.Logger != o.Logger {
+		t.Error("dependencies are not shared down the tree")
+	}
+	e := Options{EmbeddedEtcdDir: "/tmp/x", Router: router.Options{DefaultEndpoint: "chat"}}.withDefaults()
+	if e.EmbeddedEtcdClientURL != membership.DefaultClientURL || len(e.Etcd.Endpoints) != 1 || e.Etcd.Endpoints[0] != e.EmbeddedEtcdClientURL {
+		t.Errorf("embedded etcd defaults: %q %v", e.EmbeddedEtcdClientURL, e.Etcd.Endpoints)
+	}
+	if err := e.Validate(); err != nil {
+		t.Errorf("defaults of an embedded etcd must validate: %v", err)
+	}
+	s := validStatic().withDefaults()
+	if s.ID != "" || len(s.Etcd.Endpoints) != 0 {
+		t.Errorf("a static fleet gets no replica id (%q) and no etcd endpoints (%v)", s.ID, s.Etcd.Endpoints)
+	}
+}

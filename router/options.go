@@ -1,0 +1,190 @@
+package router
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/overload"
+	"github.com/prefixrouter/prefixrouter/probe"
+	"github.com/prefixrouter/prefixrouter/ring"
+)
+
+// DefaultMaxBodyBytes is SageMaker's InvokeEndpoint payload limit.
+const DefaultMaxBodyBytes = 6 << 20
+
+// DefaultHealthCheckInterval is the probe period `serve` starts with; in
+// Options the zero value means health checks are off (library users and
+// tests opt in).
+const DefaultHealthCheckInterval = 2 * time.Second
+
+// MaxRetries is how many times a request is re-sent to another instance after
+// a dial error (the upstream provably received nothing).
+const MaxRetries = 2
+
+// ErrNoInstance is returned by Choose when no instance can take the request.
+var ErrNoInstance = errors.New("router: no instance available")
+
+// Options configures a Router: the settings (each bound to one `serve` flag)
+// first, then the dependencies. The zero value of every setting is
+// documented; withDefaults fills them and Validate checks them, in this file
+// only. Adding a setting means: the field, its flag, its check, its test.
+type Options struct {
+	// DefaultEndpoint serves /invocations and /v1/* (--endpoint). Required.
+	DefaultEndpoint string
+	// MaxBodyBytes bounds request bodies, 413 beyond (--max-body-bytes).
+	// Zero means DefaultMaxBodyBytes.
+	MaxBodyBytes int64
+	// BalanceFactor > 0 bounds PREFIX_AWARE loads (consistent hashing with
+	// bounded loads, as HAProxy's hash-balance-factor): a candidate is
+	// admitted only if its load is below
+	// ceil(BalanceFactor × (total load of the model's set + 1) / set size),
+	// otherwise the request spills to the next candidate (--balance-factor).
+	// Zero means off; otherwise it must be in [1, 10] and is used to 0.001.
+	// See docs/balance.md.
+	BalanceFactor float64
+	// UpstreamHeaderTimeout bounds the wait for an instance's response
+	// headers when Transport is nil (--upstream-header-timeout). A timeout
+	// counts against the instance's breaker. Zero means no bound: a
+	// non-streamed generation sends its headers only when it is done.
+	UpstreamHeaderTimeout time.Duration
+	// Breaker configures every instance's circuit breaker (--breaker-*).
+	Breaker overload.BreakerOptions
+	// LoadPollInterval > 0 starts a poller that scrapes each instance's
+	// LoadMetricsPath every interval and adds the load other sources put on
+	// it to admission (see probe.Load; --load-poll-interval). Zero
+	// means off.
+	LoadPollInterval time.Duration
+	// LoadMetricsPath is the path polled on each instance; empty means
+	// "/metrics".
+	LoadMetricsPath string
+	// HealthCheckInterval > 0 starts active health checks
+	// (--health-check-interval): every interval, each instance's
+	// HealthCheckPath is fetched (see probe.Health; any status
+	// below 500 is healthy, so a 404 is) and an instance that fails
+	// probe.DefaultUnhealthyThreshold probes in a row is skipped by every
+	// strategy until a probe succeeds. If no instance of a model's set is
+	// healthy, health is ignored for it (fail open: a broken health endpoint
+	// must not take the fleet down). Explain and Choose's ring primary do
+	// not depend on it. Zero means off.
+	HealthCheckInterval time.Duration
+	// HealthCheckPath is the path probed (--health-check-path); it must
+	// start with "/". Empty means probe.DefaultHealthPath.
+	HealthCheckPath string
+	// HealthCheckTimeout bounds each probe (--health-check-timeout); zero
+	// means probe.DefaultHealthTimeout.
+	HealthCheckTimeout time.Duration
+	// StaleAfter is the snapshot age past which Readiness notes the snapshot
+	// as stale. It stays ready regardless (static stability: a replica
+	// routing on its last good snapshot beats no replica), so this only
+	// shapes the message. Zero means DefaultStaleAfter.
+	StaleAfter time.Duration
+
+	// Dependencies (not settings).
+
+	// Registry receives the metrics; nil means a private registry (metrics
+	// are kept but not exported).
+	Registry *prometheus.Registry
+	// Logger; nil means slog.Default().
+	Logger *slog.Logger
+	// TracerProvider, if set, turns tracing on: a span per request with the
+	// routing attributes (Attr*), and W3C trace context (traceparent) sent
+	// upstream with a client span per try. Nil (default) means off, at no
+	// cost on the request path.
+	TracerProvider trace.TracerProvider
+	// Transport sends upstream requests; nil means
+	// NewTransport(UpstreamHeaderTimeout).
+	Transport http.RoundTripper
+	// Rand returns a uniform int in [0, n); it must be safe for concurrent
+	// use. Nil means math/rand/v2.IntN.
+	Rand func(n int) int
+	// SnapshotAge reports the time since the fleet source last heard from
+	// etcd (membership.Watcher.SnapshotAge), for Readiness. Nil means a
+	// static fleet: no age.
+	SnapshotAge func() time.Duration
+	// RingOptions are passed to ring.New (tests inject the hash).
+	RingOptions []ring.Option
+}
+
+// withDefaults returns o with every zero setting and nil dependency replaced
+// by its documented default.
+func (o Options) withDefaults() Options {
+	if o.MaxBodyBytes == 0 {
+		o.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if o.LoadMetricsPath == "" {
+		o.LoadMetricsPath = "/metrics"
+	}
+	if o.HealthCheckPath == "" {
+		o.HealthCheckPath = probe.DefaultHealthPath
+	}
+	if o.HealthCheckTimeout == 0 {
+		o.HealthCheckTimeout = probe.DefaultHealthTimeout
+	}
+	if o.StaleAfter == 0 {
+		o.StaleAfter = DefaultStaleAfter
+	}
+	if o.Registry == nil {
+		o.Registry = prometheus.NewRegistry()
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Transport == nil {
+		o.Transport = NewTransport(o.UpstreamHeaderTimeout)
+	}
+	if o.Rand == nil {
+		o.Rand = rand.IntN
+	}
+	return o
+}
+
+// Validate checks every setting; zero values are valid and mean the
+// defaults. Its errors wrap fleet.ErrInvalid.
+func (o Options) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("router: %w: "+format, append([]any{fleet.ErrInvalid}, args...)...))
+	}
+	if o.DefaultEndpoint == "" {
+		bad("DefaultEndpoint (--endpoint) is required")
+	}
+	if o.MaxBodyBytes < 0 {
+		bad("MaxBodyBytes (--max-body-bytes) %d is negative", o.MaxBodyBytes)
+	}
+	if f := o.BalanceFactor; !(f == 0 || (f >= 1 && f <= 10)) {
+		bad("BalanceFactor (--balance-factor) %v must be 0 (off) or in [1, 10]", f)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"UpstreamHeaderTimeout (--upstream-header-timeout)", o.UpstreamHeaderTimeout},
+		{"LoadPollInterval (--load-poll-interval)", o.LoadPollInterval},
+		{"HealthCheckInterval (--health-check-interval)", o.HealthCheckInterval},
+		{"HealthCheckTimeout (--health-check-timeout)", o.HealthCheckTimeout},
+		{"StaleAfter", o.StaleAfter},
+	} {
+		if d.v < 0 {
+			bad("%s %v is negative", d.name, d.v)
+		}
+	}
+	if o.LoadMetricsPath != "" && !strings.HasPrefix(o.LoadMetricsPath, "/") {
+		bad("LoadMetricsPath %q must start with /", o.LoadMetricsPath)
+	}
+	if o.HealthCheckPath != "" && !strings.HasPrefix(o.HealthCheckPath, "/") {
+		bad("HealthCheckPath (--health-check-path) %q must start with /", o.HealthCheckPath)
+	}
+	if err := o.Breaker.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
