@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 
@@ -58,11 +60,18 @@ replica's view of it: healthy (active health checks), requests in flight, extern
 				return fmt.Errorf("admin fleet: %s: %w", addr, err)
 			}
 			if asJSON {
-				b, err := protojson.MarshalOptions{Multiline: true, EmitUnpopulated: true}.Marshal(resp)
+				b, err := protojson.MarshalOptions{EmitUnpopulated: true}.Marshal(resp)
 				if err != nil {
 					return fmt.Errorf("admin fleet: %w", err)
 				}
-				_, err = fmt.Fprintln(cmd.OutOrStdout(), string(b))
+				// protojson varies its whitespace on purpose; indent it
+				// the same way every time for people and diffs.
+				var out bytes.Buffer
+				if err := json.Indent(&out, b, "", "  "); err != nil {
+					return fmt.Errorf("admin fleet: %w", err)
+				}
+				out.WriteByte('\n')
+				_, err = out.WriteTo(cmd.OutOrStdout())
 				return err
 			}
 			return admin.WriteFleet(cmd.OutOrStdout(), resp)
