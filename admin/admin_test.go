@@ -64,7 +64,7 @@ func (f *fakeStore) GetConfig(_ context.Context, endpoint string) (fleet.Routing
 	if !ok {
 		return fleet.DefaultRoutingConfig(), false, nil
 	}
-	return c.Normalize(), true, nil
+	return c.WithDefaults(), true, nil
 }
 
 func (f *fakeStore) PutConfig(_ context.Context, endpoint string, c fleet.RoutingConfig) error {
@@ -79,7 +79,7 @@ func (f *fakeStore) PutConfig(_ context.Context, endpoint string, c fleet.Routin
 	if f.configs == nil {
 		f.configs = map[string]fleet.RoutingConfig{}
 	}
-	f.configs[endpoint] = c.Normalize()
+	f.configs[endpoint] = c.WithDefaults()
 	return nil
 }
 

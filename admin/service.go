@@ -103,7 +103,7 @@ func breakerToPB(b gobreaker.State) adminpb.BreakerState {
 }
 
 func configToPB(c fleet.RoutingConfig) *adminpb.RoutingConfig {
-	c = c.Normalize()
+	c = c.WithDefaults()
 	return &adminpb.RoutingConfig{
 		Strategy:             string(c.RoutingStrategy),
 		PrefixLength:         int32(c.PrefixAwareRoutingConfig.PrefixLength),
@@ -171,7 +171,7 @@ func (s *service) SetRoutingConfig(ctx context.Context, req *adminpb.SetRoutingC
 	if p, ok := peer.FromContext(ctx); ok {
 		from = p.Addr.String()
 	}
-	n := c.Normalize()
+	n := c.WithDefaults()
 	s.o.Logger.InfoContext(ctx, "admin: routing config set", "endpoint", req.GetEndpoint(),
 		"strategy", n.RoutingStrategy, "prefixLength", n.PrefixLength(), "concurrencyThreshold", n.ConcurrencyThreshold(), "peer", from)
 	return &adminpb.SetRoutingConfigResponse{Config: configToPB(n)}, nil

@@ -195,7 +195,7 @@ func Run(ctx context.Context, cfg Options) (*Report, error) {
 	progress(cfg, "chaos: starting %d instances, %d replicas (TTL %v, time scale %v)", cfg.Instances, cfg.Replicas, cfg.TTL, cfg.TimeScale)
 	f, err := localfleet.Start(ctx, localfleet.Options{
 		Instances: cfg.Instances, Replicas: cfg.Replicas,
-		Sim:     sim.Config{TimeScale: cfg.TimeScale},
+		Sim:     sim.Options{TimeScale: cfg.TimeScale},
 		Routing: fleet.DefaultRoutingConfig(),
 		TTL:     cfg.TTL,
 		Router: router.Options{

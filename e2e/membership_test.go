@@ -137,7 +137,7 @@ func TestCrashGoneWithinTTL(t *testing.T) {
 	c.startReplicas(2, replicaOptions{})
 	bs, _ := fleetOf(t, c, 2)
 	crashing := newBackend(t, "crashing")
-	cli, err := membership.NewClient(membership.ClientConfig{Endpoints: c.etcd.Endpoints()})
+	cli, err := membership.NewClient(membership.ClientOptions{Endpoints: c.etcd.Endpoints()})
 	if err != nil {
 		t.Fatal(err)
 	}

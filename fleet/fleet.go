@@ -79,7 +79,7 @@ func DefaultRoutingConfig() RoutingConfig {
 }
 
 // Validate checks the strategy and the ranges of the prefix-aware settings.
-// Zero values are accepted and mean the defaults (see Normalize).
+// Zero values are accepted and mean the defaults (see WithDefaults).
 func (c RoutingConfig) Validate() error {
 	if c.RoutingStrategy != "" && !c.RoutingStrategy.Valid() {
 		return fmt.Errorf("%w: RoutingStrategy %q is not one of RANDOM, LEAST_OUTSTANDING_REQUESTS, PREFIX_AWARE", ErrInvalidConfig, c.RoutingStrategy)
@@ -95,9 +95,9 @@ func (c RoutingConfig) Validate() error {
 	return nil
 }
 
-// Normalize returns c with every zero value replaced by its default. It does
+// WithDefaults returns c with every zero value replaced by its default. It does
 // not validate.
-func (c RoutingConfig) Normalize() RoutingConfig {
+func (c RoutingConfig) WithDefaults() RoutingConfig {
 	out := DefaultRoutingConfig()
 	if c.RoutingStrategy != "" {
 		out.RoutingStrategy = c.RoutingStrategy
@@ -115,12 +115,12 @@ func (c RoutingConfig) Normalize() RoutingConfig {
 
 // PrefixLength returns the effective prefix length of c.
 func (c RoutingConfig) PrefixLength() int {
-	return c.Normalize().PrefixAwareRoutingConfig.PrefixLength
+	return c.WithDefaults().PrefixAwareRoutingConfig.PrefixLength
 }
 
 // ConcurrencyThreshold returns the effective concurrency threshold of c.
 func (c RoutingConfig) ConcurrencyThreshold() int {
-	return c.Normalize().PrefixAwareRoutingConfig.ConcurrencyThreshold
+	return c.WithDefaults().PrefixAwareRoutingConfig.ConcurrencyThreshold
 }
 
 // Instance is one model-server instance as registered in etcd.
@@ -207,7 +207,7 @@ func NewSnapshot(endpoints []Endpoint, revision int64, replicas int, now time.Ti
 	for _, ep := range endpoints {
 		insts := append([]Instance(nil), ep.Instances...)
 		sort.Slice(insts, func(i, j int) bool { return insts[i].ID < insts[j].ID })
-		s.Endpoints[ep.Name] = &Endpoint{Name: ep.Name, Config: ep.Config.Normalize(), Instances: insts}
+		s.Endpoints[ep.Name] = &Endpoint{Name: ep.Name, Config: ep.Config.WithDefaults(), Instances: insts}
 	}
 	return s
 }

@@ -45,18 +45,18 @@ func TestRoutingConfigValidate(t *testing.T) {
 	}
 }
 
-func TestRoutingConfigNormalize(t *testing.T) {
-	got := RoutingConfig{}.Normalize()
+func TestRoutingConfigWithDefaults(t *testing.T) {
+	got := RoutingConfig{}.WithDefaults()
 	if got.RoutingStrategy != PrefixAware || got.PrefixLength() != DefaultPrefixLength || got.ConcurrencyThreshold() != DefaultConcurrencyThreshold {
 		t.Fatalf("zero config normalizes to %+v", got)
 	}
 	c := RoutingConfig{RoutingStrategy: Random, PrefixAwareRoutingConfig: &PrefixAwareConfig{ConcurrencyThreshold: 7}}
-	n := c.Normalize()
+	n := c.WithDefaults()
 	if n.RoutingStrategy != Random || n.PrefixLength() != DefaultPrefixLength || n.ConcurrencyThreshold() != 7 {
 		t.Fatalf("partial config normalizes to %+v", n.PrefixAwareRoutingConfig)
 	}
 	if c.PrefixAwareRoutingConfig.PrefixLength != 0 {
-		t.Fatal("Normalize modified its receiver's nested config")
+		t.Fatal("WithDefaults modified its receiver's nested config")
 	}
 }
 

@@ -17,16 +17,16 @@ import (
 )
 
 // DefaultDialTimeout bounds the first connection (and the authentication
-// that needs it) when ClientConfig.DialTimeout is zero.
+// that needs it) when ClientOptions.DialTimeout is zero.
 const DefaultDialTimeout = 5 * time.Second
 
 // reconnectMaxDelay caps gRPC's reconnect backoff (120 s by default) so that
 // watchers and keepalives resume within seconds after an etcd outage.
 const reconnectMaxDelay = 2 * time.Second
 
-// ClientConfig says how to reach and authenticate to etcd. Only Endpoints is
+// ClientOptions says how to reach and authenticate to etcd. Only Endpoints is
 // required.
-type ClientConfig struct {
+type ClientOptions struct {
 	// Endpoints are client URLs of the etcd members, e.g.
 	// http://10.0.0.1:2379. A bare host:port is accepted as etcd's own
 	// client accepts it.
@@ -47,7 +47,7 @@ type ClientConfig struct {
 
 // TLS reports whether the configuration uses TLS: any certificate flag or
 // an https:// endpoint.
-func (c ClientConfig) TLS() bool {
+func (c ClientOptions) TLS() bool {
 	if c.CACert != "" || c.Cert != "" || c.Key != "" {
 		return true
 	}
@@ -60,7 +60,7 @@ func (c ClientConfig) TLS() bool {
 }
 
 // Validate checks the configuration without touching the network.
-func (c ClientConfig) Validate() error {
+func (c ClientOptions) Validate() error {
 	if len(c.Endpoints) == 0 {
 		return errors.New("membership: no etcd endpoints given")
 	}
@@ -93,7 +93,7 @@ func (c ClientConfig) Validate() error {
 }
 
 // tlsConfig builds the client TLS configuration, or nil when TLS is off.
-func (c ClientConfig) tlsConfig() (*tls.Config, error) {
+func (c ClientOptions) tlsConfig() (*tls.Config, error) {
 	if !c.TLS() {
 		return nil, nil
 	}
@@ -124,7 +124,7 @@ func (c ClientConfig) tlsConfig() (*tls.Config, error) {
 // once, within DialTimeout), so an unreachable etcd surfaces on first use;
 // membership's watcher and registrations retry until it comes back. The
 // caller closes the client.
-func NewClient(cfg ClientConfig) (*clientv3.Client, error) {
+func NewClient(cfg ClientOptions) (*clientv3.Client, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}

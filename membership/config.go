@@ -42,7 +42,7 @@ func PutConfig(ctx context.Context, cli *clientv3.Client, l Layout, endpoint str
 	if err := c.Validate(); err != nil {
 		return err
 	}
-	data, err := json.Marshal(c.Normalize())
+	data, err := json.Marshal(c.WithDefaults())
 	if err != nil {
 		return fmt.Errorf("membership: encode routing config: %w", err)
 	}
@@ -74,5 +74,5 @@ func GetConfig(ctx context.Context, cli *clientv3.Client, l Layout, endpoint str
 	if err != nil {
 		return fleet.RoutingConfig{}, true, fmt.Errorf("membership: stored value of %s: %w", key, err)
 	}
-	return c.Normalize(), true, nil
+	return c.WithDefaults(), true, nil
 }

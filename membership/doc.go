@@ -10,7 +10,7 @@
 //
 // A router replica (prefixrouter serve):
 //
-//	cli, err := membership.NewClient(membership.ClientConfig{Endpoints: eps})
+//	cli, err := membership.NewClient(membership.ClientOptions{Endpoints: eps})
 //	opts := membership.Options{Layout: membership.Layout{Prefix: prefix}, Metrics: membership.NewMetrics(reg)}
 //	w := membership.StartWatcher(cli, membership.WatcherOptions{Options: opts}, router.Update)
 //	defer w.Close()

@@ -164,7 +164,7 @@ func StartEmbedded(dir, clientURL string, opts ...EmbeddedOption) (*Embedded, er
 // ClientURL returns the URL clients reach the member at, with the real port.
 func (e *Embedded) ClientURL() string { return e.clientURL }
 
-// Endpoints returns ClientURL as a list, the shape ClientConfig wants.
+// Endpoints returns ClientURL as a list, the shape ClientOptions wants.
 func (e *Embedded) Endpoints() []string { return []string{e.clientURL} }
 
 // Clients returns the host:port addresses the member listens on for clients.

@@ -21,7 +21,7 @@ func Example() {
 		return
 	}
 	defer e.Close()
-	cli, err := membership.NewClient(membership.ClientConfig{Endpoints: e.Endpoints()})
+	cli, err := membership.NewClient(membership.ClientOptions{Endpoints: e.Endpoints()})
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -30,7 +30,7 @@ func startEtcd(t *testing.T) *Embedded {
 
 func newClient(t *testing.T, endpoints ...string) *clientv3.Client {
 	t.Helper()
-	cli, err := NewClient(ClientConfig{Endpoints: endpoints})
+	cli, err := NewClient(ClientOptions{Endpoints: endpoints})
 	if err != nil {
 		t.Fatal(err)
 	}

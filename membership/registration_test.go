@@ -154,7 +154,7 @@ func TestClosedClientFailsFast(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := etcdtest.Start(t)
-			cli, err := membership.NewClient(membership.ClientConfig{Endpoints: e.Endpoints()})
+			cli, err := membership.NewClient(membership.ClientOptions{Endpoints: e.Endpoints()})
 			if err != nil {
 				t.Fatal(err)
 			}

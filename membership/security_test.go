@@ -115,7 +115,7 @@ func newTestPKI(t *testing.T) testPKI {
 }
 
 // TestEmbeddedClientTLSCertAuth runs a live etcd with client TLS and
-// --client-cert-auth and checks that ClientConfig's CACert/Cert/Key reach
+// --client-cert-auth and checks that ClientOptions's CACert/Cert/Key reach
 // it, and that a client without a certificate or trusting the wrong CA is
 // refused within a short deadline.
 func TestEmbeddedClientTLSCertAuth(t *testing.T) {
@@ -131,7 +131,7 @@ func TestEmbeddedClientTLSCertAuth(t *testing.T) {
 	}
 
 	t.Run("client certificate", func(t *testing.T) {
-		cli, err := NewClient(ClientConfig{Endpoints: e.Endpoints(), CACert: pki.caCert, Cert: pki.clientCert, Key: pki.clientKey})
+		cli, err := NewClient(ClientOptions{Endpoints: e.Endpoints(), CACert: pki.caCert, Cert: pki.clientCert, Key: pki.clientKey})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -150,7 +150,7 @@ func TestEmbeddedClientTLSCertAuth(t *testing.T) {
 
 	t.Run("no client certificate", func(t *testing.T) {
 		t.Parallel()
-		cli, err := NewClient(ClientConfig{Endpoints: e.Endpoints(), CACert: pki.caCert})
+		cli, err := NewClient(ClientOptions{Endpoints: e.Endpoints(), CACert: pki.caCert})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -178,7 +178,7 @@ func TestEmbeddedClientTLSCertAuth(t *testing.T) {
 	t.Run("wrong CA", func(t *testing.T) {
 		t.Parallel()
 		_, otherCA := newTestCA(t, t.TempDir(), "other-ca")
-		cli, err := NewClient(ClientConfig{Endpoints: e.Endpoints(), CACert: otherCA, Cert: pki.clientCert, Key: pki.clientKey})
+		cli, err := NewClient(ClientOptions{Endpoints: e.Endpoints(), CACert: otherCA, Cert: pki.clientCert, Key: pki.clientKey})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -189,7 +189,7 @@ func TestEmbeddedClientTLSCertAuth(t *testing.T) {
 	t.Run("plain http", func(t *testing.T) {
 		t.Parallel()
 		plain := "http://" + strings.TrimPrefix(e.ClientURL(), "https://")
-		cli, err := NewClient(ClientConfig{Endpoints: []string{plain}})
+		cli, err := NewClient(ClientOptions{Endpoints: []string{plain}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -244,14 +244,14 @@ func configRoundTrip(ctx context.Context, t *testing.T, cli *clientv3.Client) {
 }
 
 // TestEmbeddedAuthUsernamePassword enables etcd auth (RBAC) on a live
-// member and checks ClientConfig's Username/Password: the right password
+// member and checks ClientOptions's Username/Password: the right password
 // reads and writes, a wrong one fails at NewClient, and no credentials are
 // refused.
 func TestEmbeddedAuthUsernamePassword(t *testing.T) {
 	e := startEtcd(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	admin, err := NewClient(ClientConfig{Endpoints: e.Endpoints()})
+	admin, err := NewClient(ClientOptions{Endpoints: e.Endpoints()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -267,7 +267,7 @@ func TestEmbeddedAuthUsernamePassword(t *testing.T) {
 	}
 
 	t.Run("right password", func(t *testing.T) {
-		cli, err := NewClient(ClientConfig{Endpoints: e.Endpoints(), Username: "root", Password: "s3cret", DialTimeout: 3 * time.Second})
+		cli, err := NewClient(ClientOptions{Endpoints: e.Endpoints(), Username: "root", Password: "s3cret", DialTimeout: 3 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -284,7 +284,7 @@ func TestEmbeddedAuthUsernamePassword(t *testing.T) {
 
 	t.Run("wrong password", func(t *testing.T) {
 		start := time.Now()
-		cli, err := NewClient(ClientConfig{Endpoints: e.Endpoints(), Username: "root", Password: "wrong", DialTimeout: 3 * time.Second})
+		cli, err := NewClient(ClientOptions{Endpoints: e.Endpoints(), Username: "root", Password: "wrong", DialTimeout: 3 * time.Second})
 		if err == nil {
 			cli.Close()
 			t.Fatal("NewClient with a wrong password succeeded")

@@ -123,21 +123,21 @@ func TestClientConfig(t *testing.T) {
 	ep := []string{"https://127.0.0.1:2379"}
 	for _, tc := range []struct {
 		name    string
-		cfg     ClientConfig
+		cfg     ClientOptions
 		wantErr string // substring; empty means success
 		tls     bool
 	}{
-		{"plain", ClientConfig{Endpoints: []string{"http://127.0.0.1:2379", "127.0.0.1:22379"}}, "", false},
-		{"no endpoints", ClientConfig{}, "no etcd endpoints", false},
-		{"bad scheme", ClientConfig{Endpoints: []string{"ftp://x:1"}}, "scheme", false},
-		{"empty endpoint", ClientConfig{Endpoints: []string{" "}}, "empty etcd endpoint", false},
-		{"cert without key", ClientConfig{Endpoints: ep, Cert: cert}, "--etcd-cert and --etcd-key", false},
-		{"user without password", ClientConfig{Endpoints: ep, Username: "u"}, "--etcd-username and --etcd-password", false},
-		{"missing CA file", ClientConfig{Endpoints: ep, CACert: filepath.Join(dir, "nope")}, "read etcd CA certificate", false},
-		{"CA not PEM", ClientConfig{Endpoints: ep, CACert: notPEM}, "holds no PEM certificate", false},
-		{"bad key pair", ClientConfig{Endpoints: ep, Cert: cert, Key: notPEM}, "load etcd client certificate", false},
-		{"https only", ClientConfig{Endpoints: ep}, "", true},
-		{"mutual TLS", ClientConfig{Endpoints: ep, CACert: cert, Cert: cert, Key: key}, "", true},
+		{"plain", ClientOptions{Endpoints: []string{"http://127.0.0.1:2379", "127.0.0.1:22379"}}, "", false},
+		{"no endpoints", ClientOptions{}, "no etcd endpoints", false},
+		{"bad scheme", ClientOptions{Endpoints: []string{"ftp://x:1"}}, "scheme", false},
+		{"empty endpoint", ClientOptions{Endpoints: []string{" "}}, "empty etcd endpoint", false},
+		{"cert without key", ClientOptions{Endpoints: ep, Cert: cert}, "--etcd-cert and --etcd-key", false},
+		{"user without password", ClientOptions{Endpoints: ep, Username: "u"}, "--etcd-username and --etcd-password", false},
+		{"missing CA file", ClientOptions{Endpoints: ep, CACert: filepath.Join(dir, "nope")}, "read etcd CA certificate", false},
+		{"CA not PEM", ClientOptions{Endpoints: ep, CACert: notPEM}, "holds no PEM certificate", false},
+		{"bad key pair", ClientOptions{Endpoints: ep, Cert: cert, Key: notPEM}, "load etcd client certificate", false},
+		{"https only", ClientOptions{Endpoints: ep}, "", true},
+		{"mutual TLS", ClientOptions{Endpoints: ep, CACert: cert, Cert: cert, Key: key}, "", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.cfg.TLS() != tc.tls && tc.wantErr == "" {
@@ -156,7 +156,7 @@ func TestClientConfig(t *testing.T) {
 			cli.Close()
 		})
 	}
-	tc, err := ClientConfig{Endpoints: ep, CACert: cert, Cert: cert, Key: key}.tlsConfig()
+	tc, err := ClientOptions{Endpoints: ep, CACert: cert, Cert: cert, Key: key}.tlsConfig()
 	if err != nil || tc.RootCAs == nil || len(tc.Certificates) != 1 {
 		t.Fatalf("tlsConfig = %+v, %v", tc, err)
 	}

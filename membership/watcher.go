@@ -87,7 +87,7 @@ func StartWatcher(cli *clientv3.Client, opts WatcherOptions, onSnapshot func(*fl
 		publish:  onSnapshot,
 		progress: opts.ProgressInterval,
 		clock:    opts.Clock,
-		defCfg:   opts.DefaultConfig.Normalize(),
+		defCfg:   opts.DefaultConfig.WithDefaults(),
 		synced:   make(chan struct{}),
 		ctx:      ctx,
 		cancel:   cancel,
@@ -279,7 +279,7 @@ func (w *Watcher) applyPut(st, prev *state, key string, value []byte) {
 			}
 			return
 		}
-		st.configs[ep] = c.Normalize()
+		st.configs[ep] = c.WithDefaults()
 	case kindInstance:
 		in, err := parseInstance(id, value)
 		if err != nil {

@@ -81,7 +81,7 @@ func TestBreakerOptions(t *testing.T) {
 	}
 	for _, tc := range tests {
 		if got := tc.in.withDefaults(); got != tc.want {
-			t.Errorf("Normalize(%+v) = %+v, want %+v", tc.in, got, tc.want)
+			t.Errorf("withDefaults(%+v) = %+v, want %+v", tc.in, got, tc.want)
 		}
 		if err := tc.in.Validate(); (err != nil) != tc.wantErr {
 			t.Errorf("Validate(%+v) = %v, wantErr %v", tc.in, err, tc.wantErr)

@@ -57,7 +57,7 @@ type Options struct {
 	// Etcd says how to reach etcd (--etcd-*); used when Static is empty and
 	// Client is nil. Empty endpoints mean membership.DefaultClientURL, or
 	// the embedded etcd's.
-	Etcd membership.ClientConfig
+	Etcd membership.ClientOptions
 	// EmbeddedEtcdDir, when set, starts a single-node etcd in this process
 	// with its data there (--embedded-etcd), serving clients on
 	// EmbeddedEtcdClientURL (empty: membership.DefaultClientURL).
@@ -178,7 +178,7 @@ func (o Options) Validate() error {
 		wrap("etcd", etcd.Validate())
 	}
 	if o.EmbeddedEtcdDir != "" && o.EmbeddedEtcdClientURL != "" {
-		wrap("embedded etcd client URL", membership.ClientConfig{Endpoints: []string{o.EmbeddedEtcdClientURL}}.Validate())
+		wrap("embedded etcd client URL", membership.ClientOptions{Endpoints: []string{o.EmbeddedEtcdClientURL}}.Validate())
 	}
 	if o.Membership.TTL < 0 {
 		bad("Membership.TTL (--ttl) %v is negative", o.Membership.TTL)

@@ -64,7 +64,7 @@ var validateCases = []validateCase{
 	{"Etcd", validEtcd, func(o *Options) { o.Etcd.Endpoints = []string{"ftp://10.0.0.1:2379"} }, "scheme"},
 	{"Etcd", validEtcd, func(o *Options) { o.Etcd.Cert = "c.pem" }, "etcd"},
 	{"Etcd", validEtcd, func(o *Options) { o.Etcd.DialTimeout = -time.Second }, "etcd"},
-	{"Etcd", validEtcd, func(o *Options) { o.Etcd = membership.ClientConfig{} }, ""},
+	{"Etcd", validEtcd, func(o *Options) { o.Etcd = membership.ClientOptions{} }, ""},
 	{"EmbeddedEtcdDir", validEtcd, func(o *Options) { o.EmbeddedEtcdDir = "/tmp/etcd" }, ""},
 	{"EmbeddedEtcdDir", validEtcd, func(o *Options) {
 		o.EmbeddedEtcdDir, o.Etcd.Endpoints = "/tmp/etcd", []string{"http://10.0.0.1:2379"}

@@ -175,7 +175,7 @@ func TestAdminAPIWithEtcd(t *testing.T) {
 
 	t.Run("SetRoutingConfig", func(t *testing.T) {
 		strategy := func() fleet.Strategy {
-			return rep.Router().Snapshot().Endpoint("chat").Config.Normalize().RoutingStrategy
+			return rep.Router().Snapshot().Endpoint("chat").Config.WithDefaults().RoutingStrategy
 		}
 		for _, s := range []fleet.Strategy{fleet.Random, fleet.LeastOutstanding, fleet.PrefixAware} {
 			resp, err := ac.SetRoutingConfig(ctx, &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Strategy: string(s)})

@@ -180,7 +180,7 @@ func (r *Router) Update(s *fleet.Snapshot) {
 			ids[i] = ep.Instances[i].ID
 		}
 		states := tr.Sync(ids)
-		cfg := ep.Config.Normalize()
+		cfg := ep.Config.WithDefaults()
 		ev := &endpointView{
 			ep:        ep,
 			table:     lora.New(ep, r.opts.RingOptions...),

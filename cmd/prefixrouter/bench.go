@@ -13,7 +13,7 @@ import (
 
 func newBenchCmd() *cobra.Command {
 	var (
-		cfg     bench.Config
+		cfg     bench.Options
 		out     string
 		presets []string
 	)

@@ -328,7 +328,7 @@ func TestDashboardQueriesExportedMetrics(t *testing.T) {
 	const threshold = 7
 	f, err := localfleet.Start(ctx, localfleet.Options{
 		Instances: 3, Replicas: 1,
-		Sim: sim.Config{TimeScale: 1000},
+		Sim: sim.Options{TimeScale: 1000},
 		// The crashed instance stays registered this long, so requests
 		// meet its refused connections and are retried.
 		TTL:          30 * time.Second,

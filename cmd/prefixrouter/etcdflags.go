@@ -11,7 +11,7 @@ import (
 
 // etcdFlags are the etcd settings of the one-shot commands (register, config).
 type etcdFlags struct {
-	cfg    membership.ClientConfig
+	cfg    membership.ClientOptions
 	layout membership.Layout
 }
 

@@ -84,7 +84,7 @@ func bindRouting(fs *pflag.FlagSet, rc *fleet.RoutingConfig) {
 }
 
 // bindEtcd binds the flags of every command that talks to etcd.
-func bindEtcd(fs *pflag.FlagSet, c *membership.ClientConfig, l *membership.Layout) {
+func bindEtcd(fs *pflag.FlagSet, c *membership.ClientOptions, l *membership.Layout) {
 	fs.StringSliceVar(&c.Endpoints, "etcd-endpoints", []string{membership.DefaultClientURL}, "etcd client URLs, comma-separated")
 	fs.StringVar(&l.Prefix, "etcd-prefix", membership.DefaultPrefix, "root of prefixrouter's keys in etcd")
 	fs.StringVar(&c.CACert, "etcd-cacert", "", "PEM file of the CA that signed etcd's server certificates (enables TLS)")

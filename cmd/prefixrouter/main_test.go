@@ -118,7 +118,7 @@ func TestConfigSetGetAgainstEtcd(t *testing.T) {
 		t.Fatalf("config get: exit %d, %q", code, out)
 	}
 	if got.RoutingStrategy != fleet.LeastOutstanding || got.PrefixLength() != 2048 || got.ConcurrencyThreshold() != 4 {
-		t.Fatalf("config get = %+v, want the last valid config", got.Normalize().PrefixAwareRoutingConfig)
+		t.Fatalf("config get = %+v, want the last valid config", got.WithDefaults().PrefixAwareRoutingConfig)
 	}
 }
 

@@ -610,7 +610,7 @@ func checkPrefixrouter(m manifests, w workload, c corev1.Container) []string {
 	}
 	if f := fs.Lookup("etcd-endpoints"); f != nil {
 		eps, _ := fs.GetStringSlice("etcd-endpoints")
-		if err := (membership.ClientConfig{Endpoints: eps}).Validate(); err != nil {
+		if err := (membership.ClientOptions{Endpoints: eps}).Validate(); err != nil {
 			add("%v", err)
 		}
 	}

@@ -19,7 +19,7 @@ import (
 func newModelsimCmd() *cobra.Command {
 	var (
 		listen string
-		cfg    sim.Config
+		cfg    sim.Options
 	)
 	var profiles []string
 	for _, p := range sim.Profiles() {

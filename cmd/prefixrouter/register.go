@@ -158,7 +158,7 @@ a restart. An invalid value is refused with exit code 2 and nothing is written.`
 				if err := membership.PutConfig(ctx, cli, ef.layout, endpoint, rc); err != nil {
 					return fmt.Errorf("config set: %w", err)
 				}
-				return printJSON(cmd.OutOrStdout(), rc.Normalize())
+				return printJSON(cmd.OutOrStdout(), rc.WithDefaults())
 			})
 		},
 	}

@@ -14,7 +14,7 @@
 //
 // Minimal use:
 //
-//	res, err := bench.Run(ctx, bench.Config{
+//	res, err := bench.Run(ctx, bench.Options{
 //		Targets:  []string{"http://127.0.0.1:8080"},
 //		Preset:   "shared-8k",
 //		Rate:     10,

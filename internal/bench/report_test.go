@@ -16,7 +16,7 @@ func runPair(t *testing.T) []*Result {
 	a, b := newFake(t, "inst-a", nil), newFake(t, "inst-b", nil)
 	var out []*Result
 	for _, label := range []string{"RANDOM", "PREFIX_AWARE"} {
-		res, err := Run(t.Context(), Config{
+		res, err := Run(t.Context(), Options{
 			Targets: []string{a.URL, b.URL}, MetricsURLs: []string{a.URL + "/metrics", b.URL + "/metrics"},
 			Workload: smallPreset(), Requests: 20, Warmup: 2, Seed: 6, Label: label, InstanceKVTokens: 500, Instances: 2,
 		})

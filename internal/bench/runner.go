@@ -30,9 +30,9 @@ const (
 	DefaultTimeout     = 2 * time.Minute
 )
 
-// Config is one benchmark run. The zero value of each field is documented;
+// Options is one benchmark run. The zero value of each field is documented;
 // Targets and at least one of Requests and Duration are required.
-type Config struct {
+type Options struct {
 	// Targets are base URLs (router replicas or model servers); requests
 	// alternate between them round-robin.
 	Targets []string
@@ -109,7 +109,7 @@ type Config struct {
 	Client *http.Client
 }
 
-func (c *Config) withDefaults() (Preset, error) {
+func (c *Options) withDefaults() (Preset, error) {
 	if len(c.Targets) == 0 {
 		return Preset{}, errors.New("bench: no target")
 	}
@@ -161,7 +161,7 @@ func (c *Config) withDefaults() (Preset, error) {
 
 // runner is the state of one Run.
 type runner struct {
-	cfg     Config
+	cfg     Options
 	preset  Preset
 	hc      *http.Client
 	urls    []string
@@ -191,7 +191,7 @@ type runner struct {
 
 // Run sends the workload and measures it. If ctx is canceled, Run stops,
 // cancels in-flight requests and returns the partial result with ctx.Err().
-func Run(ctx context.Context, cfg Config) (*Result, error) {
+func Run(ctx context.Context, cfg Options) (*Result, error) {
 	p, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err

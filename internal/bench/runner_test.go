@@ -13,7 +13,7 @@ import (
 func TestRunTTFTAndUsage(t *testing.T) {
 	const delay = 30 * time.Millisecond
 	f := newFake(t, "i-0", func(f *fakeServer) { f.firstDelay = delay })
-	res, err := Run(t.Context(), Config{
+	res, err := Run(t.Context(), Options{
 		Targets: []string{f.URL}, Workload: smallPreset(), Rate: 0, Requests: 12, Warmup: 3, Seed: 1, Concurrency: 4,
 		Model: "base",
 	})
@@ -47,7 +47,7 @@ func TestRunTTFTAndUsage(t *testing.T) {
 // (concurrency 1) is the oracle: metrics, usage and oracle agree exactly.
 func TestRunHitRatesMatchOracleOnOneInstance(t *testing.T) {
 	f := newFake(t, "solo", nil)
-	res, err := Run(t.Context(), Config{
+	res, err := Run(t.Context(), Options{
 		Targets: []string{f.URL}, MetricsURLs: []string{f.URL + "/metrics"}, Workload: smallPreset(),
 		Requests: 30, Warmup: 10, Seed: 2, Concurrency: 1, Tenants: 2,
 	})
@@ -93,7 +93,7 @@ func TestRunErrorsCounted(t *testing.T) {
 			return 0
 		}
 	})
-	res, err := Run(t.Context(), Config{Targets: []string{f.URL}, Workload: smallPreset(), Requests: 20, Seed: 3, Concurrency: 1})
+	res, err := Run(t.Context(), Options{Targets: []string{f.URL}, Workload: smallPreset(), Requests: 20, Seed: 3, Concurrency: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +107,7 @@ func TestRunErrorsCounted(t *testing.T) {
 
 func TestRunConnectErrorAndTimeout(t *testing.T) {
 	f := newFake(t, "slow", func(f *fakeServer) { f.firstDelay = 5 * time.Second })
-	res, err := Run(t.Context(), Config{Targets: []string{f.URL}, Workload: smallPreset(), Requests: 2, Timeout: 50 * time.Millisecond})
+	res, err := Run(t.Context(), Options{Targets: []string{f.URL}, Workload: smallPreset(), Requests: 2, Timeout: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +117,7 @@ func TestRunConnectErrorAndTimeout(t *testing.T) {
 	dead := newFake(t, "dead", nil)
 	url := dead.URL
 	dead.Close()
-	res, err = Run(t.Context(), Config{Targets: []string{url}, Workload: smallPreset(), Requests: 2})
+	res, err = Run(t.Context(), Options{Targets: []string{url}, Workload: smallPreset(), Requests: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +130,7 @@ func TestRunRoundRobinAndRate(t *testing.T) {
 	a, b := newFake(t, "a", nil), newFake(t, "b", nil)
 	const rate, n = 100.0, 60
 	start := time.Now()
-	res, err := Run(t.Context(), Config{Targets: []string{a.URL, b.URL}, Workload: smallPreset(), Rate: rate, Requests: n, Seed: 4})
+	res, err := Run(t.Context(), Options{Targets: []string{a.URL, b.URL}, Workload: smallPreset(), Rate: rate, Requests: n, Seed: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +155,7 @@ func TestRunRoundRobinAndRate(t *testing.T) {
 func TestRunDuration(t *testing.T) {
 	f := newFake(t, "i", nil)
 	start := time.Now()
-	res, err := Run(t.Context(), Config{Targets: []string{f.URL}, Workload: smallPreset(), Rate: 50, Duration: 300 * time.Millisecond})
+	res, err := Run(t.Context(), Options{Targets: []string{f.URL}, Workload: smallPreset(), Rate: 50, Duration: 300 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +177,7 @@ func TestRunStopsOnCancel(t *testing.T) {
 	}
 	done := make(chan ret, 1)
 	go func() {
-		res, err := Run(ctx, Config{Targets: []string{f.URL}, Workload: smallPreset(), Rate: 20, Requests: 1000})
+		res, err := Run(ctx, Options{Targets: []string{f.URL}, Workload: smallPreset(), Rate: 20, Requests: 1000})
 		done <- ret{res, err}
 	}()
 	select {
@@ -202,7 +202,7 @@ func TestRunStopsOnCancel(t *testing.T) {
 func TestRunSessionsWaitForPreviousTurn(t *testing.T) {
 	f := newFake(t, "i", func(f *fakeServer) { f.firstDelay = 5 * time.Millisecond })
 	p := &Preset{Name: "mini-chat", Kind: KindSessions, Sessions: 3, Turns: IntRange{3, 4}, TurnTokens: IntRange{20, 60}, Output: LengthDist{Median: 8}}
-	res, err := Run(t.Context(), Config{Targets: []string{f.URL}, Workload: p, Rate: 0, Requests: 40, Seed: 5, Concurrency: 8})
+	res, err := Run(t.Context(), Options{Targets: []string{f.URL}, Workload: p, Rate: 0, Requests: 40, Seed: 5, Concurrency: 8})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -233,12 +233,12 @@ func TestRunSessionsWaitForPreviousTurn(t *testing.T) {
 
 func TestRunInvokeAPI(t *testing.T) {
 	f := newFake(t, "i", nil)
-	_, err := Run(t.Context(), Config{Targets: []string{f.URL}, Workload: smallPreset(), Requests: 4, API: APIInvoke, Tenants: 1,
+	_, err := Run(t.Context(), Options{Targets: []string{f.URL}, Workload: smallPreset(), Requests: 4, API: APIInvoke, Tenants: 1,
 		AdapterMix: 1, Adapters: []string{"lora-x"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = Run(t.Context(), Config{Targets: []string{f.URL}, Workload: smallPreset(), Requests: 2, Endpoint: "ep1"})
+	_, err = Run(t.Context(), Options{Targets: []string{f.URL}, Workload: smallPreset(), Requests: 2, Endpoint: "ep1"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,7 +258,7 @@ func TestRunInvokeAPI(t *testing.T) {
 func TestRunProgress(t *testing.T) {
 	f := newFake(t, "i", nil)
 	var buf strings.Builder
-	if _, err := Run(t.Context(), Config{Targets: []string{f.URL}, Workload: smallPreset(), Requests: 3, Progress: &buf}); err != nil {
+	if _, err := Run(t.Context(), Options{Targets: []string{f.URL}, Workload: smallPreset(), Requests: 3, Progress: &buf}); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(buf.String(), "100%") || !strings.Contains(buf.String(), "done 3") {
@@ -269,20 +269,20 @@ func TestRunProgress(t *testing.T) {
 func TestConfigValidation(t *testing.T) {
 	tests := []struct {
 		name string
-		cfg  Config
+		cfg  Options
 	}{
-		{"no target", Config{Preset: "bot", Requests: 1}},
-		{"unbounded", Config{Targets: []string{"http://127.0.0.1:1"}, Preset: "bot"}},
-		{"bad api", Config{Targets: []string{"http://127.0.0.1:1"}, Preset: "bot", Requests: 1, API: "grpc"}},
-		{"bad url", Config{Targets: []string{"127.0.0.1:1"}, Preset: "bot", Requests: 1}},
-		{"unknown preset", Config{Targets: []string{"http://127.0.0.1:1"}, Preset: "nope", Requests: 1}},
-		{"negative rate", Config{Targets: []string{"http://127.0.0.1:1"}, Preset: "bot", Requests: 1, Rate: -1}},
-		{"reset without metrics URLs", Config{Targets: []string{"http://127.0.0.1:1"}, Preset: "bot", Requests: 1, ResetPrefixCache: true}},
-		{"reset with a bad metrics URL", Config{Targets: []string{"http://127.0.0.1:1"}, Preset: "bot", Requests: 1, ResetPrefixCache: true, MetricsURLs: []string{"127.0.0.1:1/metrics"}}},
-		{"negative time scale", Config{Targets: []string{"http://127.0.0.1:1"}, Preset: "bot", Requests: 1, TimeScale: -2}},
-		{"NaN time scale", Config{Targets: []string{"http://127.0.0.1:1"}, Preset: "bot", Requests: 1, TimeScale: math.NaN()}},
-		{"infinite time scale", Config{Targets: []string{"http://127.0.0.1:1"}, Preset: "bot", Requests: 1, TimeScale: math.Inf(1)}},
-		{"mix without adapters", Config{Targets: []string{"http://127.0.0.1:1"}, Preset: "bot", Requests: 1, AdapterMix: 0.5}},
+		{"no target", Options{Preset: "bot", Requests: 1}},
+		{"unbounded", Options{Targets: []string{"http://127.0.0.1:1"}, Preset: "bot"}},
+		{"bad api", Options{Targets: []string{"http://127.0.0.1:1"}, Preset: "bot", Requests: 1, API: "grpc"}},
+		{"bad url", Options{Targets: []string{"127.0.0.1:1"}, Preset: "bot", Requests: 1}},
+		{"unknown preset", Options{Targets: []string{"http://127.0.0.1:1"}, Preset: "nope", Requests: 1}},
+		{"negative rate", Options{Targets: []string{"http://127.0.0.1:1"}, Preset: "bot", Requests: 1, Rate: -1}},
+		{"reset without metrics URLs", Options{Targets: []string{"http://127.0.0.1:1"}, Preset: "bot", Requests: 1, ResetPrefixCache: true}},
+		{"reset with a bad metrics URL", Options{Targets: []string{"http://127.0.0.1:1"}, Preset: "bot", Requests: 1, ResetPrefixCache: true, MetricsURLs: []string{"127.0.0.1:1/metrics"}}},
+		{"negative time scale", Options{Targets: []string{"http://127.0.0.1:1"}, Preset: "bot", Requests: 1, TimeScale: -2}},
+		{"NaN time scale", Options{Targets: []string{"http://127.0.0.1:1"}, Preset: "bot", Requests: 1, TimeScale: math.NaN()}},
+		{"infinite time scale", Options{Targets: []string{"http://127.0.0.1:1"}, Preset: "bot", Requests: 1, TimeScale: math.Inf(1)}},
+		{"mix without adapters", Options{Targets: []string{"http://127.0.0.1:1"}, Preset: "bot", Requests: 1, AdapterMix: 0.5}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -10,7 +10,7 @@ import (
 
 func newSim(t *testing.T, id string, kvTokens int) *httptest.Server {
 	t.Helper()
-	s, err := sim.New(sim.Config{ID: id, KVCapacityTokens: kvTokens, TimeScale: 50, Adapters: []string{"lora-a"}})
+	s, err := sim.New(sim.Options{ID: id, KVCapacityTokens: kvTokens, TimeScale: 50, Adapters: []string{"lora-a"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,7 +35,7 @@ func TestSimulatorAgreesWithOracle(t *testing.T) {
 			if api == APIInvoke {
 				seed = 2 // a fresh stream: the cache is shared between the subtests
 			}
-			res, err := Run(t.Context(), Config{
+			res, err := Run(t.Context(), Options{
 				Targets: []string{srv.URL}, MetricsURLs: []string{srv.URL + "/metrics"}, Workload: p,
 				Requests: 25, Warmup: 5, Seed: seed, Concurrency: 1, Tenants: 2, AdapterMix: 0.3, Adapters: []string{"lora-a"}, API: api,
 			})
@@ -68,7 +68,7 @@ func TestResetPrefixCacheStartsRunsCold(t *testing.T) {
 		QuestionTokens: IntRange{20, 40}, Output: LengthDist{Median: 4}}
 	run := func(reset bool) *Result {
 		t.Helper()
-		res, err := Run(t.Context(), Config{
+		res, err := Run(t.Context(), Options{
 			Targets: []string{a.URL, b.URL}, MetricsURLs: []string{a.URL + "/metrics", b.URL + "/metrics"}, Workload: p,
 			Requests: 20, Warmup: 4, Seed: 3, Concurrency: 1, ResetPrefixCache: reset,
 		})
@@ -114,7 +114,7 @@ func TestResetPrefixCacheFailures(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			before := noReset.count()
-			res, err := Run(t.Context(), Config{
+			res, err := Run(t.Context(), Options{
 				Targets: []string{noReset.URL}, MetricsURLs: tt.metrics, Workload: smallPreset(),
 				Requests: 3, Warmup: 1, ResetPrefixCache: true,
 			})
@@ -130,7 +130,7 @@ func TestResetPrefixCacheFailures(t *testing.T) {
 
 func TestRegimeCapacityUnknown(t *testing.T) {
 	f := newFake(t, "old", func(f *fakeServer) { f.noCacheInfo = true })
-	res, err := Run(t.Context(), Config{
+	res, err := Run(t.Context(), Options{
 		Targets: []string{f.URL}, MetricsURLs: []string{f.URL + "/metrics"}, Workload: smallPreset(), Requests: 3, Seed: 1,
 	})
 	if err != nil {

@@ -38,7 +38,7 @@ func TestTimeScaleReportsServerTime(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s, err := sim.New(sim.Config{ID: "sim-0", Profile: tt.profile, TimeScale: max(tt.scale, 1)})
+			s, err := sim.New(sim.Options{ID: "sim-0", Profile: tt.profile, TimeScale: max(tt.scale, 1)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -50,7 +50,7 @@ func TestTimeScaleReportsServerTime(t *testing.T) {
 			prof := s.Profile()
 			p := &Preset{Name: "prefill", Kind: KindSharedPrefix, Documents: 1, DocumentTokens: tt.docTokens,
 				QuestionTokens: IntRange{20, 40}, Output: LengthDist{Median: 2}}
-			res, err := Run(t.Context(), Config{Targets: []string{srv.URL}, Workload: p, Requests: 4, Seed: 1,
+			res, err := Run(t.Context(), Options{Targets: []string{srv.URL}, Workload: p, Requests: 4, Seed: 1,
 				Concurrency: 1, TimeScale: tt.scale})
 			if err != nil {
 				t.Fatal(err)
@@ -91,7 +91,7 @@ func TestTimeScaleReportsServerTime(t *testing.T) {
 func TestTimeScaleWallClock(t *testing.T) {
 	f := newFake(t, "i", nil)
 	start := time.Now()
-	res, err := Run(t.Context(), Config{Targets: []string{f.URL}, Workload: smallPreset(), Rate: 20, Duration: 2 * time.Second, TimeScale: 10, Seed: 2})
+	res, err := Run(t.Context(), Options{Targets: []string{f.URL}, Workload: smallPreset(), Rate: 20, Duration: 2 * time.Second, TimeScale: 10, Seed: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +110,7 @@ func TestTimeScaleWallClock(t *testing.T) {
 
 	slow := newFake(t, "slow", func(f *fakeServer) { f.firstDelay = 5 * time.Second })
 	start = time.Now()
-	res, err = Run(t.Context(), Config{Targets: []string{slow.URL}, Workload: smallPreset(), Requests: 1, Timeout: time.Second, TimeScale: 10})
+	res, err = Run(t.Context(), Options{Targets: []string{slow.URL}, Workload: smallPreset(), Requests: 1, Timeout: time.Second, TimeScale: 10})
 	if err != nil {
 		t.Fatal(err)
 	}

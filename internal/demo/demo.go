@@ -29,8 +29,8 @@ type Workload struct {
 	Requests int
 }
 
-// Config configures the demo. Zero values mean the defaults of Default().
-type Config struct {
+// Options configures the demo. Zero values mean the defaults of Default().
+type Options struct {
 	Instances, Replicas int
 	Profile             string
 	// KVCapacityTokens per instance; see Default for the reasoning.
@@ -56,8 +56,8 @@ type Config struct {
 }
 
 // Default is the demo `make demo` runs.
-func Default() Config {
-	return Config{
+func Default() Options {
+	return Options{
 		Instances:        7, // the seed benchmark's fleet size
 		Replicas:         2,
 		Profile:          sim.ProfileH200Llama8B,
@@ -92,7 +92,7 @@ func Default() Config {
 }
 
 // Run runs the demo and returns the comparison of every run.
-func Run(ctx context.Context, cfg Config) (*bench.Comparison, error) {
+func Run(ctx context.Context, cfg Options) (*bench.Comparison, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -110,7 +110,7 @@ func Run(ctx context.Context, cfg Config) (*bench.Comparison, error) {
 		cfg.Instances, prof.Name, cfg.KVCapacityTokens, cfg.Replicas)
 	f, err := localfleet.Start(ctx, localfleet.Options{
 		Instances: cfg.Instances, Replicas: cfg.Replicas,
-		Sim:     sim.Config{Profile: cfg.Profile, KVCapacityTokens: cfg.KVCapacityTokens, TimeScale: cfg.TimeScale},
+		Sim:     sim.Options{Profile: cfg.Profile, KVCapacityTokens: cfg.KVCapacityTokens, TimeScale: cfg.TimeScale},
 		Routing: fleet.RoutingConfig{RoutingStrategy: fleet.PrefixAware},
 		Logger:  cfg.Logger,
 		Router:  router.Options{BalanceFactor: cfg.BalanceFactor},
@@ -150,7 +150,7 @@ func Run(ctx context.Context, cfg Config) (*bench.Comparison, error) {
 					st, o.AddedP50Ms, o.Direct.P50, o.Routed.P50)
 			}
 			fmt.Fprintf(cfg.Progress, "demo: %s under %s (%g req/s, %d warm-up + %d measured requests)\n", w.Preset, st, w.Rate, w.Warmup, w.Requests)
-			res, err := bench.Run(ctx, bench.Config{
+			res, err := bench.Run(ctx, bench.Options{
 				Targets: f.RouterURLs(), MetricsURLs: f.MetricsURLs(), Preset: w.Preset,
 				Rate: w.Rate, Warmup: w.Warmup, Requests: w.Requests, Seed: cfg.Seed,
 				Model: sim.DefaultBaseModel, Label: string(st), Progress: cfg.Progress,

@@ -38,7 +38,7 @@ type Options struct {
 	Endpoint string
 	// Sim is the template of every simulated server; ID is set per instance
 	// ("sim-0", "sim-1", ...).
-	Sim sim.Config
+	Sim sim.Options
 	// Routing is written to etcd before the replicas start.
 	Routing fleet.RoutingConfig
 	// TTL of every lease (default 2 s: chaos scenarios wait for crashes to
@@ -214,7 +214,7 @@ func Start(ctx context.Context, cfg Options) (f *Fleet, err error) {
 }
 
 func (f *Fleet) newClient() (*clientv3.Client, error) {
-	return membership.NewClient(membership.ClientConfig{Endpoints: f.Etcd().Endpoints()})
+	return membership.NewClient(membership.ClientOptions{Endpoints: f.Etcd().Endpoints()})
 }
 
 // Client is an etcd client of the fleet's etcd (owned by the fleet).
@@ -433,7 +433,7 @@ func (f *Fleet) SetRouting(ctx context.Context, rc fleet.RoutingConfig) error {
 	if err := membership.PutConfig(ctx, f.client, membership.Layout{}, f.cfg.Endpoint, rc); err != nil {
 		return err
 	}
-	want := rc.Normalize()
+	want := rc.WithDefaults()
 	return f.WaitFor(ctx, func(s *fleet.Snapshot) bool {
 		ep := s.Endpoint(f.cfg.Endpoint)
 		return ep != nil && ep.Config.RoutingStrategy == want.RoutingStrategy &&

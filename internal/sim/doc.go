@@ -7,7 +7,7 @@
 // simulated prefix cache and skip that part of the prefill, exactly as the
 // router under test expects a real prefix-caching server to behave.
 //
-//	srv, err := sim.New(sim.Config{ID: "sim-0", Profile: "h200-llama8b", TimeScale: 10})
+//	srv, err := sim.New(sim.Options{ID: "sim-0", Profile: "h200-llama8b", TimeScale: 10})
 //	if err != nil { ... }
 //	defer srv.Close()
 //	http.ListenAndServe("127.0.0.1:8001", srv)

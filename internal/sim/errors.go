@@ -1,13 +1,18 @@
 package sim
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+
+	"github.com/prefixrouter/prefixrouter/fleet"
+)
 
 // Sentinel errors, classified with errors.Is.
 var (
 	// ErrUnknownProfile is returned for a profile name that is not built in.
 	ErrUnknownProfile = errors.New("sim: unknown profile")
-	// ErrInvalidConfig wraps every Config validation failure.
-	ErrInvalidConfig = errors.New("sim: invalid config")
+	// ErrInvalidOptions wraps every Options validation failure.
+	ErrInvalidOptions = fmt.Errorf("sim: %w options", fleet.ErrInvalid)
 	// ErrClosed is returned by methods of a Server after Close.
 	ErrClosed = errors.New("sim: server closed")
 )

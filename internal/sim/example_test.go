@@ -13,7 +13,7 @@ import (
 // Two requests sharing a long system prompt: the second one hits the
 // prefix cache.
 func ExampleNew() {
-	srv, err := sim.New(sim.Config{ID: "sim-0", TimeScale: 100})
+	srv, err := sim.New(sim.Options{ID: "sim-0", TimeScale: 100})
 	if err != nil {
 		panic(err)
 	}

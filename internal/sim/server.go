@@ -17,9 +17,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// Config configures a Server. Every zero value means the documented
-// default, so Config{} is a valid single-instance 8B simulator.
-type Config struct {
+// Options configures a Server. Every zero value means the documented
+// default, so Options{} is a valid single-instance 8B simulator.
+type Options struct {
 	// ID names the instance in the X-Instance-Id response header.
 	// Zero: "sim".
 	ID string
@@ -49,7 +49,7 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// Defaults of Config's zero values.
+// Defaults of Options's zero values.
 const (
 	DefaultID        = "sim"
 	DefaultBaseModel = "llama-3.1-8b"
@@ -59,7 +59,7 @@ const (
 )
 
 // withDefaults validates c and fills its zero values; p is the profile.
-func (c Config) withDefaults() (Config, Profile, error) {
+func (c Options) withDefaults() (Options, Profile, error) {
 	if c.ID == "" {
 		c.ID = DefaultID
 	}
@@ -71,19 +71,19 @@ func (c Config) withDefaults() (Config, Profile, error) {
 	}
 	p, err := LookupProfile(c.Profile)
 	if err != nil {
-		return c, p, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		return c, p, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
 	}
 	switch {
 	case c.KVCapacityTokens < 0, c.MaxRunningSeqs < 0, c.TokenBudget < 0, c.DefaultMaxTokens < 0:
-		return c, p, fmt.Errorf("%w: negative size", ErrInvalidConfig)
+		return c, p, fmt.Errorf("%w: negative size", ErrInvalidOptions)
 	case c.TimeScale < 0 || math.IsNaN(c.TimeScale) || math.IsInf(c.TimeScale, 0):
-		return c, p, fmt.Errorf("%w: time scale %v", ErrInvalidConfig, c.TimeScale)
+		return c, p, fmt.Errorf("%w: time scale %v", ErrInvalidOptions, c.TimeScale)
 	case c.KVCapacityTokens > 0 && c.KVCapacityTokens < BlockTokens:
-		return c, p, fmt.Errorf("%w: KV capacity %d is less than one block", ErrInvalidConfig, c.KVCapacityTokens)
+		return c, p, fmt.Errorf("%w: KV capacity %d is less than one block", ErrInvalidOptions, c.KVCapacityTokens)
 	}
 	for _, a := range c.Adapters {
 		if a == "" || a == c.BaseModel {
-			return c, p, fmt.Errorf("%w: adapter id %q", ErrInvalidConfig, a)
+			return c, p, fmt.Errorf("%w: adapter id %q", ErrInvalidOptions, a)
 		}
 	}
 	if c.KVCapacityTokens == 0 {
@@ -111,7 +111,7 @@ func (c Config) withDefaults() (Config, Profile, error) {
 // Server is one simulated model-server instance: an http.Handler in front
 // of an engine goroutine that owns the cache and the batch.
 type Server struct {
-	cfg     Config
+	cfg     Options
 	prof    Profile
 	blocks  int
 	m       *metrics
@@ -130,7 +130,7 @@ type Server struct {
 var _ http.Handler = (*Server)(nil)
 
 // New starts a simulator; Close stops it.
-func New(cfg Config) (*Server, error) {
+func New(cfg Options) (*Server, error) {
 	cfg, p, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
@@ -229,7 +229,7 @@ func (s *Server) resetPrefixCache(w http.ResponseWriter, r *http.Request) {
 func (s *Server) ID() string { return s.cfg.ID }
 
 // Config returns the configuration with its defaults filled in.
-func (s *Server) Config() Config {
+func (s *Server) Options() Options {
 	c := s.cfg
 	c.Adapters = slices.Clone(*s.adapters.Load())
 	return c

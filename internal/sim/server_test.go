@@ -17,7 +17,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 )
 
-func newTestServer(t *testing.T, cfg Config) (*Server, *httptest.Server) {
+func newTestServer(t *testing.T, cfg Options) (*Server, *httptest.Server) {
 	t.Helper()
 	if cfg.TimeScale == 0 {
 		cfg.TimeScale = 100
@@ -82,7 +82,7 @@ type testUsage struct {
 }
 
 func TestStreamingChatReportsCachedTokens(t *testing.T) {
-	_, hs := newTestServer(t, Config{ID: "sim-7"})
+	_, hs := newTestServer(t, Options{ID: "sim-7"})
 	system := tokens("system", 3000)
 	var cached []int
 	for i, q := range []string{"What is the refund policy?", "How do I reset my password?"} {
@@ -137,7 +137,7 @@ func TestStreamingChatReportsCachedTokens(t *testing.T) {
 }
 
 func TestNonStreamingShapes(t *testing.T) {
-	_, hs := newTestServer(t, Config{Adapters: []string{"lora-a"}})
+	_, hs := newTestServer(t, Options{Adapters: []string{"lora-a"}})
 	tests := []struct {
 		name, path, body string
 		check            func(t *testing.T, b []byte)
@@ -209,7 +209,7 @@ func TestNonStreamingShapes(t *testing.T) {
 }
 
 func TestInvocationsStream(t *testing.T) {
-	_, hs := newTestServer(t, Config{})
+	_, hs := newTestServer(t, Options{})
 	resp := post(t, t.Context(), hs.URL+"/invocations", `{"inputs":"hello","parameters":{"max_new_tokens":4},"stream":true}`)
 	defer resp.Body.Close()
 	ev := sseEvents(t, resp.Body)
@@ -224,7 +224,7 @@ func TestInvocationsStream(t *testing.T) {
 }
 
 func TestErrors(t *testing.T) {
-	_, hs := newTestServer(t, Config{KVCapacityTokens: 1024})
+	_, hs := newTestServer(t, Options{KVCapacityTokens: 1024})
 	tests := []struct {
 		name, path, body string
 		status           int
@@ -259,7 +259,7 @@ func TestErrors(t *testing.T) {
 }
 
 func TestModelsAndAdapters(t *testing.T) {
-	s, hs := newTestServer(t, Config{BaseModel: "base", Adapters: []string{"a1", "a2"}})
+	s, hs := newTestServer(t, Options{BaseModel: "base", Adapters: []string{"a1", "a2"}})
 	list := func() map[string]*string {
 		resp, err := http.Get(hs.URL + "/v1/models")
 		if err != nil {
@@ -351,7 +351,7 @@ func scrape(t *testing.T, url, name string) (float64, bool) {
 }
 
 func TestMetrics(t *testing.T) {
-	_, hs := newTestServer(t, Config{})
+	_, hs := newTestServer(t, Options{})
 	names := []string{"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
 		"vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:time_to_first_token_seconds_count",
 		"vllm:request_success_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:e2e_request_latency_seconds_count"}
@@ -389,7 +389,7 @@ func TestMetrics(t *testing.T) {
 
 func TestClientDisconnectAborts(t *testing.T) {
 	// Real time: 100,000 tokens would take half an hour of decode steps.
-	_, hs := newTestServer(t, Config{TimeScale: 1})
+	_, hs := newTestServer(t, Options{TimeScale: 1})
 	for _, stream := range []bool{true, false} {
 		ctx, cancel := context.WithCancel(t.Context())
 		body := mustJSON(map[string]any{"prompt": tokens("x", 2000), "max_tokens": 100000, "stream": stream})
@@ -428,7 +428,7 @@ func TestClientDisconnectAborts(t *testing.T) {
 }
 
 func TestCloseAnswersInFlight(t *testing.T) {
-	s, err := New(Config{})
+	s, err := New(Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -453,7 +453,7 @@ func TestCloseAnswersInFlight(t *testing.T) {
 }
 
 func TestHealth(t *testing.T) {
-	_, hs := newTestServer(t, Config{})
+	_, hs := newTestServer(t, Options{})
 	for _, p := range []string{"/ping", "/health"} {
 		resp, err := http.Get(hs.URL + p)
 		if err != nil {
@@ -469,17 +469,17 @@ func TestHealth(t *testing.T) {
 func TestConfig(t *testing.T) {
 	tests := []struct {
 		name string
-		cfg  Config
+		cfg  Options
 		ok   bool
 	}{
-		{"zero", Config{}, true},
-		{"70b", Config{Profile: ProfileH100x8Llama70B}, true},
-		{"unknown profile", Config{Profile: "x"}, false},
-		{"negative capacity", Config{KVCapacityTokens: -1}, false},
-		{"capacity under a block", Config{KVCapacityTokens: 8}, false},
-		{"negative scale", Config{TimeScale: -1}, false},
-		{"adapter named like the base", Config{Adapters: []string{DefaultBaseModel}}, false},
-		{"empty adapter", Config{Adapters: []string{""}}, false},
+		{"zero", Options{}, true},
+		{"70b", Options{Profile: ProfileH100x8Llama70B}, true},
+		{"unknown profile", Options{Profile: "x"}, false},
+		{"negative capacity", Options{KVCapacityTokens: -1}, false},
+		{"capacity under a block", Options{KVCapacityTokens: 8}, false},
+		{"negative scale", Options{TimeScale: -1}, false},
+		{"adapter named like the base", Options{Adapters: []string{DefaultBaseModel}}, false},
+		{"empty adapter", Options{Adapters: []string{""}}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -488,13 +488,13 @@ func TestConfig(t *testing.T) {
 				t.Fatalf("err %v, want ok=%v", err, tt.ok)
 			}
 			if err != nil {
-				if !errors.Is(err, ErrInvalidConfig) {
-					t.Errorf("error %v is not ErrInvalidConfig", err)
+				if !errors.Is(err, ErrInvalidOptions) {
+					t.Errorf("error %v is not ErrInvalidOptions", err)
 				}
 				return
 			}
 			defer s.Close()
-			c := s.Config()
+			c := s.Options()
 			p := s.Profile()
 			if c.KVCapacityTokens != p.KVCapacityTokens || c.TimeScale != 1 || c.DefaultMaxTokens != 16 || c.ID != DefaultID {
 				t.Errorf("defaults not applied: %+v", c)
@@ -504,7 +504,7 @@ func TestConfig(t *testing.T) {
 }
 
 func TestResetPrefixCache(t *testing.T) {
-	s, hs := newTestServer(t, Config{})
+	s, hs := newTestServer(t, Options{})
 	body := `{"prompt":"` + tokens("doc", 1000) + `","max_tokens":2}`
 	cached := func() int {
 		t.Helper()
@@ -601,12 +601,12 @@ func labelsOf(t *testing.T, url, name string) map[string]string {
 func TestCacheConfigInfo(t *testing.T) {
 	tests := []struct {
 		name       string
-		cfg        Config
+		cfg        Options
 		wantBlocks string
 	}{
-		{"configured", Config{KVCapacityTokens: 160_000}, "10000"},
-		{"rounded down to whole blocks", Config{KVCapacityTokens: 100}, "6"},
-		{"profile default", Config{}, strconv.Itoa(mustProfile(t, DefaultProfile).KVCapacityTokens / BlockTokens)},
+		{"configured", Options{KVCapacityTokens: 160_000}, "10000"},
+		{"rounded down to whole blocks", Options{KVCapacityTokens: 100}, "6"},
+		{"profile default", Options{}, strconv.Itoa(mustProfile(t, DefaultProfile).KVCapacityTokens / BlockTokens)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -41,7 +41,7 @@ func Restart(t testing.TB, e *membership.Embedded) *membership.Embedded {
 // the test ends.
 func Client(t testing.TB, e *membership.Embedded) *clientv3.Client {
 	t.Helper()
-	cli, err := membership.NewClient(membership.ClientConfig{Endpoints: e.Endpoints()})
+	cli, err := membership.NewClient(membership.ClientOptions{Endpoints: e.Endpoints()})
 	if err != nil {
 		t.Fatalf("etcdtest: client: %v", err)
 	}
