@@ -61,10 +61,6 @@ type Options struct {
 	// x-gateway-destination-endpoint (the admitted one, then fallbacks in
 	// the key's ring order); zero means DefaultMaxCandidates.
 	MaxCandidates int
-	// MaxBodyBytes bounds how much request body is held before the pick;
-	// zero means router.DefaultMaxBodyBytes. The router's own limit still
-	// applies.
-	MaxBodyBytes int64
 	// TracerProvider, if set, records a span per picked request (parent:
 	// the traceparent Envoy forwards) with the router's attributes; nil
 	// means off.
@@ -79,17 +75,14 @@ func (o *Options) withDefaults() error {
 	if o.Picker == nil {
 		return errors.New("extproc: Options.Picker is required")
 	}
-	if o.ReadyInterval < 0 || o.MaxCandidates < 0 || o.MaxBodyBytes < 0 {
-		return fmt.Errorf("extproc: ReadyInterval %v, MaxCandidates %d and MaxBodyBytes %d must not be negative", o.ReadyInterval, o.MaxCandidates, o.MaxBodyBytes)
+	if o.ReadyInterval < 0 || o.MaxCandidates < 0 {
+		return fmt.Errorf("extproc: ReadyInterval %v and MaxCandidates %d must not be negative", o.ReadyInterval, o.MaxCandidates)
 	}
 	if o.ReadyInterval == 0 {
 		o.ReadyInterval = DefaultReadyInterval
 	}
 	if o.MaxCandidates == 0 {
 		o.MaxCandidates = DefaultMaxCandidates
-	}
-	if o.MaxBodyBytes == 0 {
-		o.MaxBodyBytes = router.DefaultMaxBodyBytes
 	}
 	if o.Clock == nil {
 		o.Clock = clockwork.NewRealClock()

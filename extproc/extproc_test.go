@@ -610,3 +610,18 @@ func TestTracing(t *testing.T) {
 		t.Errorf("status attribute %q", got["http.response.status_code"])
 	}
 }
+
+// TestBodyLimit: the body held before the pick is bounded by the router's
+// MaxBodyBytes: past it, an immediate 413 ends the stream.
+func TestBodyLimit(t *testing.T) {
+	c := startCluster(t, fleetOf(t, 1), extproc.Options{})
+	e := c.open(t)
+	e.headers("/v1/chat/completions", nil, nil, false)
+	chunk := bytes.Repeat([]byte(" "), 1<<20)
+	for range router.DefaultMaxBodyBytes>>20 + 1 {
+		e.body(chunk, false)
+	}
+	if ir := e.recv().GetImmediateResponse(); ir.GetStatus().GetCode() != http.StatusRequestEntityTooLarge {
+		t.Fatalf("want an immediate 413, got %v", ir.GetStatus())
+	}
+}

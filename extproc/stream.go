@@ -178,9 +178,8 @@ func (st *stream) requestBody(b *extprocv3.HttpBody) (bool, error) {
 	if st.answered {
 		return false, st.sendBody(b.GetBody(), b.GetEndOfStream())
 	}
-	if int64(len(st.body)+len(b.GetBody())) > st.s.opts.MaxBodyBytes {
-		return true, st.immediate(http.StatusRequestEntityTooLarge, nil, fmt.Appendf(nil, "request body exceeds the limit of %d bytes\n", st.s.opts.MaxBodyBytes), "body too large")
-	}
+	// The router bounds the held body: past its MaxBodyBytes, Pick answers
+	// 413 whatever the key needs.
 	st.bodySeen = true
 	st.body = append(st.body, b.GetBody()...)
 	return st.tryPick(b.GetEndOfStream(), b.GetEndOfStream())
