@@ -144,14 +144,17 @@ func Start(ln net.Listener, opts Options) (*Server, error) {
 // Addr is the listener's address.
 func (s *Server) Addr() net.Addr { return s.ln.Addr() }
 
-// Close turns every health service NOT_SERVING (so Envoy's health checks
-// steer new requests to other replicas), waits up to ctx's deadline for the
-// streams in flight to end, then cuts the rest; every slot they held is
-// released before it returns.
+// Drain turns every health service NOT_SERVING for good, so that Envoy's
+// health checks steer new requests to other replicas; streams keep being
+// served.
+func (s *Server) Drain() { s.health.Shutdown() }
+
+// Close drains, waits up to ctx's deadline for the streams in flight to end,
+// then cuts the rest; every slot they held is released before it returns.
 func (s *Server) Close(ctx context.Context) error {
 	var err error
 	s.once.Do(func() {
-		s.health.Shutdown()
+		s.Drain()
 		close(s.stop)
 		stopped := make(chan struct{})
 		go func() {
