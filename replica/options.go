@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"slices"
 	"time"
@@ -46,6 +47,10 @@ type Options struct {
 	// /healthz over HTTP/1.1 and the gRPC admin API (docs/admin-api.md) over
 	// cleartext HTTP/2. Empty means DefaultListen and DefaultAdminListen.
 	Listen, AdminListen string
+	// ExtProcListen, when set, also serves Envoy's ext_proc protocol there
+	// as a Gateway API Inference Extension endpoint picker, with gRPC
+	// health (--ext-proc-listen; see docs/envoy.md). Empty means off.
+	ExtProcListen string
 	// Static, when non-empty, is a fixed fleet for Router.DefaultEndpoint
 	// (--static-instances); no etcd is used.
 	Static []fleet.Instance
@@ -179,6 +184,11 @@ func (o Options) Validate() error {
 	}
 	if o.EmbeddedEtcdDir != "" && o.EmbeddedEtcdClientURL != "" {
 		wrap("embedded etcd client URL", membership.ClientOptions{Endpoints: []string{o.EmbeddedEtcdClientURL}}.Validate())
+	}
+	if o.ExtProcListen != "" {
+		if _, _, err := net.SplitHostPort(o.ExtProcListen); err != nil {
+			bad("ExtProcListen (--ext-proc-listen) %q is not host:port: %v", o.ExtProcListen, err)
+		}
 	}
 	if o.Membership.TTL < 0 {
 		bad("Membership.TTL (--ttl) %v is negative", o.Membership.TTL)

@@ -21,6 +21,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/prefixrouter/prefixrouter/admin"
+	"github.com/prefixrouter/prefixrouter/extproc"
 	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/lora"
 	"github.com/prefixrouter/prefixrouter/membership"
@@ -43,8 +44,10 @@ type Replica struct {
 	data     *http.Server
 	admin    *http.Server
 	adminRPC *admin.Server
+	epp      *extproc.Server // nil unless ExtProcListen is set
 	dataLn   net.Listener
 	adminLn  net.Listener
+	eppLn    net.Listener // nil unless ExtProcListen is set
 	wg       sync.WaitGroup
 	closeMu  sync.Mutex
 	closed   bool
@@ -86,6 +89,15 @@ func Start(ctx context.Context, opts Options) (*Replica, error) {
 		r.router.Close()
 		r.closeEtcd()
 		return nil, fmt.Errorf("replica: admin listen %s: %w", opts.AdminListen, err)
+	}
+	if opts.ExtProcListen != "" {
+		if r.eppLn, err = net.Listen("tcp", opts.ExtProcListen); err != nil {
+			r.dataLn.Close()
+			r.adminLn.Close()
+			r.router.Close()
+			r.closeEtcd()
+			return nil, fmt.Errorf("replica: ext_proc listen %s: %w", opts.ExtProcListen, err)
+		}
 	}
 
 	if !opts.usesEtcd() {
@@ -154,9 +166,19 @@ func Start(ctx context.Context, opts Options) (*Replica, error) {
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(opts.Logger.Handler(), slog.LevelWarn),
 	}
+	if r.eppLn != nil {
+		r.epp, err = extproc.Start(r.eppLn, extproc.Options{Picker: r.router, Ready: r.router.Ready, TracerProvider: opts.Router.TracerProvider, Logger: opts.Logger})
+		if err != nil {
+			if r.reg != nil {
+				_ = r.reg.Close(ctx)
+			}
+			r.closeParts()
+			return nil, err
+		}
+	}
 	r.serve(r.data, r.dataLn)
 	r.serve(r.admin, r.adminLn)
-	r.log.Info("router replica serving", "id", opts.ID, "addr", r.Addr(), "admin", r.AdminAddr(), "endpoint", opts.Router.DefaultEndpoint, "etcd", opts.Client != nil)
+	r.log.Info("router replica serving", "id", opts.ID, "addr", r.Addr(), "admin", r.AdminAddr(), "ext_proc", r.ExtProcAddr(), "endpoint", opts.Router.DefaultEndpoint, "etcd", opts.Client != nil)
 	return r, nil
 }
 
@@ -224,6 +246,15 @@ func (r *Replica) Addr() string { return r.dataLn.Addr().String() }
 // admin API.
 func (r *Replica) AdminAddr() string { return r.adminLn.Addr().String() }
 
+// ExtProcAddr is the endpoint picker's address (host:port), empty when
+// ExtProcListen is not set.
+func (r *Replica) ExtProcAddr() string {
+	if r.eppLn == nil {
+		return ""
+	}
+	return r.eppLn.Addr().String()
+}
+
 // URL is the data plane's base URL.
 func (r *Replica) URL() string { return "http://" + r.Addr() }
 
@@ -247,6 +278,11 @@ func (r *Replica) Close(ctx context.Context) error {
 	}
 	r.closed = true
 	var errs []error
+	if r.epp != nil {
+		// Envoy's health checks steer new streams to other replicas
+		// while this one deregisters and drains.
+		r.epp.Drain()
+	}
 	if r.reg != nil {
 		if err := r.reg.Close(ctx); err != nil {
 			errs = append(errs, err)
@@ -255,6 +291,11 @@ func (r *Replica) Close(ctx context.Context) error {
 	if err := r.data.Shutdown(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("replica: draining requests: %w", err))
 		_ = r.data.Close()
+	}
+	if r.epp != nil {
+		if err := r.epp.Close(ctx); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	r.stopAdmin(ctx)
 	r.wg.Wait()
@@ -270,6 +311,9 @@ func (r *Replica) closeParts() {
 	if r.data == nil {
 		_ = r.dataLn.Close()
 		_ = r.adminLn.Close()
+	}
+	if r.epp == nil && r.eppLn != nil {
+		_ = r.eppLn.Close()
 	}
 	r.closeEtcd()
 }
