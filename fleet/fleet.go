@@ -129,11 +129,17 @@ type Instance struct {
 	Addr         string            `json:"addr"` // base URL, e.g. http://10.0.0.7:8000
 	Adapters     []string          `json:"adapters,omitempty"`
 	MaxAdapters  int               `json:"maxAdapters,omitempty"`
-	Weight       int               `json:"weight,omitempty"` // 0 means 1
+	Weight       int               `json:"weight,omitempty"` // 0 means 1; at most MaxWeight
 	Labels       map[string]string `json:"labels,omitempty"`
 	Draining     bool              `json:"draining"`
 	RegisteredAt time.Time         `json:"registeredAt"`
 }
+
+// MaxWeight bounds an instance's weight (0..MaxWeight, 0 meaning 1): the
+// ring hashes one seed per unit of weight on every lookup, so one record of
+// weight 1e9 would make every replica allocate gigabytes (issue 12). It
+// equals ring.MaxWeight; a ratio of 100 to 1 covers any real fleet.
+const MaxWeight = 100
 
 // MaxIDLength bounds instance ids (they become etcd key segments and metric labels).
 const MaxIDLength = 128
@@ -169,8 +175,8 @@ func (in Instance) Validate() error {
 	if in.Addr == "" {
 		return fmt.Errorf("fleet: instance %q has no addr", in.ID)
 	}
-	if in.Weight < 0 {
-		return fmt.Errorf("fleet: instance %q has negative weight %d", in.ID, in.Weight)
+	if in.Weight < 0 || in.Weight > MaxWeight {
+		return fmt.Errorf("fleet: %w instance: %q has weight %d, outside 0..%d", ErrInvalid, in.ID, in.Weight, MaxWeight)
 	}
 	return nil
 }

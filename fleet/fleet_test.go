@@ -74,6 +74,10 @@ func TestInstanceValidate(t *testing.T) {
 		{"id too long", Instance{ID: strings.Repeat("x", MaxIDLength+1), Addr: ok.Addr}, false},
 		{"no addr", Instance{ID: "a"}, false},
 		{"negative weight", Instance{ID: "a", Addr: ok.Addr, Weight: -1}, false},
+		{"max weight", Instance{ID: "a", Addr: ok.Addr, Weight: MaxWeight}, true},
+		{"weight above max", Instance{ID: "a", Addr: ok.Addr, Weight: MaxWeight + 1}, false},
+		{"weight 1e9", Instance{ID: "a", Addr: ok.Addr, Weight: 1e9}, false},
+		{"weight 2^31", Instance{ID: "a", Addr: ok.Addr, Weight: 1 << 31}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

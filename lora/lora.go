@@ -41,6 +41,7 @@ type entry struct {
 	insts []*fleet.Instance // members, in endpoint order
 	once  sync.Once
 	set   *Set
+	err   error // the ring's refusal (a weight beyond ring.MaxWeight)
 }
 
 // Set is one model's sticky instance set and its ring.
@@ -131,11 +132,16 @@ func (t *Table) Set(model string) (*Set, error) {
 			return nil, fmt.Errorf("%w: %q", ErrUnknownModel, model)
 		}
 	}
-	e.once.Do(func() { e.set = newSet(e.insts, t.opts) })
+	e.once.Do(func() { e.set, e.err = newSet(e.insts, t.opts) })
+	if e.err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrNoInstance, e.err)
+	}
 	return e.set, nil
 }
 
-func newSet(insts []*fleet.Instance, opts []ring.Option) *Set {
+// newSet builds a set's ring. Records were validated (fleet.MaxWeight), so
+// the ring's refusal only guards snapshots built without validation.
+func newSet(insts []*fleet.Instance, opts []ring.Option) (*Set, error) {
 	ms := make([]ring.Member, len(insts))
 	byID := make(map[string]*fleet.Instance, len(insts))
 	for i, in := range insts {
@@ -144,12 +150,15 @@ func newSet(insts []*fleet.Instance, opts []ring.Option) *Set {
 			byID[in.ID] = in
 		}
 	}
-	r := ring.New(ms, opts...)
+	r, err := ring.New(ms, opts...)
+	if err != nil {
+		return nil, err
+	}
 	s := &Set{ring: r, insts: make([]*fleet.Instance, r.Len())}
 	for i, m := range r.Members() {
 		s.insts[i] = byID[m.ID]
 	}
-	return s
+	return s, nil
 }
 
 // Ring returns the set's ring; its member indexes are the set's instance

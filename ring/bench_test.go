@@ -10,7 +10,7 @@ var algorithms = []struct {
 	name  string
 	build func([]Member) picker
 }{
-	{"rendezvous", func(ms []Member) picker { return New(ms) }},
+	{"rendezvous", func(ms []Member) picker { return mustNew(ms) }},
 	{"ketama-160", func(ms []Member) picker { return newKetama(ms, 160) }},
 	{"ketama-1024", func(ms []Member) picker { return newKetama(ms, 1024) }},
 }

@@ -9,11 +9,14 @@ import (
 )
 
 func Example() {
-	r := ring.New([]ring.Member{
+	r, err := ring.New([]ring.Member{
 		{ID: "vllm-2", Weight: 1},
 		{ID: "vllm-0", Weight: 1},
 		{ID: "vllm-1", Weight: 2}, // twice the keys of the others
 	})
+	if err != nil {
+		panic(err) // a weight above ring.MaxWeight
+	}
 	key := xxhash.Sum64String("tenant-a|adapter-x|You are a helpful assistant.")
 
 	// The owner of the key, then where it spills when the owner is busy.

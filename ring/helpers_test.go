@@ -158,3 +158,12 @@ func orderViolations(big, small picker, keys []uint64, id string, k int) int {
 	}
 	return bad
 }
+
+// mustNew is New for members the test knows to be valid.
+func mustNew(members []Member, opts ...Option) *Ring {
+	r, err := New(members, opts...)
+	if err != nil {
+		panic(err)
+	}
+	return r
+}

@@ -18,7 +18,7 @@ type ketama struct {
 }
 
 func newKetama(members []Member, vnodes int) *ketama {
-	base := New(members) // reuse the sort, dedupe and weight normalization
+	base := mustNew(members) // reuse the sort, dedupe and weight normalization
 	k := &ketama{members: base.members}
 	type pt struct {
 		h uint64

@@ -2,14 +2,25 @@
 package ring
 
 import (
+	"errors"
+	"fmt"
 	"sort"
 	"strconv"
 
 	"github.com/cespare/xxhash/v2"
 )
 
-// Member is one ring member: an instance id and its weight. A Weight below 1
-// counts as 1.
+// MaxWeight bounds a member's weight. A member of weight w costs w seeds in
+// memory and w hashes per lookup, so an unbounded weight from one record
+// (weight 1e9) would make every replica allocate gigabytes (issue 12).
+// fleet.MaxWeight is the same bound on instance records.
+const MaxWeight = 100
+
+// ErrWeight is returned by New for a member whose weight exceeds MaxWeight.
+var ErrWeight = errors.New("ring: weight out of range")
+
+// Member is one ring member: an instance id and its weight, at most
+// MaxWeight. A Weight below 1 counts as 1.
 type Member struct {
 	ID     string
 	Weight int
@@ -56,8 +67,13 @@ type Ring struct {
 // are ignored; fleet snapshots never contain duplicates, so this only guards
 // against misuse. Weights are divided by their greatest common divisor, so
 // {2,2,4} hashes exactly like {1,1,2}; lookups cost O(sum of normalized
-// weights).
-func New(members []Member, opts ...Option) *Ring {
+// weights). A weight above MaxWeight is refused with ErrWeight.
+func New(members []Member, opts ...Option) (*Ring, error) {
+	for _, m := range members {
+		if m.Weight > MaxWeight {
+			return nil, fmt.Errorf("%w: member %q has weight %d, above %d", ErrWeight, m.ID, m.Weight, MaxWeight)
+		}
+	}
 	o := options{hash: xxhash.Sum64String}
 	for _, opt := range opts {
 		opt(&o)
@@ -85,7 +101,7 @@ func New(members []Member, opts ...Option) *Ring {
 	}
 	r := &Ring{members: ms}
 	if len(ms) == 0 {
-		return r
+		return r, nil
 	}
 	uniform := true
 	total := 0
@@ -120,7 +136,7 @@ func New(members []Member, opts ...Option) *Ring {
 			}
 		}
 	}
-	return r
+	return r, nil
 }
 
 // Len returns the number of members.

@@ -1,15 +1,17 @@
 package ring
 
 import (
+	"errors"
 	"math"
 	"math/rand/v2"
 	"reflect"
+	"runtime"
 	"slices"
 	"testing"
 )
 
 func TestEmpty(t *testing.T) {
-	r := New(nil)
+	r := mustNew(nil)
 	if r.Len() != 0 || r.Primary(1) != -1 || r.Index("x") != -1 {
 		t.Fatalf("empty ring: Len %d Primary %d Index %d", r.Len(), r.Primary(1), r.Index("x"))
 	}
@@ -32,7 +34,7 @@ func TestNewNormalizes(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			in := slices.Clone(tt.in)
-			r := New(in)
+			r := mustNew(in)
 			if !reflect.DeepEqual(r.Members(), tt.want) {
 				t.Fatalf("Members() = %v, want %v", r.Members(), tt.want)
 			}
@@ -54,7 +56,7 @@ func TestNewNormalizes(t *testing.T) {
 // Ties (equal scores) must resolve the same way everywhere: lowest member
 // index first. A constant id hash makes every score equal.
 func TestTiesGoToLowestIndex(t *testing.T) {
-	r := New(equalMembers(vllmIDs(20)), WithHash(func(string) uint64 { return 12345 }))
+	r := mustNew(equalMembers(vllmIDs(20)), WithHash(func(string) uint64 { return 12345 }))
 	for _, key := range testKeys()[:100] {
 		if p := r.Primary(key); p != 0 {
 			t.Fatalf("Primary = %d, want 0 on all-equal scores", p)
@@ -74,7 +76,7 @@ func TestWithHashIsUsed(t *testing.T) {
 	// With injected seeds the owner is computable by hand: the member whose
 	// seed maximizes mix(key ^ seed).
 	seeds := map[string]uint64{"a": 1, "b": 2, "c": 3}
-	r := New(equalMembers([]string{"c", "a", "b"}), WithHash(func(id string) uint64 { return seeds[id] }))
+	r := mustNew(equalMembers([]string{"c", "a", "b"}), WithHash(func(id string) uint64 { return seeds[id] }))
 	for _, key := range testKeys()[:1000] {
 		want, best := "", uint64(0)
 		for _, id := range []string{"a", "b", "c"} {
@@ -97,7 +99,7 @@ func TestCandidatesContract(t *testing.T) {
 					ms[i].Weight = 1 + i%3
 				}
 			}
-			r := New(ms)
+			r := mustNew(ms)
 			for _, key := range testKeys()[:500] {
 				for _, max := range []int{0, 1, 3, n, n + 5} {
 					dst := r.Candidates(key, max, []int{-7})
@@ -140,10 +142,10 @@ func TestOrderIndependent(t *testing.T) {
 		for i := range ms {
 			ms[i].Weight = 1 + i%4
 		}
-		a := New(ms)
+		a := mustNew(ms)
 		shuffled := slices.Clone(ms)
 		rand.New(rand.NewPCG(1, 2)).Shuffle(len(shuffled), func(i, j int) { shuffled[i], shuffled[j] = shuffled[j], shuffled[i] })
-		b := New(shuffled)
+		b := mustNew(shuffled)
 		if !reflect.DeepEqual(a, b) {
 			t.Fatal("rings built from the same members in another order differ")
 		}
@@ -172,8 +174,8 @@ func TestMovement(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			n := len(tc.ids) - 1
-			small := New(equalMembers(tc.ids[:n]))
-			big := New(equalMembers(tc.ids))
+			small := mustNew(equalMembers(tc.ids[:n]))
+			big := mustNew(equalMembers(tc.ids))
 			added := tc.ids[n]
 
 			moved, collateral := movement(small, big, keys, added, "")
@@ -182,7 +184,7 @@ func TestMovement(t *testing.T) {
 				t.Errorf("adding %s to %d: moved %d keys (limit %.0f), %d between old members", added, n, moved, limit, collateral)
 			}
 			removed := tc.ids[n/2]
-			less := New(equalMembers(without(tc.ids[:n], removed)))
+			less := mustNew(equalMembers(without(tc.ids[:n], removed)))
 			if _, collateral := movement(small, less, keys, "", removed); collateral != 0 {
 				t.Errorf("removing %s from %d: %d keys of other members moved", removed, n, collateral)
 			}
@@ -212,7 +214,7 @@ func TestBalanceEqualWeights(t *testing.T) {
 		limit float64
 	}{{7, 1.05}, {64, 1.10}} {
 		for name, ids := range map[string][]string{"vllm": vllmIDs(tc.n), "uuid": uuidIDs(tc.n)} {
-			if got := maxOverMean(New(equalMembers(ids)), keys); got > tc.limit {
+			if got := maxOverMean(mustNew(equalMembers(ids)), keys); got > tc.limit {
 				t.Errorf("%s N=%d: largest share %.3f × mean, limit %.2f", name, tc.n, got, tc.limit)
 			}
 		}
@@ -237,7 +239,7 @@ func TestWeights(t *testing.T) {
 			ms[i].Weight = w
 			total += w
 		}
-		r := New(ms)
+		r := mustNew(ms)
 		got := shares(r, keys)
 		for i, w := range weights {
 			p := float64(w) / float64(total)
@@ -252,10 +254,10 @@ func TestWeights(t *testing.T) {
 
 // Multiplying every weight by a constant changes nothing (GCD normalization).
 func TestWeightScaleInvariant(t *testing.T) {
-	a := New([]Member{{"a", 1}, {"b", 2}, {"c", 1}})
-	b := New([]Member{{"a", 3}, {"b", 6}, {"c", 3}})
-	c := New(equalMembers([]string{"a", "b", "c"}))
-	d := New([]Member{{"a", 5}, {"b", 5}, {"c", 5}})
+	a := mustNew([]Member{{"a", 1}, {"b", 2}, {"c", 1}})
+	b := mustNew([]Member{{"a", 3}, {"b", 6}, {"c", 3}})
+	c := mustNew(equalMembers([]string{"a", "b", "c"}))
+	d := mustNew([]Member{{"a", 5}, {"b", 5}, {"c", 5}})
 	for _, key := range testKeys()[:10_000] {
 		if a.Primary(key) != b.Primary(key) || c.Primary(key) != d.Primary(key) {
 			t.Fatalf("key %#x: scaled weights changed the owner", key)
@@ -269,7 +271,7 @@ func TestZeroAllocs(t *testing.T) {
 		if weighted {
 			ms[3].Weight = 2
 		}
-		r := New(ms)
+		r := mustNew(ms)
 		key := testKeys()[0]
 		buf := make([]int, 0, 64)
 		if a := testing.AllocsPerRun(100, func() { _ = r.Primary(key) }); a != 0 {
@@ -280,5 +282,26 @@ func TestZeroAllocs(t *testing.T) {
 				t.Errorf("weighted=%v: Candidates(max %d) allocates %.1f", weighted, max, a)
 			}
 		}
+	}
+}
+
+// A weight beyond MaxWeight is refused before anything is allocated: one
+// record of weight 1e9 must not make every replica allocate gigabytes.
+func TestNewRefusesWeightBeyondMax(t *testing.T) {
+	for _, w := range []int{MaxWeight + 1, 1e9, 1 << 31} {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		r, err := New([]Member{{"a", 1}, {"b", w}})
+		runtime.ReadMemStats(&after)
+		if !errors.Is(err, ErrWeight) || r != nil {
+			t.Fatalf("New with weight %d = %v, %v; want ErrWeight", w, r, err)
+		}
+		if grew := after.TotalAlloc - before.TotalAlloc; grew > 1<<20 {
+			t.Fatalf("New with weight %d allocated %d bytes before refusing", w, grew)
+		}
+	}
+	if _, err := New([]Member{{"a", 1}, {"b", MaxWeight}}); err != nil {
+		t.Fatalf("weight MaxWeight refused: %v", err)
 	}
 }

@@ -90,7 +90,7 @@ instance.`,
 	f.StringSliceVar(&inst.Adapters, "adapters", nil, "LoRA adapters loaded on the instance (comma-separated; kept alongside discovered ones)")
 	f.BoolVar(&discover, "discover-adapters", false, "poll the server's /v1/models and register the adapters it lists")
 	f.IntVar(&inst.MaxAdapters, "max-adapters", 0, "how many adapters the instance can hold (informational)")
-	f.IntVar(&inst.Weight, "weight", 1, "relative share of the hash space (e.g. 2 for an instance twice as large)")
+	f.IntVar(&inst.Weight, "weight", 1, "relative share of the hash space (e.g. 2 for an instance twice as large; 1..100)")
 	f.StringToStringVar(&labels, "labels", nil, "labels, key=value,...; model=NAME declares the base model")
 	f.StringSliceVar(&health, "health-path", agent.DefaultHealthPaths, "health paths tried in order until one answers 2xx")
 	f.DurationVar(&ttl, "ttl", membership.DefaultTTL, "lease TTL: a crashed agent's instance disappears after about this long")
