@@ -325,14 +325,18 @@ type watchStream struct {
 	ctx      context.Context
 	cancel   context.CancelFunc
 	stopping <-chan struct{}
-	last     atomic.Int32 // last status sent, -1 before the first
+	last     atomic.Int32 // last status sent (or being sent), -1 before the first
 }
 
 func (w *watchStream) Context() context.Context { return w.ctx }
 
 func (w *watchStream) Send(m *healthpb.HealthCheckResponse) error {
-	err := w.Health_WatchServer.Send(m)
+	// Record the status before sending it: Send can return after the
+	// client has already read the message and stopped the server, and the
+	// stop must then know the client was told SERVING (or it ends the
+	// stream before Shutdown's NOT_SERVING goes out).
 	w.last.Store(int32(m.GetStatus()))
+	err := w.Health_WatchServer.Send(m)
 	select {
 	case <-w.stopping:
 		if m.GetStatus() != healthpb.HealthCheckResponse_SERVING {
