@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -51,6 +53,11 @@ type Options struct {
 	// as a Gateway API Inference Extension endpoint picker, with gRPC
 	// health (--ext-proc-listen; see docs/envoy.md). Empty means off.
 	ExtProcListen string
+	// OTLPEndpoint, when set, turns tracing on: spans go to this OTLP/gRPC
+	// collector (--otlp-endpoint; a URL, http:// meaning no TLS, or
+	// host:port). Empty means the standard OTEL_EXPORTER_OTLP_ENDPOINT
+	// environment, and off without it (see tracing.Options).
+	OTLPEndpoint string
 	// Static, when non-empty, is a fixed fleet for Router.DefaultEndpoint
 	// (--static-instances); no etcd is used.
 	Static []fleet.Instance
@@ -188,6 +195,15 @@ func (o Options) Validate() error {
 	if o.ExtProcListen != "" {
 		if _, _, err := net.SplitHostPort(o.ExtProcListen); err != nil {
 			bad("ExtProcListen (--ext-proc-listen) %q is not host:port: %v", o.ExtProcListen, err)
+		}
+	}
+	if e := o.OTLPEndpoint; e != "" {
+		if strings.Contains(e, "://") {
+			if u, err := url.Parse(e); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				bad("OTLPEndpoint (--otlp-endpoint) %q is not an http:// or https:// URL", e)
+			}
+		} else if _, _, err := net.SplitHostPort(e); err != nil {
+			bad("OTLPEndpoint (--otlp-endpoint) %q is neither a URL nor host:port: %v", e, err)
 		}
 	}
 	if o.Membership.TTL < 0 {

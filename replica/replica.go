@@ -26,6 +26,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/lora"
 	"github.com/prefixrouter/prefixrouter/membership"
 	"github.com/prefixrouter/prefixrouter/router"
+	"github.com/prefixrouter/prefixrouter/tracing"
 )
 
 // Version is reported in the replica's etcd record.
@@ -44,7 +45,8 @@ type Replica struct {
 	data     *http.Server
 	admin    *http.Server
 	adminRPC *admin.Server
-	epp      *extproc.Server // nil unless ExtProcListen is set
+	epp      *extproc.Server   // nil unless ExtProcListen is set
+	tracing  *tracing.Provider // nil unless tracing is on
 	dataLn   net.Listener
 	adminLn  net.Listener
 	eppLn    net.Listener // nil unless ExtProcListen is set
@@ -62,18 +64,31 @@ func Start(ctx context.Context, opts Options) (*Replica, error) {
 	}
 	opts = opts.withDefaults()
 	r := &Replica{opts: opts, log: opts.Logger, registry: opts.Registry}
+	var err error
 	if opts.usesEtcd() {
 		if err := r.connect(); err != nil {
 			return nil, err
 		}
 		opts = r.opts // the client and endpoints connect settled
 	}
+	if r.tracing, err = tracing.Start(ctx, tracing.Options{Endpoint: opts.OTLPEndpoint, InstanceID: opts.ID}); err != nil {
+		r.closeEtcd()
+		return nil, err
+	}
+	started := false
+	defer func() {
+		if !started {
+			_ = r.tracing.Close(ctx)
+		}
+	}()
+	if opts.Router.TracerProvider == nil {
+		opts.Router.TracerProvider = r.tracing.TracerProvider()
+	}
 	// The watcher starts after the router (it feeds it), so readiness
 	// reads its age through r; nil for a static fleet, which has no age.
 	if opts.usesEtcd() {
 		opts.Router.SnapshotAge = func() time.Duration { return r.watcher.SnapshotAge() }
 	}
-	var err error
 	r.router, err = router.New(opts.Router)
 	if err != nil {
 		r.closeEtcd()
@@ -178,7 +193,8 @@ func Start(ctx context.Context, opts Options) (*Replica, error) {
 	}
 	r.serve(r.data, r.dataLn)
 	r.serve(r.admin, r.adminLn)
-	r.log.Info("router replica serving", "id", opts.ID, "addr", r.Addr(), "admin", r.AdminAddr(), "ext_proc", r.ExtProcAddr(), "endpoint", opts.Router.DefaultEndpoint, "etcd", opts.Client != nil)
+	r.log.Info("router replica serving", "id", opts.ID, "addr", r.Addr(), "admin", r.AdminAddr(), "ext_proc", r.ExtProcAddr(), "endpoint", opts.Router.DefaultEndpoint, "etcd", opts.Client != nil, "tracing", r.tracing != nil)
+	started = true
 	return r, nil
 }
 
@@ -300,6 +316,10 @@ func (r *Replica) Close(ctx context.Context) error {
 	r.stopAdmin(ctx)
 	r.wg.Wait()
 	r.closeParts()
+	// Last: the spans of the requests just drained are flushed too.
+	if err := r.tracing.Close(ctx); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
 

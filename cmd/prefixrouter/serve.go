@@ -54,6 +54,7 @@ share the fleet, and keeps routing on its last good snapshot while etcd is unrea
 	f.StringVar(&opts.Listen, "listen", replica.DefaultListen, "data-plane address")
 	f.StringVar(&opts.AdminListen, "admin-listen", replica.DefaultAdminListen, "admin address: /metrics, /readyz, /healthz and the gRPC admin API (same port)")
 	f.StringVar(&opts.ExtProcListen, "ext-proc-listen", "", "also serve Envoy's ext_proc protocol here as a Gateway API Inference Extension endpoint picker, with gRPC health (see docs/envoy.md; empty: off)")
+	f.StringVar(&opts.OTLPEndpoint, "otlp-endpoint", "", "send OpenTelemetry traces to this OTLP/gRPC collector (http://host:4317 without TLS, https:// or host:port with); empty: the standard OTEL_EXPORTER_OTLP_ENDPOINT, else off")
 	f.StringVar(&r.DefaultEndpoint, "endpoint", "default", "default endpoint, served on /invocations and /v1/*")
 	f.StringVar(&opts.ID, "replica-id", "", "this replica's id under routers/ (default: hostname and a random suffix)")
 	f.Var(&static, "static-instances", "fixed fleet without etcd: id=url,id=url,...")
