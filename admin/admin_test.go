@@ -164,16 +164,7 @@ func start(t *testing.T, o admin.Options) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(lis) }()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn, served := serveAndDial(t, srv)
 	t.Cleanup(func() {
 		_ = conn.Close()
 		srv.GracefulStop()
@@ -183,6 +174,23 @@ func start(t *testing.T, o admin.Options) *harness {
 	})
 	h.srv, h.conn, h.client = srv, conn, adminpb.NewAdminClient(conn)
 	return h
+}
+
+// serveAndDial serves srv on a loopback port and dials it; Serve's result
+// arrives on served once the server stops (the caller stops it).
+func serveAndDial(t *testing.T, srv *admin.Server) (conn *grpc.ClientConn, served <-chan error) {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(lis) }()
+	conn, err = grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return conn, done
 }
 
 func ctx(t *testing.T) context.Context {
@@ -669,16 +677,7 @@ func TestGracefulStopEndsHealthWatch(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			lis, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			served := make(chan error, 1)
-			go func() { served <- srv.Serve(lis) }()
-			conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-			if err != nil {
-				t.Fatal(err)
-			}
+			conn, served := serveAndDial(t, srv)
 			defer conn.Close()
 			// A watch that never hangs up: GracefulStop must not wait for
 			// the test's deadline.
