@@ -76,3 +76,54 @@ func TestProfile70B(t *testing.T) {
 		t.Error("unknown profile accepted")
 	}
 }
+
+// TestRooflineProfiles checks the roofline profiles against the worked
+// examples of ../shared/calibration/README.md and logs the sensitivity to
+// the efficiency (η 0.6 and 0.9) that docs/simulator.md quotes.
+func TestRooflineProfiles(t *testing.T) {
+	p8, err := LookupProfile(ProfileH200Llama8BRoofline)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eager, _ := LookupProfile(ProfileH200Llama8B)
+	// Worked examples at η 0.75: batch 1 ≈ 4.5 ms of weights (+1 ms
+	// overhead); batch 64 × 4,096: (16.06 + 34.4) GB / 3.6 TB/s ≈ 14 ms (+1).
+	for _, tc := range []struct {
+		batch, ctx int
+		want       float64 // ms
+	}{{1, 0, 4.46 + 1}, {64, 4096, 14.0 + 1}} {
+		got := ms(p8.DecodeDuration(tc.batch, tc.ctx))
+		if math.Abs(got-tc.want) > 0.05*tc.want {
+			t.Errorf("8B roofline decode batch %d × %d: %.2f ms, want %.2f ±5 %%", tc.batch, tc.ctx, got, tc.want)
+		}
+	}
+	// Prefill stays on the measured rows above the floor.
+	if a, b := p8.PrefillDuration(8192, 0), eager.PrefillDuration(8192, 0); a != b {
+		t.Errorf("8,192-token prefill %v, eager profile %v: prefill must not change", a, b)
+	}
+	if got := p8.PrefillDuration(8242, 8192); got >= eager.PrefillDuration(8242, 8192) {
+		t.Errorf("cached prefill %v not below the eager floor", got)
+	}
+
+	p70, err := LookupProfile(ProfileH100x8Llama70BRoofline)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 141 GB / 8 GPUs / (3.35 TB/s × 0.75) = 7.01 ms + 1.6 ms all-reduce + 1 ms.
+	if got := ms(p70.DecodeDuration(1, 0)); math.Abs(got-9.61) > 0.1 {
+		t.Errorf("70B TP8 roofline decode at batch 1: %.2f ms, want 9.61", got)
+	}
+	base70, _ := LookupProfile(ProfileH100x8Llama70B)
+	if a, b := p70.PrefillDuration(8192, 0), base70.PrefillDuration(8192, 0); a != b {
+		t.Errorf("70B prefill %v vs %v: prefill must not change", a, b)
+	}
+	for _, eff := range []float64{0.6, 0.75, 0.9} {
+		q8 := WithRoofline(eager, "x", "", Llama8BH200Roofline(eff))
+		q70 := WithRoofline(base70, "x", "", Llama70BH100x8Roofline(eff))
+		t.Logf("η %.2f: 8B/H200 decode batch 1 %.1f ms, 32×2,048 %.1f ms, 64×4,096 %.1f ms, 100×8,192 %.1f ms (eager %.1f); "+
+			"70B/8×H100 batch 1 %.1f ms, 64×4,096 %.1f ms, 100×8,192 %.1f ms",
+			eff, ms(q8.DecodeDuration(1, 1024)), ms(q8.DecodeDuration(32, 2048)), ms(q8.DecodeDuration(64, 4096)),
+			ms(q8.DecodeDuration(100, 8192)), ms(eager.DecodeDuration(100, 8192)),
+			ms(q70.DecodeDuration(1, 1024)), ms(q70.DecodeDuration(64, 4096)), ms(q70.DecodeDuration(100, 8192)))
+	}
+}
