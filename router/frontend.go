@@ -141,7 +141,7 @@ func (r *Router) Pick(req PickRequest) (*Picked, error) {
 		return nil, r.rejectPick(kind, endpoint, strategy, ErrNoInstance, &reqError{http.StatusServiceUnavailable, codeNoInstance, msg})
 	}
 	out := &Picked{
-		Instance: p.iv.inst.ID, Decision: p.decision, Endpoint: endpoint, Strategy: strategy, Spill: p.spill,
+		Instance: p.iv.inst.ID, Decision: p.decision, Endpoint: endpoint, Strategy: strategy, Spill: p.spill.String(),
 		r: r, ev: ev, cur: p, primary: p.iv.hostPort,
 	}
 	out.Candidates = fallbacks(ev, set, rr.key, p, skip, max(req.MaxCandidates, 1))

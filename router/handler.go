@@ -211,7 +211,7 @@ func (r *Router) serve(w http.ResponseWriter, req *http.Request, kind apiKind, u
 	}
 	a := &attempt{
 		r: r, kind: kind, endpoint: endpoint, ev: ev, set: set, key: rr.key,
-		replicas: v.snap.Replicas, upstreamPath: upstreamPath, cur: p, spill: p.spill,
+		replicas: v.snap.Replicas, upstreamPath: upstreamPath, cur: p,
 	}
 	r.proxy.serve(w, req, body, a)
 }

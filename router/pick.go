@@ -18,7 +18,7 @@ type pick struct {
 	idx      int
 	done     overload.Done
 	decision string
-	spill    string // PREFIX_AWARE: why the ring primary was passed over (Spill*)
+	spill    spill // PREFIX_AWARE: why the ring primary was passed over
 }
 
 // bitset marks set indexes (tried or refused instances) without allocating
@@ -115,7 +115,7 @@ func (r *Router) pickPrefix(ev *endpointView, set *lora.Set, key uint64, replica
 		bound = balanceBound(r.balance, ev.setLoad(set), n)
 	}
 	var buf [firstCandidates]int
-	var spill string
+	var why spill
 	cands := set.Ring().Candidates(key, min(n, firstCandidates), buf[:0])
 	for j := 0; ; j++ {
 		if j == len(cands) {
@@ -128,14 +128,14 @@ func (r *Router) pickPrefix(ev *endpointView, set *lora.Set, key uint64, replica
 		i := cands[j]
 		if skip.has(i) {
 			if j == 0 {
-				spill = SpillTried
+				why = spillTried
 			}
 			continue
 		}
 		iv := ev.instance(set, i)
 		if iv == nil || h.skip(iv) {
 			if j == 0 {
-				spill = SpillHealth
+				why = spillHealth
 			}
 			continue
 		}
@@ -144,14 +144,14 @@ func (r *Router) pickPrefix(ev *endpointView, set *lora.Set, key uint64, replica
 			if j == 0 {
 				d = DecisionAffinity
 			}
-			return pick{iv: iv, idx: i, done: done, decision: d, spill: spill}, true
+			return pick{iv: iv, idx: i, done: done, decision: d, spill: why}, true
 		}
 		if j == 0 {
-			spill = spillReason(iv.state, ev.threshold, replicas, bound)
+			why = spillReason(iv.state, ev.threshold, replicas, bound)
 		}
 	}
 	p, ok := r.pickLeast(ev, set, skip, h, DecisionFallback)
-	p.spill = spill
+	p.spill = why
 	return p, ok
 }
 

@@ -44,7 +44,6 @@ type attempt struct {
 	upstreamPath string
 
 	cur     pick   // the admitted instance; cur.done nil once released
-	spill   string // why the first pick passed over the ring primary, if it did
 	tried   bitset // set indexes already tried
 	retries int
 

@@ -34,18 +34,34 @@ const (
 	SpillTried     = "tried"     // a retry: it already failed to connect
 )
 
+// spill is a Spill* reason in one byte: picks carry it on the request path.
+type spill uint8
+
+const (
+	spillNone spill = iota
+	spillThreshold
+	spillBalance
+	spillBreaker
+	spillHealth
+	spillTried
+)
+
+var spillNames = [...]string{"", SpillThreshold, SpillBalance, SpillBreaker, SpillHealth, SpillTried}
+
+func (s spill) String() string { return spillNames[s] }
+
 // spillReason classifies a refused admission of s, read just after the
 // refusal (racy, as every load read is; it labels a trace, not a decision).
-func spillReason(s *overload.State, threshold, replicas int, bound int64) string {
+func spillReason(s *overload.State, threshold, replicas int, bound int64) spill {
 	switch {
 	case s.Open():
-		return SpillBreaker
+		return spillBreaker
 	case !s.HasRoom(threshold, replicas):
-		return SpillThreshold
+		return spillThreshold
 	case bound > 0:
-		return SpillBalance
+		return spillBalance
 	}
-	return SpillBreaker // half-open: the breaker lets one probe through at a time
+	return spillBreaker // half-open: the breaker lets one probe through at a time
 }
 
 // traceContext is W3C Trace Context: traceparent and tracestate.
@@ -77,8 +93,8 @@ func (a *attempt) traceFinish(ctx context.Context) {
 		AttrInstance.String(a.cur.iv.inst.ID),
 		AttrRetries.Int(a.retries),
 	)
-	if a.spill != "" {
-		span.SetAttributes(AttrSpill.String(a.spill))
+	if a.cur.spill != spillNone {
+		span.SetAttributes(AttrSpill.String(a.cur.spill.String()))
 	}
 }
 
