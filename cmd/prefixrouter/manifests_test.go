@@ -41,7 +41,7 @@ import (
 // operator applies with kubectl apply -k.
 const manifestDir = "../../deploy/kubernetes"
 
-var kustomizations = []string{".", "external-etcd"}
+var kustomizations = []string{".", "external-etcd", "epp-gie", "epp-envoy"}
 
 // routerImage is the image name the manifests give prefixrouter containers
 // (deploy/Dockerfile; its entrypoint is the binary, so args start with the
@@ -109,30 +109,48 @@ func TestEveryManifestIsApplied(t *testing.T) {
 // TestManifestCheckerCatchesMistakes breaks the built manifests in one
 // place at a time; each break must be reported, so the checks above can fail.
 func TestManifestCheckerCatchesMistakes(t *testing.T) {
-	good := string(kustomizeBuild(t, manifestDir))
-	tests := []struct{ name, old, new, want string }{
-		{"unknown field", "  serviceName: etcd\n", "  serviceName: etcd\n  servicName: etcd\n", "unknown field"},
-		{"unknown serve flag", "--shutdown-timeout=60s", "--shutdown-timeout=60s\n        - --no-such-flag=1", "unknown flag"},
-		{"bad flag value", "--drain-timeout=120s", "--drain-timeout=soon", "invalid argument"},
-		{"unknown variable", "PREFIXROUTER_ETCD_ENDPOINTS:", "PREFIXROUTER_ETCD_ENDPOINT:", "no flag"},
-		{"grace shorter than drain", "--drain-timeout=120s", "--drain-timeout=200s", "terminationGracePeriodSeconds"},
-		{"grace shorter than shutdown", "--shutdown-timeout=60s", "--shutdown-timeout=80s", "terminationGracePeriodSeconds"},
-		{"listen port differs", "--admin-listen=0.0.0.0:9090", "--admin-listen=0.0.0.0:9091", "admin"},
-		{"loopback listen", "--listen=0.0.0.0:8080", "--listen=127.0.0.1:8080", "loopback"},
-		{"undefined $(VAR)", "--replica-id=$(POD_NAME)", "--replica-id=$(POD)", "$(POD)"},
-		{"agent addr port", "--addr=http://$(POD_IP):8000", "--addr=http://$(POD_IP):8001", "8001"},
-		{"probe port", "port: admin\n", "port: adminx\n", "adminx"},
-		{"service target port", "targetPort: http\n", "targetPort: htp\n", "htp"},
-		{"pdb selector", "  minAvailable: 2\n  selector:\n    matchLabels:\n      app.kubernetes.io/component: membership-store\n", "  minAvailable: 2\n  selector:\n    matchLabels:\n      app.kubernetes.io/component: etcd\n", "PodDisruptionBudget"},
-		{"servicemonitor port", "    port: admin\n  selector:", "    port: metrics\n  selector:", "ServiceMonitor"},
-		{"servicemonitor honorLabels", "honorLabels: true", "honorLabels: false", "honorLabels"},
-		{"etcd initial cluster", "etcd-2=http://etcd-2.etcd:2380", "etcd-3=http://etcd-3.etcd:2380", "initial-cluster"},
-		{"etcd endpoints", "http://etcd-2.etcd:2379", "http://etcd-9.etcd:2379", "etcd-endpoints"},
-		{"configmap ref", "name: etcd-endpoints\n", "name: etcd-endpointz\n", "ConfigMap"},
-		{"no readiness probe", "readinessProbe:\n          failureThreshold: 2\n          httpGet:\n            path: /readyz", "startupProbe:\n          failureThreshold: 2\n          httpGet:\n            path: /readyz", "readinessProbe"},
+	builds := map[string]string{}
+	for _, dir := range kustomizations {
+		builds[dir] = string(kustomizeBuild(t, filepath.Join(manifestDir, dir)))
+	}
+	tests := []struct{ build, name, old, new, want string }{
+		{".", "unknown field", "  serviceName: etcd\n", "  serviceName: etcd\n  servicName: etcd\n", "unknown field"},
+		{".", "unknown serve flag", "--shutdown-timeout=60s", "--shutdown-timeout=60s\n        - --no-such-flag=1", "unknown flag"},
+		{".", "bad flag value", "--drain-timeout=120s", "--drain-timeout=soon", "invalid argument"},
+		{".", "unknown variable", "PREFIXROUTER_ETCD_ENDPOINTS:", "PREFIXROUTER_ETCD_ENDPOINT:", "no flag"},
+		{".", "grace shorter than drain", "--drain-timeout=120s", "--drain-timeout=200s", "terminationGracePeriodSeconds"},
+		{".", "grace shorter than shutdown", "--shutdown-timeout=60s", "--shutdown-timeout=80s", "terminationGracePeriodSeconds"},
+		{".", "listen port differs", "--admin-listen=0.0.0.0:9090", "--admin-listen=0.0.0.0:9091", "admin"},
+		{".", "loopback listen", "--listen=0.0.0.0:8080", "--listen=127.0.0.1:8080", "loopback"},
+		{".", "undefined $(VAR)", "--replica-id=$(POD_NAME)", "--replica-id=$(POD)", "$(POD)"},
+		{".", "agent addr port", "--addr=http://$(POD_IP):8000", "--addr=http://$(POD_IP):8001", "8001"},
+		{".", "probe port", "port: admin\n", "port: adminx\n", "adminx"},
+		{".", "service target port", "targetPort: http\n", "targetPort: htp\n", "htp"},
+		{".", "pdb selector", "  minAvailable: 2\n  selector:\n    matchLabels:\n      app.kubernetes.io/component: membership-store\n", "  minAvailable: 2\n  selector:\n    matchLabels:\n      app.kubernetes.io/component: etcd\n", "PodDisruptionBudget"},
+		{".", "servicemonitor port", "    port: admin\n  selector:", "    port: metrics\n  selector:", "ServiceMonitor"},
+		{".", "servicemonitor honorLabels", "honorLabels: true", "honorLabels: false", "honorLabels"},
+		{".", "etcd initial cluster", "etcd-2=http://etcd-2.etcd:2380", "etcd-3=http://etcd-3.etcd:2380", "initial-cluster"},
+		{".", "etcd endpoints", "http://etcd-2.etcd:2379", "http://etcd-9.etcd:2379", "etcd-endpoints"},
+		{".", "configmap ref", "name: etcd-endpoints\n", "name: etcd-endpointz\n", "ConfigMap"},
+		{".", "no readiness probe", "readinessProbe:\n          failureThreshold: 2\n          httpGet:\n            path: /readyz", "startupProbe:\n          failureThreshold: 2\n          httpGet:\n            path: /readyz", "readinessProbe"},
+		{"epp-gie", "pool target port", "  - number: 8000\n", "  - number: 8001\n", "targetPort 8001"},
+		{"epp-gie", "pool picker port", "    port:\n      number: 9002\n", "    port:\n      number: 9003\n", "has no port 9003"},
+		{"epp-gie", "pool picker service", "    name: prefixrouter-epp\n", "    name: prefixrouter-ep\n", "prefixrouter-ep"},
+		{"epp-gie", "picker reaches the admin port", "    port: 9002\n    targetPort: ext-proc\n", "    port: 9002\n    targetPort: admin\n", "not a router's ext-proc port"},
+		{"epp-gie", "route backend", "kind: InferencePool\n      name: vllm", "kind: InferencePool\n      name: vlm", "vlm"},
+		{"epp-gie", "unknown pool field", "    failureMode: FailClose\n", "    failurMode: FailClose\n", "unknown field"},
+		{"epp-envoy", "unknown envoy field", "stat_prefix: inference", "stat_prefx: inference", "stat_prefx"},
+		{"epp-envoy", "envoy constraint", "port_value: 8081", "port_value: 80810", "PortValue"},
+		{"epp-envoy", "ext_proc cluster", "cluster_name: prefixrouter_epp }", "cluster_name: prefixrouter_ep }", "not defined"},
+		{"epp-envoy", "picker dns name", "prefixrouter-epp-pods.prefixrouter.svc", "prefixrouter-epp-pod.prefixrouter.svc", "not a Service"},
+		{"epp-envoy", "picker namespace", "prefixrouter-epp-pods.prefixrouter.svc", "prefixrouter-epp-pods.default.svc", "namespace"},
+		{"epp-envoy", "body mode", "request_body_mode: FULL_DUPLEX_STREAMED", "request_body_mode: BUFFERED", "FULL_DUPLEX_STREAMED"},
+		{"epp-envoy", "listener port", "port_value: 8081", "port_value: 8082", "listener port 8082"},
+		{"epp-envoy", "ext-proc listen port", "--ext-proc-listen=0.0.0.0:9002", "--ext-proc-listen=0.0.0.0:9003", "ext-proc"},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
+		t.Run(tt.build+"/"+tt.name, func(t *testing.T) {
+			good := builds[tt.build]
 			if !strings.Contains(good, tt.old) {
 				t.Fatalf("built manifests do not contain %q", tt.old)
 			}
@@ -222,6 +240,8 @@ func newTyped(apiVersion, kind string) (any, error) {
 		return &monitoringv1.ServiceMonitor{}, nil
 	case "inference.networking.k8s.io/v1/InferencePool":
 		return &inferencePool{}, nil
+	case "gateway.networking.k8s.io/v1/HTTPRoute":
+		return &httpRoute{}, nil
 	}
 	return nil, fmt.Errorf("no Go type known for %s %s", apiVersion, kind)
 }
@@ -287,6 +307,7 @@ type manifests struct {
 	pdbs            []*policyv1.PodDisruptionBudget
 	serviceMonitors []*monitoringv1.ServiceMonitor
 	pools           []*inferencePool
+	routes          []*httpRoute
 }
 
 func index(objs []object) manifests {
@@ -308,6 +329,8 @@ func index(objs []object) manifests {
 			m.serviceMonitors = append(m.serviceMonitors, v)
 		case *inferencePool:
 			m.pools = append(m.pools, v)
+		case *httpRoute:
+			m.routes = append(m.routes, v)
 		}
 	}
 	return m
@@ -332,6 +355,11 @@ func checkManifests(objs []object) []string {
 			add("%s: selector %v is empty or invalid: %v", w.id, w.selector, err)
 		} else if !sel.Matches(labels.Set(w.pod.Labels)) {
 			add("%s: selector %v does not match its pod labels %v", w.id, w.selector, w.pod.Labels)
+		}
+		for _, v := range w.pod.Spec.Volumes {
+			if v.ConfigMap != nil && m.configMaps[v.ConfigMap.Name] == nil {
+				add("%s: volume %s: ConfigMap %q is not in the manifests", w.id, v.Name, v.ConfigMap.Name)
+			}
 		}
 		for _, c := range w.pod.Spec.Containers {
 			where := w.id + " container " + c.Name
@@ -438,6 +466,8 @@ func checkManifests(objs []object) []string {
 			}
 		}
 	}
+	problems = append(problems, checkInferencePools(m)...)
+	problems = append(problems, checkEnvoyConfig(m)...)
 	return problems
 }
 
