@@ -14,7 +14,7 @@ import (
 func TestReplicasAgree(t *testing.T) {
 	const prefixes = 10000
 	c := newCluster(t, 0)
-	c.startReplicas(2, replicaOptions{})
+	c.startReplicas(2)
 	fleetOf(t, c, 5)
 	bs := bodies(prefixes)
 	choices := func(r *replica.Replica) []string {

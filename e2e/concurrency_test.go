@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/internal/localfleet"
 	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 	"github.com/prefixrouter/prefixrouter/membership"
 	"github.com/prefixrouter/prefixrouter/overload"
@@ -126,12 +127,12 @@ func optionReplicas(t *testing.T, opt string, T int, bs []*backend, clusters map
 	}
 	c := clusters[opt]
 	if c == nil {
-		c = newCluster(t, 0)
-		ro := replicaOptions{}
-		if opt == "c" {
-			ro.loadPoll = optPoll
-		}
-		c.startReplicas(optReplicas, ro)
+		c = newCluster(t, 0, func(cfg *localfleet.Options) {
+			if opt == "c" {
+				cfg.Router.LoadPollInterval = optPoll
+			}
+		})
+		c.startReplicas(optReplicas)
 		for _, b := range bs {
 			c.register(b.instance())
 		}

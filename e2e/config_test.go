@@ -18,7 +18,7 @@ import (
 // etcd behind the CLI's back are ignored and the previous config stays.
 func TestConfigSetFlipsStrategy(t *testing.T) {
 	c := newCluster(t, 0)
-	c.startReplicas(2, replicaOptions{})
+	c.startReplicas(2)
 	fleetOf(t, c, 3)
 	body := []byte("the same prompt every time")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

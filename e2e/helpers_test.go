@@ -16,9 +16,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/internal/localfleet"
 	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 	"github.com/prefixrouter/prefixrouter/membership"
-	"github.com/prefixrouter/prefixrouter/membership/etcdtest"
 	"github.com/prefixrouter/prefixrouter/replica"
 	"github.com/prefixrouter/prefixrouter/router"
 )
@@ -103,76 +103,78 @@ func (b *backend) reset() {
 	b.served.Store(0)
 }
 
-// cluster is one embedded etcd, router replicas watching it, and the
-// clients the tests use.
+// cluster is the e2e view of one localfleet: its embedded etcd and router
+// replicas, instances that the tests serve themselves (backend) and register
+// through the fleet, and the HTTP client the tests use.
 type cluster struct {
 	t        testing.TB
-	etcd     *membership.Embedded
-	cli      *clientv3.Client // the tests' own etcd client
+	f        *localfleet.Fleet
+	cli      *clientv3.Client // the fleet's etcd client, for the tests' own reads and writes
 	opts     membership.Options
 	replicas []*replica.Replica
 	http     *http.Client
 }
 
-// newCluster starts etcd and an HTTP client; the caller adds replicas.
-func newCluster(t testing.TB, ttl time.Duration) *cluster {
+// newCluster starts etcd (no instance, no replica) with lease TTL ttl (0:
+// membership.DefaultTTL) and an HTTP client; tune adjusts the fleet's
+// config (replica settings). The caller adds replicas and instances.
+func newCluster(t testing.TB, ttl time.Duration, tune ...func(*localfleet.Options)) *cluster {
 	t.Helper()
-	e := etcdtest.Start(t)
-	c := &cluster{t: t, etcd: e, opts: membership.Options{TTL: ttl, Logger: quiet}}
-	// Registered before everything else, so it runs last: closes the member
-	// running at the end (restartEtcd replaces it).
-	t.Cleanup(func() { c.etcd.Close() })
-	c.cli = etcdtest.Client(t, e)
+	if ttl == 0 {
+		ttl = membership.DefaultTTL
+	}
+	cfg := localfleet.Options{Endpoint: ep, TTL: ttl, FastEtcd: true, Logger: quiet}
+	for _, fn := range tune {
+		fn(&cfg)
+	}
+	f, err := localfleet.Start(testsupport.Context(t, 20*time.Second), cfg)
+	if err != nil {
+		t.Fatalf("start the fleet: %v", err)
+	}
+	// Registered before everything else, so it runs last: replicas and
+	// registrations still reach etcd when they close.
+	t.Cleanup(f.Close)
+	c := &cluster{t: t, f: f, cli: f.Client(), opts: membership.Options{TTL: ttl, Logger: quiet}}
 	tr := &http.Transport{MaxIdleConnsPerHost: 512, Proxy: nil}
 	t.Cleanup(tr.CloseIdleConnections)
 	c.http = &http.Client{Transport: tr, Timeout: 30 * time.Second}
 	return c
 }
 
-// restartEtcd stops etcd (if running) and starts it again on the same data
-// and URL. The member is closed by newCluster's cleanup, after everything
-// registered later, so that replicas and registrations still reach it
-// when they close (etcdtest.Restart's own cleanup would run first).
-func (c *cluster) restartEtcd() {
+// stopEtcd stops etcd, as an outage of the whole etcd cluster would.
+func (c *cluster) stopEtcd() {
 	c.t.Helper()
-	c.etcd.Close()
-	n, err := c.etcd.Restart()
-	if err != nil {
-		c.t.Fatalf("restart etcd: %v", err)
+	if err := c.f.StopEtcd(); err != nil {
+		c.t.Fatalf("stop etcd: %v", err)
 	}
-	c.etcd = n
 }
 
-// replicaOptions tune startReplicas.
-type replicaOptions struct {
-	loadPoll time.Duration
+// restartEtcd stops etcd (if running) and starts it again on the same data
+// and URL.
+func (c *cluster) restartEtcd() {
+	c.t.Helper()
+	if err := c.f.RestartEtcd(); err != nil {
+		c.t.Fatal(err)
+	}
 }
 
 // startReplicas starts n replicas, each with its own etcd client, and
 // waits until each counts all replicas started so far in its snapshot.
-func (c *cluster) startReplicas(n int, ro replicaOptions) {
+func (c *cluster) startReplicas(n int) {
 	c.t.Helper()
 	for i := 0; i < n; i++ {
-		id := fmt.Sprintf("r%d", len(c.replicas))
-		cli := etcdtest.Client(c.t, c.etcd)
-		tr := router.NewTransport(0)
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		r, err := replica.Start(ctx, replica.Options{
-			ID: id, Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0",
-			Client: cli, Membership: c.opts, Logger: quiet,
-			Router: router.Options{DefaultEndpoint: ep, LoadPollInterval: ro.loadPoll, Transport: tr},
-		})
+		r, err := c.f.AddReplica(ctx)
 		cancel()
 		if err != nil {
-			c.t.Fatalf("start replica %s: %v", id, err)
+			c.t.Fatalf("start replica: %v", err)
 		}
 		c.t.Cleanup(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			if err := r.Close(ctx); err != nil {
-				c.t.Errorf("close replica %s: %v", id, err)
+			if err := c.f.StopReplica(ctx, r); err != nil {
+				c.t.Errorf("close replica %s: %v", r.Addr(), err)
 			}
-			tr.CloseIdleConnections()
 		})
 		c.replicas = append(c.replicas, r)
 	}
@@ -187,27 +189,30 @@ func (c *cluster) startReplicas(n int, ro replicaOptions) {
 	})
 }
 
-// register registers in with the cluster's client and closes the
-// registration when the test ends (a no-op if the test closed it).
+// register registers in (served by the test) through the fleet, with its
+// own etcd client, and closes the registration when the test ends (a no-op
+// if the test closed it).
 func (c *cluster) register(in fleet.Instance) *membership.InstanceRegistration {
 	c.t.Helper()
-	return registerWith(c.t, c.cli, in, c.opts)
+	return c.registerInstance(in, 0).Registration()
 }
 
-func registerWith(t testing.TB, cli *clientv3.Client, in fleet.Instance, opts membership.Options) *membership.InstanceRegistration {
-	t.Helper()
+// registerInstance is register with a lease of ttl (0: the cluster's),
+// returning the fleet's instance, for tests that crash it.
+func (c *cluster) registerInstance(in fleet.Instance, ttl time.Duration) *localfleet.Instance {
+	c.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	reg, err := membership.RegisterInstance(ctx, cli, ep, in, opts)
+	x, err := c.f.Register(ctx, in, ttl)
 	if err != nil {
-		t.Fatalf("register %s: %v", in.ID, err)
+		c.t.Fatalf("register %s: %v", in.ID, err)
 	}
-	t.Cleanup(func() {
+	c.t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		_ = reg.Close(ctx)
+		_ = x.Registration().Close(ctx)
 	})
-	return reg
+	return x
 }
 
 // lookup returns the instance's record in the replica's snapshot.

@@ -10,7 +10,6 @@ import (
 	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 	"github.com/prefixrouter/prefixrouter/membership"
-	"github.com/prefixrouter/prefixrouter/membership/etcdtest"
 	"github.com/prefixrouter/prefixrouter/replica"
 )
 
@@ -47,7 +46,7 @@ func instances(bs ...*backend) []fleet.Instance {
 // every replica, a key whose primary it is within 1 s of registering.
 func TestRegisterRoutesWithinOneSecond(t *testing.T) {
 	c := newCluster(t, 0)
-	c.startReplicas(2, replicaOptions{})
+	c.startReplicas(2)
 	old, _ := fleetOf(t, c, 3)
 	nb := newBackend(t, "new")
 	body := bodyFor(t, instances(append(old, nb)...), nb.id, "")
@@ -77,7 +76,7 @@ func TestRegisterRoutesWithinOneSecond(t *testing.T) {
 // leaves every snapshot within 1 s and no request fails.
 func TestGracefulStopNoFailedRequest(t *testing.T) {
 	c := newCluster(t, 0)
-	c.startReplicas(2, replicaOptions{})
+	c.startReplicas(2)
 	bs, _ := fleetOf(t, c, 3)
 	leaving := newBackend(t, "leaving")
 	leaving.hold.Store(int64(20 * time.Millisecond)) // requests overlap the drain
@@ -134,22 +133,15 @@ func TestGracefulStopNoFailedRequest(t *testing.T) {
 func TestCrashGoneWithinTTL(t *testing.T) {
 	const ttl = time.Second
 	c := newCluster(t, 0)
-	c.startReplicas(2, replicaOptions{})
+	c.startReplicas(2)
 	bs, _ := fleetOf(t, c, 2)
 	crashing := newBackend(t, "crashing")
-	cli, err := membership.NewClient(membership.ClientOptions{Endpoints: c.etcd.Endpoints()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	opts := c.opts
-	opts.TTL = ttl
-	reg := registerWith(t, cli, crashing.instance(), opts)
+	x := c.registerInstance(crashing.instance(), ttl)
 	testsupport.Eventually(t, 10*time.Second, "crashing instance on every replica", func() bool { return c.hasInstances(bs[0].id, bs[1].id, crashing.id) })
 
 	// The crash: the process's etcd connection goes away, no revoke.
 	start := time.Now()
-	cli.Close()
+	c.f.CrashInstance(x)
 	testsupport.Eventually(t, 20*time.Second, "crashed instance gone from every replica", func() bool { return c.hasInstances(bs[0].id, bs[1].id) })
 	elapsed := time.Since(start)
 	within(t, "crashed instance gone from every replica", elapsed, ttl+time.Second)
@@ -158,7 +150,7 @@ func TestCrashGoneWithinTTL(t *testing.T) {
 	if elapsed < ttl/3 {
 		t.Errorf("gone after %v: the lease was revoked, not left to expire", elapsed)
 	}
-	if err := reg.Close(context.Background()); err == nil {
+	if err := x.Registration().Close(context.Background()); err == nil {
 		t.Error("closing a registration whose client is gone: want an error saying the lease expires by itself")
 	}
 }
@@ -168,7 +160,7 @@ func TestCrashGoneWithinTTL(t *testing.T) {
 // replica, within 1 s.
 func TestAdapterChangeRoutesWithinOneSecond(t *testing.T) {
 	c := newCluster(t, 0)
-	c.startReplicas(2, replicaOptions{})
+	c.startReplicas(2)
 	bs, regs := fleetOf(t, c, 3)
 	const adapter = "lora-x"
 	target := bs[2]
@@ -226,11 +218,11 @@ func outageWindow(t *testing.T) time.Duration {
 func TestEtcdOutageStaticStability(t *testing.T) {
 	window := outageWindow(t)
 	c := newCluster(t, 0)
-	c.startReplicas(2, replicaOptions{})
+	c.startReplicas(2)
 	bs, regs := fleetOf(t, c, 3)
 	ids := []string{bs[0].id, bs[1].id, bs[2].id}
 
-	c.etcd.Close()
+	c.stopEtcd()
 	load := c.startLoad(4, 1<<20, window+time.Minute, bodies(64))
 	defer load.stop()
 	// A change made meanwhile: it cannot be written now; the registration
@@ -285,11 +277,11 @@ func TestEtcdOutageStaticStability(t *testing.T) {
 func TestRevokedLeaseReestablished(t *testing.T) {
 	const ttl = 2 * time.Second
 	c := newCluster(t, ttl)
-	c.startReplicas(2, replicaOptions{})
+	c.startReplicas(2)
 	bs, regs := fleetOf(t, c, 3)
 	ids := []string{bs[0].id, bs[1].id, bs[2].id}
 	old := regs[0].LeaseID()
-	other := etcdtest.Client(t, c.etcd)
+	other := c.cli
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 

@@ -17,9 +17,9 @@ func TestUpdateDuringOutageNotLost(t *testing.T) {
 	// The lease is lost after a TTL without a keepalive answer, timed by
 	// etcd's client: the test member's minimum TTL keeps that wait short.
 	c := newCluster(t, time.Second)
-	c.startReplicas(1, replicaOptions{})
+	c.startReplicas(1)
 	bs, regs := fleetOf(t, c, 1)
-	c.etcd.Close()
+	c.stopEtcd()
 	// The keepalive saw no answer for a TTL: the owner is now granting.
 	testsupport.Eventually(t, 20*time.Second, "lease lost", func() bool { return regs[0].LeaseID() == 0 })
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -22,8 +21,6 @@ import (
 	"github.com/prefixrouter/prefixrouter/admin/adminpb"
 	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/internal/testsupport"
-	"github.com/prefixrouter/prefixrouter/membership"
-	"github.com/prefixrouter/prefixrouter/membership/etcdtest"
 	"github.com/prefixrouter/prefixrouter/router"
 )
 
@@ -56,167 +53,6 @@ func dialAdmin(t *testing.T, r *Replica) (adminpb.AdminClient, *grpc.ClientConn)
 	}
 	t.Cleanup(func() { conn.Close() })
 	return adminpb.NewAdminClient(conn), conn
-}
-
-func TestAdminAPIWithEtcd(t *testing.T) {
-	e := etcdtest.Start(t)
-	cli := etcdtest.Client(t, e)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	mopts := membership.Options{Logger: quiet}
-	insts := backends(t, 3)
-	for _, in := range insts {
-		reg, err := membership.RegisterInstance(ctx, cli, "chat", in, mopts)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { reg.Close(context.Background()) })
-	}
-	tr := &http.Transport{}
-	defer tr.CloseIdleConnections()
-	rep, err := Start(ctx, Options{
-		ID: "r-1", Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", Router: router.Options{DefaultEndpoint: "chat"},
-		Client: cli, Membership: mopts, Logger: quiet,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := rep.Close(context.Background()); err != nil {
-			t.Error(err)
-		}
-	}()
-	ac, _ := dialAdmin(t, rep)
-
-	t.Run("GetFleet", func(t *testing.T) {
-		// Registrations may reach the watcher after its first snapshot.
-		var got []string
-		testsupport.Eventually(t, 5*time.Second, "three instances in GetFleet", func() bool {
-			resp, err := ac.GetFleet(ctx, &adminpb.GetFleetRequest{Endpoint: "chat"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			got = got[:0]
-			for _, in := range resp.GetEndpoints()[0].GetInstances() {
-				got = append(got, in.GetId())
-				if in.GetState() == nil || in.GetState().GetBreaker() != adminpb.BreakerState_BREAKER_STATE_CLOSED || in.GetState().GetExternalLoad() != -1 {
-					t.Fatalf("instance %s state %v", in.GetId(), in.GetState())
-				}
-			}
-			return len(got) == 3
-		})
-		if !slices.Equal(got, []string{"i-0", "i-1", "i-2"}) {
-			t.Fatalf("instances %v", got)
-		}
-	})
-
-	t.Run("ExplainRoute matches the data plane", func(t *testing.T) {
-		tests := []struct {
-			path, body string
-			hdr        map[string]string
-		}{
-			{"/endpoints/chat/invocations", strings.Repeat("shared system prompt ", 100) + "q1", map[string]string{"X-Amzn-SageMaker-Prefix-Aware-Id": "tenant-a"}},
-			{"/invocations", "another prompt", nil},
-			{"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hello there"}]}`, nil},
-		}
-		seen := map[string]bool{}
-		for i := range 40 {
-			tests = append(tests, struct {
-				path, body string
-				hdr        map[string]string
-			}{"/endpoints/chat/invocations", fmt.Sprintf("prompt %d", i), nil})
-		}
-		for _, tc := range tests {
-			ex, err := ac.ExplainRoute(ctx, &adminpb.ExplainRouteRequest{
-				Endpoint: "chat", Path: tc.path, Headers: tc.hdr,
-				Payload: &adminpb.ExplainRouteRequest_BodyText{BodyText: tc.body},
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if ex.GetInstance() == "" || len(ex.GetCandidates()) != 3 || ex.GetCandidates()[0] != ex.GetInstance() || ex.GetStrategy() != "PREFIX_AWARE" {
-				t.Fatalf("explanation %v", ex)
-			}
-			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, rep.URL()+tc.path, strings.NewReader(tc.body))
-			for k, v := range tc.hdr {
-				req.Header.Set(k, v)
-			}
-			resp, err := (&http.Client{Transport: tr}).Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusOK || resp.Header.Get(router.HeaderInstance) != ex.GetInstance() {
-				t.Fatalf("%s: status %d instance %q, ExplainRoute %q", tc.path, resp.StatusCode, resp.Header.Get(router.HeaderInstance), ex.GetInstance())
-			}
-			seen[ex.GetInstance()] = true
-		}
-		// Otherwise agreement could come from a one-instance ring.
-		if len(seen) != 3 {
-			t.Fatalf("43 keys reached only %v", seen)
-		}
-	})
-
-	t.Run("ExplainRoute errors", func(t *testing.T) {
-		for _, tc := range []struct {
-			req  *adminpb.ExplainRouteRequest
-			want codes.Code
-		}{
-			{&adminpb.ExplainRouteRequest{Endpoint: "nope"}, codes.NotFound},
-			{&adminpb.ExplainRouteRequest{Endpoint: "chat", Path: "/v1/chat/completions", Payload: &adminpb.ExplainRouteRequest_BodyText{BodyText: "{"}}, codes.InvalidArgument},
-			{&adminpb.ExplainRouteRequest{Endpoint: "chat", Headers: map[string]string{"X-Amzn-SageMaker-Prefix-Aware-Id": strings.Repeat("t", 65)}}, codes.InvalidArgument},
-		} {
-			if _, err := ac.ExplainRoute(ctx, tc.req); status.Code(err) != tc.want {
-				t.Fatalf("%v: %v, want %v", tc.req, err, tc.want)
-			}
-		}
-	})
-
-	t.Run("SetRoutingConfig", func(t *testing.T) {
-		strategy := func() fleet.Strategy {
-			return rep.Router().Snapshot().Endpoint("chat").Config.WithDefaults().RoutingStrategy
-		}
-		for _, s := range []fleet.Strategy{fleet.Random, fleet.LeastOutstanding, fleet.PrefixAware} {
-			resp, err := ac.SetRoutingConfig(ctx, &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Strategy: string(s)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if resp.GetConfig().GetStrategy() != string(s) {
-				t.Fatalf("written %v", resp.GetConfig())
-			}
-			testsupport.Eventually(t, time.Second, "strategy "+string(s)+" in the replica's snapshot", func() bool { return strategy() == s })
-			got, err := ac.GetRoutingConfig(ctx, &adminpb.GetRoutingConfigRequest{Endpoint: "chat"})
-			if err != nil || !got.GetStored() || got.GetConfig().GetStrategy() != string(s) || got.GetApplied().GetStrategy() != string(s) {
-				t.Fatalf("GetRoutingConfig %v %v", got, err)
-			}
-		}
-		for _, bad := range []*adminpb.SetRoutingConfigRequest{
-			{Endpoint: "chat", Strategy: "ROUND_ROBIN"},
-			{Endpoint: "chat", PrefixLength: 100},
-		} {
-			if _, err := ac.SetRoutingConfig(ctx, bad); status.Code(err) != codes.InvalidArgument {
-				t.Fatalf("%v: %v, want InvalidArgument", bad, err)
-			}
-		}
-		if s := strategy(); s != fleet.PrefixAware {
-			t.Fatalf("strategy %s after rejected writes", s)
-		}
-	})
-
-	t.Run("metrics over HTTP/1 on the same port", func(t *testing.T) {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+rep.AdminAddr()+"/metrics", nil)
-		resp, err := (&http.Client{Transport: tr}).Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		want := `grpc_server_handled_total{grpc_code="OK",grpc_method="SetRoutingConfig",grpc_service="prefixrouter.admin.v1.Admin",grpc_type="unary"} 3`
-		if resp.StatusCode != http.StatusOK || resp.ProtoMajor != 1 || !strings.Contains(string(b), want) || !strings.Contains(string(b), "prefixrouter_") {
-			t.Fatalf("status %d proto %s, want %q in:\n%.2000s", resp.StatusCode, resp.Proto, want, b)
-		}
-	})
 }
 
 // TestStaticFleetAdmin also checks that Close ends a health Watch stream

@@ -1,7 +1,10 @@
 // Package localfleet runs a whole prefixrouter deployment inside one process:
-// an embedded etcd, simulated model servers registered by the real agent, and
-// router replicas started through the replica package. The demo and the chaos
-// suite drive it; everything listens on loopback.
+// an embedded etcd, model-server instances (simulators or stub handlers
+// registered by the real agent, or servers a test runs itself and the
+// harness registers), and router replicas started through the replica
+// package. It is the one in-process cluster harness (etcd's integration
+// package is the model): the demo, the chaos suite, e2e and the replica
+// tests drive it. Everything listens on loopback.
 package localfleet
 
 import (
@@ -12,6 +15,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,24 +35,42 @@ type Options struct {
 	// Dir holds etcd's data; empty means a new temporary directory, removed
 	// by Close.
 	Dir string
-	// Instances and Replicas: how many simulated model servers and router
-	// replicas to start (defaults 7 and 2).
+	// Instances and Replicas: how many model servers (AddInstance) and
+	// router replicas (AddReplica) Start starts. Zero starts none; tests
+	// that build their fleet step by step add them later.
 	Instances, Replicas int
 	// Endpoint name (default "default").
 	Endpoint string
 	// Sim is the template of every simulated server; ID is set per instance
 	// ("sim-0", "sim-1", ...).
 	Sim sim.Options
-	// Routing is written to etcd before the replicas start.
+	// Backend, when set, serves each instance AddInstance starts instead of
+	// a simulator (Sim is then unused): a stub such as Stub for tests that
+	// need a model server's HTTP surface but not its cost model. The agent
+	// registers it as it does a simulator, so it must answer GET /health or
+	// /ping, and it drains on /metrics: a handler without vLLM's request
+	// gauges there holds a stopping agent for the whole DrainTimeout.
+	Backend func(id string) http.Handler
+	// FastEtcd shortens the embedded etcd's heartbeat and election
+	// (membership.WithFastTicks): it elects itself sooner and its minimum
+	// lease TTL drops from 2 s to 1 s, so that tests waiting for a lease to
+	// expire wait the least. The demo and chaos keep etcd's defaults.
+	FastEtcd bool
+	// Routing is written to etcd before the replicas start; the zero value
+	// writes no config key (replicas then use the default config).
 	Routing fleet.RoutingConfig
 	// TTL of every lease (default 2 s: chaos scenarios wait for crashes to
-	// expire).
+	// expire). With FastEtcd, 1 s is the least etcd grants.
 	TTL time.Duration
 	// Router is every replica's router options (its DefaultEndpoint is set
 	// to Endpoint; zero values mean router's defaults, health checks off).
 	Router router.Options
 	// DrainTimeout bounds an instance's graceful stop (default 10 s).
 	DrainTimeout time.Duration
+	// DrainGrace is the least time a stopping agent keeps its instance
+	// registered as draining (zero: agent.DefaultDrainGrace, 1 s); tests
+	// shorten it.
+	DrainGrace time.Duration
 	// Logger; nil discards.
 	Logger *slog.Logger
 }
@@ -60,27 +82,50 @@ type Fleet struct {
 	tempDir string
 	client  *clientv3.Client
 
-	mu        sync.Mutex // guards etcd, instances, crashed, replicas, next
+	mu        sync.Mutex // guards etcd, instances, crashed, replicas, next, nextReplica
 	etcd      *membership.Embedded
 	instances []*Instance
 	crashed   []*Instance // agents still stopping after CrashInstance
-	replicas  []*replica.Replica
+	replicas  []*fleetReplica
 	next      int
+	// nextReplica numbers replicas ("router-0", ...) so that an id is never
+	// reused, even after StopReplica.
+	nextReplica int
 }
 
-// Instance is one simulated model server with its agent.
+// fleetReplica is a replica with the etcd client the fleet dialled for it
+// (one per replica, as separate processes would have).
+type fleetReplica struct {
+	*replica.Replica
+	client    *clientv3.Client
+	transport *http.Transport // nil when Options.Router brought its own
+}
+
+// Instance is one model server with what registers it: a simulator (or
+// Options.Backend) with its agent, started by AddInstance, or a server the
+// caller runs, registered by Register.
 type Instance struct {
-	ID     string
-	Sim    *sim.Server
-	addr   string
-	srv    *http.Server
+	ID string
+	// Sim is the simulator; nil for a Backend stub or a registered server.
+	Sim  *sim.Server
+	addr string
+	// srv is the HTTP server the fleet runs for the instance; nil for a
+	// registered server.
+	srv *http.Server
+	// client is the instance's own etcd client: closing it is a crash.
 	client *clientv3.Client
+	// reg is the record Register holds; nil for an agent's instance.
+	reg *membership.InstanceRegistration
+	// cancel stops the agent; done is closed when it has stopped (at once
+	// for a registered server, which has no agent).
 	cancel context.CancelFunc
 	done   chan struct{}
 	fault  atomic.Int32
 
 	hangMu sync.Mutex    // guards unhang
 	unhang chan struct{} // closed when FaultHang is cleared; nil when not hanging
+
+	handler http.Handler // the simulator or the Backend stub
 }
 
 // Fault is an injected misbehaviour of an instance's HTTP server.
@@ -99,6 +144,11 @@ const (
 
 // URL is the instance's base URL.
 func (in *Instance) URL() string { return "http://" + in.addr }
+
+// Registration is the record of an instance added by Register, through
+// which a test changes its adapters or draining flag; nil for an instance
+// whose agent holds the record.
+func (in *Instance) Registration() *membership.InstanceRegistration { return in.reg }
 
 // SetFault injects (or clears, with FaultNone) a fault. Clearing FaultHang
 // releases the requests it holds.
@@ -138,18 +188,12 @@ func (in *Instance) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	in.Sim.ServeHTTP(w, r)
+	in.handler.ServeHTTP(w, r)
 }
 
 // Start starts etcd, the instances (each registered by its agent) and the
 // replicas, and returns once every replica sees every instance.
 func Start(ctx context.Context, cfg Options) (f *Fleet, err error) {
-	if cfg.Instances == 0 {
-		cfg.Instances = 7
-	}
-	if cfg.Replicas == 0 {
-		cfg.Replicas = 2
-	}
 	if cfg.Endpoint == "" {
 		cfg.Endpoint = "default"
 	}
@@ -175,7 +219,11 @@ func Start(ctx context.Context, cfg Options) (f *Fleet, err error) {
 		}
 		f.tempDir = dir
 	}
-	e, err := membership.StartEmbedded(dir, "http://127.0.0.1:0")
+	var eopts []membership.EmbeddedOption
+	if cfg.FastEtcd {
+		eopts = append(eopts, membership.WithFastTicks())
+	}
+	e, err := membership.StartEmbedded(dir, "http://127.0.0.1:0", eopts...)
 	if err != nil {
 		return nil, fmt.Errorf("localfleet: etcd: %w", err)
 	}
@@ -183,8 +231,10 @@ func Start(ctx context.Context, cfg Options) (f *Fleet, err error) {
 	if f.client, err = f.newClient(); err != nil {
 		return nil, err
 	}
-	if err = membership.PutConfig(ctx, f.client, membership.Layout{}, cfg.Endpoint, cfg.Routing); err != nil {
-		return nil, err
+	if cfg.Routing != (fleet.RoutingConfig{}) {
+		if err = membership.PutConfig(ctx, f.client, membership.Layout{}, cfg.Endpoint, cfg.Routing); err != nil {
+			return nil, err
+		}
 	}
 	for i := 0; i < cfg.Instances; i++ {
 		if _, err = f.AddInstance(ctx); err != nil {
@@ -192,25 +242,79 @@ func Start(ctx context.Context, cfg Options) (f *Fleet, err error) {
 		}
 	}
 	for i := 0; i < cfg.Replicas; i++ {
-		ro := cfg.Router
-		ro.DefaultEndpoint = cfg.Endpoint
-		rep, err := replica.Start(ctx, replica.Options{
-			ID: fmt.Sprintf("router-%d", i), Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0",
-			Client: f.client, Logger: cfg.Logger,
-			Membership: membership.Options{TTL: cfg.TTL, Logger: cfg.Logger},
-			Router:     ro,
-		})
-		if err != nil {
+		if _, err = f.AddReplica(ctx); err != nil {
 			return nil, err
 		}
-		f.mu.Lock()
-		f.replicas = append(f.replicas, rep)
-		f.mu.Unlock()
 	}
 	return f, f.WaitFor(ctx, func(s *fleet.Snapshot) bool {
-		ep := s.Endpoint(cfg.Endpoint)
-		return ep != nil && len(ep.Instances) == cfg.Instances && s.Replicas == cfg.Replicas
+		n := 0
+		if ep := s.Endpoint(cfg.Endpoint); ep != nil {
+			n = len(ep.Instances)
+		}
+		return n == cfg.Instances && s.Replicas == cfg.Replicas
 	})
+}
+
+// AddReplica starts one more router replica with its own etcd client and
+// returns once it has its first snapshot (other replicas count it once its
+// record reaches them; WaitFor that if it matters).
+func (f *Fleet) AddReplica(ctx context.Context) (*replica.Replica, error) {
+	f.mu.Lock()
+	id := fmt.Sprintf("router-%d", f.nextReplica)
+	f.nextReplica++
+	f.mu.Unlock()
+	cli, err := f.newClient()
+	if err != nil {
+		return nil, err
+	}
+	cfg := f.cfg
+	ro := cfg.Router
+	ro.DefaultEndpoint = cfg.Endpoint
+	// The fleet owns the transport it makes (as router would by default),
+	// so that StopReplica can close its idle connections.
+	var tr *http.Transport
+	if ro.Transport == nil {
+		tr = router.NewTransport(ro.UpstreamHeaderTimeout)
+		ro.Transport = tr
+	}
+	rep, err := replica.Start(ctx, replica.Options{
+		ID: id, Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0",
+		Client: cli, Logger: cfg.Logger,
+		Membership: membership.Options{TTL: cfg.TTL, Logger: cfg.Logger},
+		Router:     ro,
+	})
+	if err != nil {
+		_ = cli.Close()
+		return nil, err
+	}
+	f.mu.Lock()
+	f.replicas = append(f.replicas, &fleetReplica{Replica: rep, client: cli, transport: tr})
+	f.mu.Unlock()
+	return rep, nil
+}
+
+// StopReplica stops a replica gracefully (deregistering it, waiting for its
+// requests until ctx ends) and closes its etcd client.
+func (f *Fleet) StopReplica(ctx context.Context, r *replica.Replica) error {
+	f.mu.Lock()
+	var fr *fleetReplica
+	for i, x := range f.replicas {
+		if x.Replica == r {
+			fr = x
+			f.replicas = append(f.replicas[:i], f.replicas[i+1:]...)
+			break
+		}
+	}
+	f.mu.Unlock()
+	if fr == nil {
+		return fmt.Errorf("localfleet: replica %s is not running in this fleet", r.Addr())
+	}
+	err := fr.Close(ctx)
+	_ = fr.client.Close()
+	if fr.transport != nil {
+		fr.transport.CloseIdleConnections()
+	}
+	return err
 }
 
 func (f *Fleet) newClient() (*clientv3.Client, error) {
@@ -233,12 +337,14 @@ func (f *Fleet) Etcd() *membership.Embedded {
 // meanwhile.
 func (f *Fleet) StopEtcd() error { return f.Etcd().Close() }
 
-// RestartEtcd starts etcd again on the same data directory and client URL,
-// so that every client reconnects by itself and the keys are intact (leases
-// included: etcd renews them when its member becomes leader again).
+// RestartEtcd stops etcd if it still runs and starts it again on the same
+// data directory and client URL, so that every client reconnects by itself
+// and the keys are intact (leases included: etcd renews them when its member
+// becomes leader again).
 func (f *Fleet) RestartEtcd() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	_ = f.etcd.Close() // idempotent
 	e, err := f.etcd.Restart()
 	if err != nil {
 		return fmt.Errorf("localfleet: restart etcd: %w", err)
@@ -250,35 +356,46 @@ func (f *Fleet) RestartEtcd() error {
 // Endpoint is the endpoint every instance serves.
 func (f *Fleet) Endpoint() string { return f.cfg.Endpoint }
 
-// AddInstance starts one more simulated server and its agent, and returns
-// once the agent has registered it (not waiting for the replicas to see it).
+// AddInstance starts one more simulated server ("sim-N"; with
+// Options.Backend a stub, "stub-N") and its agent, and returns once the agent
+// has registered it (not waiting for the replicas to see it).
 func (f *Fleet) AddInstance(ctx context.Context) (*Instance, error) {
+	kind := "sim"
+	if f.cfg.Backend != nil {
+		kind = "stub"
+	}
 	f.mu.Lock()
-	id := fmt.Sprintf("sim-%d", f.next)
+	id := fmt.Sprintf("%s-%d", kind, f.next)
 	f.next++
 	f.mu.Unlock()
-	sc := f.cfg.Sim
-	sc.ID = id
-	if sc.Logger == nil {
-		sc.Logger = f.log
-	}
-	s, err := sim.New(sc)
-	if err != nil {
-		return nil, err
+	in := &Instance{ID: id, done: make(chan struct{})}
+	if f.cfg.Backend != nil {
+		in.handler = f.cfg.Backend(id)
+	} else {
+		sc := f.cfg.Sim
+		sc.ID = id
+		if sc.Logger == nil {
+			sc.Logger = f.log
+		}
+		s, err := sim.New(sc)
+		if err != nil {
+			return nil, err
+		}
+		in.Sim, in.handler = s, s
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		s.Close()
+		in.closeSim()
 		return nil, err
 	}
-	in := &Instance{ID: id, Sim: s, addr: ln.Addr().String(), done: make(chan struct{})}
+	in.addr = ln.Addr().String()
 	in.srv = &http.Server{Handler: http.HandlerFunc(in.serveHTTP), ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = in.srv.Serve(ln) }()
 	// Each agent has its own etcd client, so that a crash can stop its
 	// keepalives without revoking the lease.
 	if in.client, err = f.newClient(); err != nil {
 		_ = in.srv.Close()
-		s.Close()
+		in.closeSim()
 		return nil, err
 	}
 	actx, cancel := context.WithCancel(context.Background())
@@ -288,7 +405,7 @@ func (f *Fleet) AddInstance(ctx context.Context) (*Instance, error) {
 		err := agent.Run(actx, agent.Options{
 			Client: in.client, Options: membership.Options{TTL: f.cfg.TTL, Logger: f.log},
 			Endpoint: f.cfg.Endpoint, Instance: fleet.Instance{ID: id, Addr: in.URL()},
-			DiscoverAdapters: true, DrainTimeout: f.cfg.DrainTimeout,
+			DiscoverAdapters: f.cfg.Backend == nil, DrainTimeout: f.cfg.DrainTimeout, DrainGrace: f.cfg.DrainGrace,
 			HealthInterval: 20 * time.Millisecond, PollInterval: time.Second,
 		})
 		if err != nil {
@@ -298,7 +415,7 @@ func (f *Fleet) AddInstance(ctx context.Context) (*Instance, error) {
 	if err := f.waitRegistered(ctx, in); err != nil {
 		in.cancel()
 		<-in.done
-		in.stopServer()
+		in.stop(ctx)
 		return nil, err
 	}
 	f.mu.Lock()
@@ -327,9 +444,51 @@ func (f *Fleet) waitRegistered(ctx context.Context, in *Instance) error {
 	}
 }
 
-func (in *Instance) stopServer() {
-	_ = in.srv.Close()
-	in.Sim.Close()
+// Register registers an instance the caller serves at in.Addr (a test's
+// own stub server) under the fleet's endpoint, with its own etcd client, a
+// lease of ttl (zero: the fleet's TTL) and no agent: Instance.Registration changes the record,
+// StopInstance revokes it and CrashInstance drops the client so that the
+// lease expires. It returns once the record is written (not waiting for the
+// replicas to see it).
+func (f *Fleet) Register(ctx context.Context, in fleet.Instance, ttl time.Duration) (*Instance, error) {
+	if ttl == 0 {
+		ttl = f.cfg.TTL
+	}
+	cli, err := f.newClient()
+	if err != nil {
+		return nil, err
+	}
+	reg, err := membership.RegisterInstance(ctx, cli, f.cfg.Endpoint, in, membership.Options{TTL: ttl, Logger: f.log})
+	if err != nil {
+		_ = cli.Close()
+		return nil, err
+	}
+	addr := strings.TrimPrefix(strings.TrimPrefix(in.Addr, "http://"), "https://")
+	x := &Instance{ID: in.ID, addr: addr, client: cli, reg: reg, cancel: func() {}, done: make(chan struct{})}
+	close(x.done) // no agent to wait for
+	f.mu.Lock()
+	f.instances = append(f.instances, x)
+	f.mu.Unlock()
+	return x, nil
+}
+
+func (in *Instance) closeSim() {
+	if in.Sim != nil {
+		in.Sim.Close()
+	}
+}
+
+// stop ends what the fleet runs for the instance once its agent (if any)
+// has stopped: the record of a registered server is revoked (a no-op after
+// a crash or if the test closed it), then the server and the client close.
+func (in *Instance) stop(ctx context.Context) {
+	if in.reg != nil {
+		_ = in.reg.Close(ctx)
+	}
+	if in.srv != nil {
+		_ = in.srv.Close()
+	}
+	in.closeSim()
 	_ = in.client.Close()
 }
 
@@ -363,6 +522,7 @@ func (f *Fleet) remove(in *Instance) {
 
 // StopInstance stops an instance gracefully, as a SIGTERM to its agent
 // would: draining, waiting for its requests, revoking; then the server stops.
+// A registered server's record is revoked (the caller stops the server).
 func (f *Fleet) StopInstance(in *Instance) {
 	in.SetFault(FaultNone) // a frozen server would not drain either; do not wait on it
 	f.remove(in)
@@ -371,8 +531,10 @@ func (f *Fleet) StopInstance(in *Instance) {
 	// Let requests still being answered finish before closing the server.
 	sctx, cancel := context.WithTimeout(context.Background(), f.cfg.DrainTimeout)
 	defer cancel()
-	_ = in.srv.Shutdown(sctx)
-	in.stopServer()
+	if in.srv != nil {
+		_ = in.srv.Shutdown(sctx)
+	}
+	in.stop(sctx)
 }
 
 // CrashInstance kills an instance without any goodbye: its server closes
@@ -381,8 +543,10 @@ func (f *Fleet) StopInstance(in *Instance) {
 func (f *Fleet) CrashInstance(in *Instance) {
 	f.remove(in)
 	_ = in.client.Close() // keepalives stop; the lease is not revoked
-	_ = in.srv.Close()    // connections reset; new ones refused
-	in.Sim.Close()
+	if in.srv != nil {
+		_ = in.srv.Close() // connections reset; new ones refused
+	}
+	in.closeSim()
 	// The agent, told to stop with its client gone, can write nothing, but
 	// its drain may wait out DrainTimeout (its draining flag cannot be
 	// written): Close waits for it, so that a crash returns at once, as a
@@ -397,7 +561,11 @@ func (f *Fleet) CrashInstance(in *Instance) {
 func (f *Fleet) Replicas() []*replica.Replica {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return append([]*replica.Replica(nil), f.replicas...)
+	out := make([]*replica.Replica, len(f.replicas))
+	for i, r := range f.replicas {
+		out[i] = r.Replica
+	}
+	return out
 }
 
 // RouterURLs are the replicas' base URLs.
@@ -466,11 +634,15 @@ func (f *Fleet) WaitFor(ctx context.Context, ok func(*fleet.Snapshot) bool) erro
 	}
 }
 
-// HasInstances is a WaitFor condition: the endpoint lists exactly these ids.
+// HasInstances is a WaitFor condition: the endpoint lists exactly these ids
+// (none: no instance, or no endpoint at all), none of them draining.
 func (f *Fleet) HasInstances(ids ...string) func(*fleet.Snapshot) bool {
 	return func(s *fleet.Snapshot) bool {
 		ep := s.Endpoint(f.cfg.Endpoint)
-		if ep == nil || len(ep.Instances) != len(ids) {
+		if ep == nil {
+			return len(ids) == 0
+		}
+		if len(ep.Instances) != len(ids) {
 			return false
 		}
 		want := map[string]bool{}
@@ -500,16 +672,20 @@ func (f *Fleet) Close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	for _, r := range f.Replicas() {
-		if err := r.Close(ctx); err != nil {
+		if err := f.StopReplica(ctx, r); err != nil {
 			f.log.Warn("localfleet: closing replica", "err", err)
 		}
 	}
-	for _, in := range f.Instances() {
+	// Every agent drains at once, as in a fleet shut down as a whole.
+	running := f.Instances()
+	for _, in := range running {
 		in.SetFault(FaultNone)
 		f.remove(in)
 		in.cancel()
+	}
+	for _, in := range running {
 		<-in.done
-		in.stopServer()
+		in.stop(ctx)
 	}
 	f.mu.Lock()
 	crashed := f.crashed
@@ -517,6 +693,10 @@ func (f *Fleet) Close() {
 	f.mu.Unlock()
 	for _, in := range crashed {
 		<-in.done
+		if in.reg != nil {
+			// Its client is gone: this only releases the registration.
+			_ = in.reg.Close(ctx)
+		}
 	}
 	if f.client != nil {
 		_ = f.client.Close()
