@@ -20,6 +20,8 @@ func ExampleOracleRun() {
 	// Output:
 	// shared-8k          working set   1600000 tokens  footprint   1513584 tokens  oracle hit  86.5%
 	// shared-8k-uniform  working set   2048000 tokens  footprint   2225584 tokens  oracle hit  81.4%
+	// shared-8k-seed     working set   1600000 tokens  footprint   1721584 tokens  oracle hit  85.9%
+	// shared-8k-hot      working set   1600000 tokens  footprint    921584 tokens  oracle hit  91.6%
 	// bot                working set    300000 tokens  footprint    369600 tokens  oracle hit  94.6%
 	// gsp                working set    131072 tokens  footprint    262144 tokens  oracle hit  93.0%
 	// chat               working set    181312 tokens  footprint    766480 tokens  oracle hit  58.7%

@@ -182,6 +182,21 @@ func Presets() []Preset {
 			QuestionTokens: IntRange{50, 300}, Output: azureConv,
 		},
 		{
+			Name: "shared-8k-seed", Kind: KindSharedPrefix,
+			Description: "Zipf(0.6) over 200 documents of 8,000 tokens + a 50-300-token question: RANDOM hits 20-30 % (the seed's baseline)",
+			Source: "shared-8k with the popularity exponent lowered until RANDOM's modelled hit rate over the demo's fleet " +
+				"(7 instances x 300k KV tokens) sits in the seed's 20-30 % baseline; see docs/workloads.md (BaselineRun)",
+			Documents: 200, DocumentTokens: 8000, Zipf: 0.6,
+			QuestionTokens: IntRange{50, 300}, Output: azureConv,
+		},
+		{
+			Name: "shared-8k-hot", Kind: KindSharedPrefix,
+			Description: "Zipf(1.5) over 200 documents of 8,000 tokens: the top document draws about 40 % of requests",
+			Source:      "derived from shared-8k: a few very hot prefixes (issue 10's hot-key workload, top keys > 30 % of traffic)",
+			Documents:   200, DocumentTokens: 8000, Zipf: 1.5,
+			QuestionTokens: IntRange{50, 300}, Output: azureConv,
+		},
+		{
 			Name: "bot", Kind: KindSharedPrefix,
 			Description: "100 bots' system prompts of 3,000 tokens (equal popularity) + a 50-token question",
 			Source: "the seed's customer-service example (10-100 system prompts of 3,000 tokens; " +
