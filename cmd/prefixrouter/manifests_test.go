@@ -792,3 +792,26 @@ func checkEtcd(m manifests, ss *appsv1.StatefulSet) []string {
 	}
 	return problems
 }
+
+// TestDockerfileMatchesManifests: the manifests rely on the image's last
+// stage running the binary as its entrypoint (args start with the
+// subcommand; the model server's preStop hook finds the agent by
+// "prefixrouter" in its command line) as a numeric user (runAsNonRoot can
+// only verify a number).
+func TestDockerfileMatchesManifests(t *testing.T) {
+	b, err := os.ReadFile("../../deploy/Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stages := regexp.MustCompile(`(?m)^FROM `).Split(string(b), -1)
+	last := stages[len(stages)-1]
+	if !regexp.MustCompile(`(?m)^ENTRYPOINT \["/prefixrouter"\]\s*$`).MatchString(last) {
+		t.Errorf("the last stage's ENTRYPOINT is not [\"/prefixrouter\"]")
+	}
+	if !regexp.MustCompile(`(?m)^USER [0-9]+(:[0-9]+)?\s*$`).MatchString(last) {
+		t.Errorf("the last stage has no numeric USER")
+	}
+	if !regexp.MustCompile(`(?m)^COPY --from=\S+ /prefixrouter /prefixrouter\s*$`).MatchString(last) {
+		t.Errorf("the last stage does not copy the binary to /prefixrouter")
+	}
+}
