@@ -38,6 +38,11 @@ type WatcherOptions struct {
 	// clockwork.FakeClock to age a snapshot without waiting. Retries of a
 	// failed list wait on the real clock: they pace network calls.
 	Clock clockwork.Clock
+	// Upstreams are the addresses instance records may point at
+	// (--allowed-upstreams); records outside are ignored, logged and
+	// counted (kind="upstream"). The zero value allows
+	// fleet.DefaultUpstreams: loopback and private ranges.
+	Upstreams fleet.Upstreams
 	// DefaultConfig is the routing config of an endpoint whose config key is
 	// not set (serve's --strategy, --prefix-length, --concurrency-threshold).
 	// The zero value means fleet.DefaultRoutingConfig(). It must be valid.
@@ -63,6 +68,7 @@ type Watcher struct {
 	progress time.Duration
 	clock    clockwork.Clock
 	defCfg   fleet.RoutingConfig
+	allowed  fleet.Upstreams
 
 	snap     atomic.Pointer[fleet.Snapshot]
 	lastSync atomic.Int64 // unix nanoseconds; 0 = never
@@ -88,6 +94,7 @@ func StartWatcher(cli *clientv3.Client, opts WatcherOptions, onSnapshot func(*fl
 		progress: opts.ProgressInterval,
 		clock:    opts.Clock,
 		defCfg:   opts.DefaultConfig.WithDefaults(),
+		allowed:  opts.Upstreams,
 		synced:   make(chan struct{}),
 		ctx:      ctx,
 		cancel:   cancel,
@@ -282,8 +289,14 @@ func (w *Watcher) applyPut(st, prev *state, key string, value []byte) {
 		st.configs[ep] = c.WithDefaults()
 	case kindInstance:
 		in, err := parseInstance(id, value)
+		kind := "instance"
+		if err == nil {
+			if err = w.allowed.Check(in.Addr); err != nil {
+				kind = "upstream"
+			}
+		}
 		if err != nil {
-			w.metrics.invalidRecord("instance")
+			w.metrics.invalidRecord(kind)
 			w.log.Warn("membership: ignoring invalid instance record", "key", key, "err", err)
 			if m := st.instances[ep]; m != nil {
 				delete(m, id)

@@ -46,7 +46,7 @@ type Target struct {
 // deadlocked), which the passive circuit breaker only learns about through
 // failed requests.
 type Health struct {
-	// Client performs the probes; nil means http.DefaultClient. Each probe
+	// Client performs the probes; nil means NewClient(http.DefaultTransport). Each probe
 	// is bounded by Options.Timeout through its context regardless.
 	Client *http.Client
 	// UnhealthyThreshold is how many consecutive failed probes mark an
@@ -77,7 +77,7 @@ func (h Health) withDefaults(o Options) (Options, Health, error) {
 		h.UnhealthyThreshold = DefaultUnhealthyThreshold
 	}
 	if h.Client == nil {
-		h.Client = http.DefaultClient
+		h.Client = NewClient(http.DefaultTransport)
 	}
 	if h.Logger == nil {
 		h.Logger = slog.Default()
@@ -105,6 +105,17 @@ func (h Health) observe(t Target, _ struct{}, err error) {
 	}
 }
 
+// NewClient returns the client probes should use over tr: it never follows a
+// redirect (a record pointing at a redirector must not make every replica
+// fetch another URL; the 3xx itself is the answer) and has no timeout of its
+// own (each probe's context bounds it).
+func NewClient(tr http.RoundTripper) *http.Client {
+	return &http.Client{
+		Transport:     tr,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+}
+
 // get GETs url (with an Accept header unless accept is empty) and returns
 // the body of an answer whose status passes ok; otherwise an error, with
 // the body drained so that the connection is reused.
@@ -112,6 +123,10 @@ func get(ctx context.Context, c *http.Client, url, accept string, ok func(code i
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, fmt.Errorf("probe: %w", err)
+	}
+	if req.URL.User != nil {
+		// Probes would send the credentials of whatever a record names.
+		return nil, fmt.Errorf("probe: GET %s: a target with user info is refused", req.URL.Redacted())
 	}
 	if accept != "" {
 		req.Header.Set("Accept", accept)

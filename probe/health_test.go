@@ -157,3 +157,38 @@ func TestStartHealthValidates(t *testing.T) {
 		t.Error("StartHealth without targets accepted")
 	}
 }
+
+// TestProbesFollowNoRedirectAndSendNoUserInfo: a record pointing at a
+// redirector must not make the probe fetch the redirect's target, and a
+// target carrying user info is refused before any connection.
+func TestProbesFollowNoRedirectAndSendNoUserInfo(t *testing.T) {
+	var elsewhere, hits atomic.Int32
+	other := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { elsewhere.Add(1) }))
+	defer other.Close()
+	redirector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		http.Redirect(w, r, other.URL+"/secret", http.StatusFound)
+	}))
+	defer redirector.Close()
+	_, h, err := Health{Logger: discardLogger()}.withDefaults(Options{Interval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testsupport.Context(t, 5*time.Second)
+	if _, err := h.probe(ctx, Target{URL: redirector.URL + "/health"}); err != nil {
+		t.Fatalf("a 302 is an answer below 500 (healthy): %v", err)
+	}
+	if _, err := Scrape(ctx, NewClient(http.DefaultTransport), redirector.URL+"/metrics"); err == nil {
+		t.Fatal("a scrape answered by a redirect succeeded")
+	}
+	if hits.Load() != 2 || elsewhere.Load() != 0 {
+		t.Fatalf("redirector hit %d times, redirect target %d times; want 2 and 0", hits.Load(), elsewhere.Load())
+	}
+	withUser := strings.Replace(redirector.URL, "http://", "http://admin:secret@", 1)
+	if _, err := h.probe(ctx, Target{URL: withUser + "/health"}); err == nil || strings.Contains(err.Error(), "secret") {
+		t.Fatalf("probe of a URL with user info = %v; want a refusal that does not echo the password", err)
+	}
+	if hits.Load() != 2 {
+		t.Fatal("a URL with user info reached the server")
+	}
+}

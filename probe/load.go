@@ -13,7 +13,7 @@ import (
 // scrape, or one without any of Metrics, sets the load to unknown, so that
 // admission falls back to the replica's share of the threshold.
 type Load struct {
-	// Client performs the scrapes; nil means http.DefaultClient. Each
+	// Client performs the scrapes; nil means NewClient(http.DefaultTransport). Each
 	// scrape is bounded by Options.Timeout through its context regardless.
 	Client *http.Client
 	// Metrics are summed over all their series to give the instance's
@@ -32,7 +32,7 @@ func StartLoad(o Options, l Load, targets func() []Target) (*Prober, error) {
 
 func (l Load) withDefaults() Load {
 	if l.Client == nil {
-		l.Client = http.DefaultClient
+		l.Client = NewClient(http.DefaultTransport)
 	}
 	if l.Metrics == nil {
 		l.Metrics = LoadMetrics

@@ -3,14 +3,19 @@ package replica
 import (
 	"context"
 	"io"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"runtime"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 	"github.com/prefixrouter/prefixrouter/membership"
 	"github.com/prefixrouter/prefixrouter/membership/etcdtest"
@@ -122,4 +127,112 @@ func TestWeightBombIgnored(t *testing.T) {
 		t.Fatalf("heap grew by %d bytes, want < 10 MiB", after-before)
 	}
 	t.Logf("heap before %d, after %d bytes", before, after)
+}
+
+// connCounter is a loopback listener that counts the connections it
+// accepts and closes them.
+type connCounter struct {
+	ln   net.Listener
+	n    atomic.Int64
+	done chan struct{}
+}
+
+func countConns(t *testing.T, addr string) *connCounter {
+	t.Helper()
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &connCounter{ln: ln, done: make(chan struct{})}
+	go func() {
+		defer close(c.done)
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.n.Add(1)
+			conn.Close()
+		}
+	}()
+	t.Cleanup(func() { ln.Close(); <-c.done })
+	return c
+}
+
+func (c *connCounter) port() string { return strconv.Itoa(c.ln.Addr().(*net.TCPAddr).Port) }
+
+// TestSSRFRecordsGetNoConnection writes records that point at a file, an FTP
+// URL, the cloud metadata address, a URL with user info and an address
+// outside --allowed-upstreams. None may receive a connection, health probes
+// included, while a valid instance is probed and served.
+func TestSSRFRecordsGetNoConnection(t *testing.T) {
+	e := etcdtest.Start(t)
+	cli := etcdtest.Client(t, e)
+	ctx := testsupport.Context(t, 30*time.Second)
+	mopts := membership.Options{Logger: quiet}
+	var probes atomic.Int64
+	good := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" {
+			probes.Add(1)
+			return
+		}
+		_, _ = io.Copy(io.Discard, r.Body)
+		_, _ = io.WriteString(w, `{"ok":true}`)
+	}))
+	defer good.Close()
+	reg, err := membership.RegisterInstance(ctx, cli, "chat", fleet.Instance{ID: "good", Addr: good.URL}, mopts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close(context.Background())
+	inside := countConns(t, "127.0.0.1:0")
+	outside := countConns(t, "127.0.0.2:0")
+	rep, err := Start(ctx, Options{
+		ID: "r-1", Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", Client: cli, Membership: mopts, Logger: quiet,
+		AllowedUpstreams: []string{"127.0.0.1/32"},
+		Router:           router.Options{DefaultEndpoint: "chat", HealthCheckInterval: 10 * time.Millisecond, LoadPollInterval: 10 * time.Millisecond},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rep.Close(context.Background())
+	hostile := map[string]string{
+		"file":       "file:///etc/passwd",
+		"ftp":        "ftp://127.0.0.1:" + inside.port() + "/",
+		"metadata":   "http://169.254.169.254/latest/meta-data/",
+		"userinfo":   "http://admin:pw@127.0.0.1:" + inside.port(),
+		"query":      "http://127.0.0.1:" + inside.port() + "/?x=1",
+		"notallowed": "http://127.0.0.2:" + outside.port(),
+	}
+	l := membership.Layout{}
+	for id, addr := range hostile {
+		if _, err := cli.Put(ctx, l.InstanceKey("chat", id), `{"id":"`+id+`","addr":"`+addr+`"}`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testsupport.Eventually(t, 5*time.Second, "hostile records counted", func() bool {
+		return counterValue(t, rep.Registry(), "prefixrouter_membership_invalid_records_total", map[string]string{"kind": "upstream"}) == float64(len(hostile))
+	})
+	hc := &http.Client{Transport: &http.Transport{}}
+	defer hc.CloseIdleConnections()
+	for range 20 {
+		resp, err := hc.Post(rep.URL()+"/invocations", "application/json", strings.NewReader(`{"inputs":"x"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || resp.Header.Get(router.HeaderInstance) != "good" {
+			t.Fatalf("status %d from %q", resp.StatusCode, resp.Header.Get(router.HeaderInstance))
+		}
+	}
+	// Several probe rounds must have run since the records arrived.
+	from := probes.Load()
+	testsupport.Eventually(t, 5*time.Second, "probe rounds", func() bool { return probes.Load() >= from+3 })
+	if n, m := inside.n.Load(), outside.n.Load(); n != 0 || m != 0 {
+		t.Fatalf("hostile addresses received %d and %d connections, want 0", n, m)
+	}
+	if n := len(rep.Router().Snapshot().Endpoint("chat").Instances); n != 1 {
+		t.Fatalf("instances = %d, want only the valid one", n)
+	}
 }

@@ -61,6 +61,12 @@ type Options struct {
 	// Static, when non-empty, is a fixed fleet for Router.DefaultEndpoint
 	// (--static-instances); no etcd is used.
 	Static []fleet.Instance
+	// AllowedUpstreams are the CIDRs, IPs, host names and .domain suffixes
+	// instance addresses may point at (--allowed-upstreams, see
+	// fleet.ParseUpstreams). Records outside are ignored, logged and
+	// counted; static instances outside are refused at start. Empty means
+	// fleet.DefaultUpstreams: loopback and private ranges, not link-local.
+	AllowedUpstreams []string
 	// Routing is the routing config of a static fleet and, with etcd, of
 	// every endpoint whose config key is not set (--strategy,
 	// --prefix-length, --concurrency-threshold). Zero fields mean
@@ -170,8 +176,14 @@ func (o Options) Validate() error {
 		wrap("replica id", membership.ValidateName("replica id", o.ID))
 	}
 	wrap("routing config", o.Routing.Validate())
+	allowed, err := fleet.ParseUpstreams(o.AllowedUpstreams)
+	wrap("allowed upstreams (--allowed-upstreams)", err)
 	for i, in := range o.Static {
-		wrap(fmt.Sprintf("static instance %d", i), in.Validate())
+		err := in.Validate()
+		if err == nil {
+			err = allowed.Check(in.Addr)
+		}
+		wrap(fmt.Sprintf("static instance %d", i), err)
 	}
 	switch {
 	case !o.usesEtcd() && (len(o.Etcd.Endpoints) > 0 || o.EmbeddedEtcdDir != ""):

@@ -57,6 +57,11 @@ var validateCases = []validateCase{
 	{"Static", validStatic, func(o *Options) { o.Static = nil }, ""}, // then etcd, at its default URL
 	{"Static", validStatic, func(o *Options) { o.Etcd.Endpoints = []string{"http://127.0.0.1:2379"} }, "excludes etcd endpoints"},
 	{"Static", validStatic, func(o *Options) { o.EmbeddedEtcdDir = "/tmp/x" }, "excludes etcd endpoints"},
+	{"AllowedUpstreams", validStatic, func(o *Options) { o.AllowedUpstreams = []string{"127.0.0.0/8", "vllm.internal", ".svc.cluster.local"} }, ""},
+	{"AllowedUpstreams", validStatic, func(o *Options) { o.AllowedUpstreams = []string{"10.0.0.0/40"} }, "--allowed-upstreams"},
+	{"AllowedUpstreams", validStatic, func(o *Options) { o.AllowedUpstreams = []string{"10.0.0.0/8"} }, "outside the allowed upstreams"},
+	{"AllowedUpstreams", validStatic, func(o *Options) { o.Static[0].Addr = "http://169.254.169.254" }, "outside the allowed upstreams"},
+	{"AllowedUpstreams", validStatic, func(o *Options) { o.AllowedUpstreams = nil }, ""},
 	{"Routing", validStatic, func(o *Options) {
 		o.Routing = fleet.RoutingConfig{RoutingStrategy: fleet.Random}
 	}, ""},

@@ -123,7 +123,9 @@ func Start(ctx context.Context, opts Options) (*Replica, error) {
 			mopts.Metrics = membership.NewMetrics(opts.Registry)
 		}
 		// Routing is the default of endpoints with no config key in etcd.
-		r.watcher = membership.StartWatcher(opts.Client, membership.WatcherOptions{Options: mopts, DefaultConfig: opts.Routing}, r.router.Update)
+		// Validate parsed the list already.
+		allowed, _ := fleet.ParseUpstreams(opts.AllowedUpstreams)
+		r.watcher = membership.StartWatcher(opts.Client, membership.WatcherOptions{Options: mopts, DefaultConfig: opts.Routing, Upstreams: allowed}, r.router.Update)
 		startCtx, cancel := context.WithTimeout(ctx, opts.StartupTimeout)
 		defer cancel()
 		select {

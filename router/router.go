@@ -112,7 +112,7 @@ func newRouter(opts Options, clock clockwork.Clock) (*Router, error) {
 // startProbes starts the load poller and the health checker that opts ask
 // for, with rounds paced by clock.
 func (r *Router) startProbes(tr http.RoundTripper, clock clockwork.Clock) error {
-	client := &http.Client{Transport: tr}
+	client := probe.NewClient(tr)
 	var err error
 	if r.opts.LoadPollInterval > 0 {
 		r.load, err = probe.StartLoad(probe.Options{Interval: r.opts.LoadPollInterval, Clock: clock},
