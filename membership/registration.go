@@ -31,6 +31,12 @@ const maxOpTimeout = 5 * time.Second
 // whose etcd client was closed (errClientClosed wraps it).
 var ErrClosed = errors.New("membership: registration closed")
 
+// ErrTaken is returned when the key is held under another lease: another
+// agent (or replica) runs with the same id. Registration is a
+// compare-and-swap on the key's own lease, so one holder can never
+// overwrite another's record (issue 12).
+var ErrTaken = errors.New("membership: key held by another registration")
+
 // errClientClosed: nothing can be written any more and the lease expires by
 // itself. It matches both ErrClosed and context.Canceled (what the closed
 // client's calls fail with).
@@ -129,7 +135,13 @@ func RegisterRouter(ctx context.Context, cli *clientv3.Client, replicaID string,
 
 // Register puts value under key with a lease of opts.TTL and keeps it there
 // until Close. It returns once the first write succeeded; later failures
-// are retried in the background.
+// are retried in the background, and a key deleted by someone else is
+// written again at once.
+//
+// Every write is a compare-and-swap: it succeeds only if the key is absent
+// or held under this registration's own lease. A key held under another
+// lease is waited for up to one TTL and a second (a crashed holder's lease
+// expires by then); if it is still held, Register fails with ErrTaken.
 func Register(ctx context.Context, cli *clientv3.Client, key string, value []byte, opts Options) (*Registration, error) {
 	ttl := int64(math.Ceil(opts.ttl().Seconds()))
 	if ttl < 1 {
@@ -149,7 +161,17 @@ func Register(ctx context.Context, cli *clientv3.Client, key string, value []byt
 		cancel()
 		return nil, err
 	}
-	if err := r.put(ctx, lease.id, value); err != nil {
+	rev, err := r.put(ctx, lease.id, value)
+	for wait := time.Now().Add(time.Duration(ttl)*time.Second + time.Second); errors.Is(err, ErrTaken) && time.Now().Before(wait); {
+		select {
+		case <-ctx.Done():
+		case <-time.After(takenRetry):
+			rev, err = r.put(ctx, lease.id, value)
+			continue
+		}
+		break
+	}
+	if err != nil {
 		lease.stop()
 		rc, c := context.WithTimeout(context.Background(), r.opTimeout())
 		_, _ = cli.Revoke(rc, lease.id)
@@ -158,9 +180,12 @@ func Register(ctx context.Context, cli *clientv3.Client, key string, value []byt
 		return nil, err
 	}
 	r.wg.Add(1)
-	go r.run(lease)
+	go r.run(lease, rev)
 	return r, nil
 }
+
+// takenRetry paces Register's wait for a key held under another lease.
+const takenRetry = 200 * time.Millisecond
 
 // Key returns the registered key.
 func (r *Registration) Key() string { return r.key }
@@ -321,20 +346,49 @@ func (r *Registration) grant(ctx context.Context) (activeLease, error) {
 	return activeLease{id: resp.ID, ka: ka, stop: stop}, nil
 }
 
-func (r *Registration) put(ctx context.Context, id clientv3.LeaseID, value []byte) error {
+// put writes value under lease id if the key is absent or already held
+// under id, and returns the revision of the write; otherwise it fails with
+// ErrTaken. One round trip: the "absent" branch is a transaction nested in
+// the else branch of the "ours" comparison.
+func (r *Registration) put(ctx context.Context, id clientv3.LeaseID, value []byte) (int64, error) {
 	pctx, cancel := context.WithTimeout(ctx, r.opTimeout())
 	defer cancel()
-	if _, err := r.cli.Put(pctx, r.key, string(value), clientv3.WithLease(id)); err != nil {
-		return fmt.Errorf("membership: put %s: %w", r.key, err)
+	put := clientv3.OpPut(r.key, string(value), clientv3.WithLease(id))
+	resp, err := r.cli.Txn(pctx).
+		If(clientv3.Compare(clientv3.LeaseValue(r.key), "=", id)).
+		Then(put).
+		Else(clientv3.OpTxn(
+			[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(r.key), "=", 0)},
+			[]clientv3.Op{put},
+			[]clientv3.Op{clientv3.OpGet(r.key, clientv3.WithKeysOnly())},
+		)).Commit()
+	if err != nil {
+		return 0, fmt.Errorf("membership: put %s: %w", r.key, err)
 	}
-	return nil
+	if resp.Succeeded {
+		return resp.Header.Revision, nil
+	}
+	inner := resp.Responses[0].GetResponseTxn()
+	if inner.GetSucceeded() {
+		return resp.Header.Revision, nil
+	}
+	holder := int64(0)
+	if rr := inner.GetResponses(); len(rr) > 0 && len(rr[0].GetResponseRange().GetKvs()) > 0 {
+		holder = rr[0].GetResponseRange().GetKvs()[0].Lease
+	}
+	return 0, fmt.Errorf("%w: %s is held under lease %x, not ours (%x): is another agent or replica running with the same id?", ErrTaken, r.key, holder, int64(id))
 }
 
 // run owns the lease: it drains the keepalive channel, writes the latest
 // value whenever it changed or the lease was re-granted, and re-grants the
 // lease when it is lost.
-func (r *Registration) run(lease activeLease) {
+func (r *Registration) run(lease activeLease, rev int64) {
 	defer r.wg.Done()
+	// Deletions of the key by anyone but us (etcdctl del, a cleanup
+	// script) are written back at once, not left until the lease is lost.
+	deleted := make(chan struct{}, 1)
+	r.wg.Add(1)
+	go r.watchDeletes(rev, deleted)
 	defer func() {
 		if lease.stop != nil {
 			lease.stop()
@@ -384,8 +438,52 @@ func (r *Registration) run(lease activeLease) {
 				r.leaseID.Store(0)
 				retry = nil
 			}
+		case <-deleted:
+			if lease.id != 0 {
+				r.log.Warn("membership: registration deleted by someone else; writing it again")
+				dirty = true
+				retry = nil
+			}
 		case <-retry:
 			retry = nil
+		}
+	}
+}
+
+// watchDeletes signals deleted (1-buffered, never blocking) whenever the key
+// is deleted after revision rev. It runs beside the owner because
+// clientv3's Watch blocks while etcd is unreachable, and the owner must not.
+// When a watch ends (compaction, a cut stream) it signals once, in case a
+// deletion fell in the gap, and watches again from the current revision.
+func (r *Registration) watchDeletes(rev int64, deleted chan<- struct{}) {
+	defer r.wg.Done()
+	signal := func() {
+		select {
+		case deleted <- struct{}{}:
+		default:
+		}
+	}
+	for r.ctx.Err() == nil && r.cli.Ctx().Err() == nil {
+		opts := []clientv3.OpOption{clientv3.WithFilterPut()}
+		if rev > 0 {
+			opts = append(opts, clientv3.WithRev(rev+1))
+		}
+		for wr := range r.cli.Watch(r.ctx, r.key, opts...) {
+			if wr.Err() != nil {
+				break
+			}
+			if len(wr.Events) > 0 {
+				signal()
+			}
+		}
+		rev = 0
+		if r.ctx.Err() != nil {
+			return
+		}
+		signal()
+		select {
+		case <-r.ctx.Done():
+		case <-time.After(takenRetry):
 		}
 	}
 }
@@ -400,9 +498,11 @@ func (r *Registration) step(lease *activeLease, value []byte, dirty *bool) error
 		*lease = l
 		*dirty = true
 	}
-	if err := r.put(r.ctx, lease.id, value); err != nil {
+	if _, err := r.put(r.ctx, lease.id, value); err != nil {
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			// Expired while etcd was unreachable: grant a new one next.
+			// Expired while etcd was unreachable, or revoked by someone
+			// else: grant a new one next.
+			r.metrics.leaseRegranted()
 			lease.stop()
 			*lease = activeLease{}
 			r.leaseID.Store(0)

@@ -208,3 +208,65 @@ func TestClosedClientFailsFast(t *testing.T) {
 		})
 	}
 }
+
+// TestRegistrationIsCompareAndSwap: a second agent with the same id is
+// refused with ErrTaken (after waiting out one TTL, which a crashed holder's
+// lease would not survive) and the first record is untouched; a key deleted
+// by someone else is back within one TTL; once the first holder closes, the
+// id is free again.
+func TestRegistrationIsCompareAndSwap(t *testing.T) {
+	e := etcdtest.Start(t)
+	cli := etcdtest.Client(t, e)
+	ctx := testsupport.Context(t, 30*time.Second)
+	const ttl = time.Second
+	opts := membership.Options{Logger: discard, TTL: ttl}
+	l := opts.Layout
+	first, err := membership.RegisterInstance(ctx, cli, "chat", fleet.Instance{ID: "vllm-0", Addr: "http://127.0.0.1:1"}, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Close(context.Background())
+
+	start := time.Now()
+	second, err := membership.RegisterInstance(ctx, etcdtest.Client(t, e), "chat", fleet.Instance{ID: "vllm-0", Addr: "http://127.0.0.1:2"}, opts)
+	if !errors.Is(err, membership.ErrTaken) {
+		if second != nil {
+			second.Close(context.Background())
+		}
+		t.Fatalf("second registration with the same id = %v, want ErrTaken", err)
+	}
+	t.Logf("refused after %v: %v", time.Since(start).Round(time.Millisecond), err)
+	if in, ok := stored(cli, l.InstanceKey("chat", "vllm-0")); !ok || in.Addr != "http://127.0.0.1:1" {
+		t.Fatalf("first record overwritten: %+v %v", in, ok)
+	}
+
+	// Deleted behind the holder's back: written again well within one TTL.
+	if _, err := cli.Delete(ctx, l.InstanceKey("chat", "vllm-0")); err != nil {
+		t.Fatal(err)
+	}
+	testsupport.Eventually(t, ttl, "deleted key re-created", func() bool {
+		in, ok := stored(cli, l.InstanceKey("chat", "vllm-0"))
+		return ok && in.Addr == "http://127.0.0.1:1"
+	})
+	resp, err := cli.Get(ctx, l.InstanceKey("chat", "vllm-0"))
+	if err != nil || len(resp.Kvs) != 1 || clientv3.LeaseID(resp.Kvs[0].Lease) != first.LeaseID() {
+		t.Fatalf("re-created key not under the holder's lease: %v %v", resp, err)
+	}
+
+	// A key written by hand without a lease is not ours either.
+	if _, err := cli.Put(ctx, l.InstanceKey("chat", "manual"), `{"id":"manual","addr":"http://127.0.0.1:3"}`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := membership.RegisterInstance(ctx, cli, "chat", fleet.Instance{ID: "manual", Addr: "http://127.0.0.1:4"}, opts); !errors.Is(err, membership.ErrTaken) {
+		t.Fatalf("registration over a lease-less key = %v, want ErrTaken", err)
+	}
+
+	if err := first.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	again, err := membership.RegisterInstance(ctx, cli, "chat", fleet.Instance{ID: "vllm-0", Addr: "http://127.0.0.1:2"}, opts)
+	if err != nil {
+		t.Fatalf("id not free after the holder closed: %v", err)
+	}
+	again.Close(context.Background())
+}
