@@ -54,6 +54,16 @@ type ConfigStore interface {
 	PutConfig(ctx context.Context, endpoint string, c fleet.RoutingConfig) error
 }
 
+// AdapterStore reads and writes endpoints' adapter catalogues (etcd, via
+// membership.ListAdapters, PutAdapter and DeleteAdapter). Errors wrap
+// fleet.ErrInvalid for invalid input and fleet.ErrAdapterNotFound for
+// a delete of an adapter not catalogued.
+type AdapterStore interface {
+	ListAdapters(ctx context.Context, endpoint string) ([]fleet.Adapter, error)
+	PutAdapter(ctx context.Context, endpoint string, a fleet.Adapter) error
+	DeleteAdapter(ctx context.Context, endpoint, name string) error
+}
+
 // Explanation is where a request would go with no load.
 type Explanation struct {
 	// Strategy is the endpoint's routing strategy.
@@ -101,6 +111,9 @@ type Options struct {
 	// without etcd (static fleet): SetRoutingConfig answers Unavailable and
 	// GetRoutingConfig answers from the snapshot.
 	Configs ConfigStore
+	// Adapters stores adapter catalogues; nil (a static fleet) makes the
+	// adapter calls answer Unavailable.
+	Adapters AdapterStore
 	// Explainer serves ExplainRoute; nil makes it answer Unimplemented.
 	Explainer Explainer
 	// Ready reports readiness for the gRPC health service: the router's

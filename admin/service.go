@@ -268,3 +268,67 @@ func explainError(err error) error {
 	}
 	return status.Errorf(codes.Internal, "admin: explain: %v", err)
 }
+
+func adapterToPB(a fleet.Adapter) *adminpb.Adapter {
+	return &adminpb.Adapter{Name: a.Name, Source: a.Source, MinReplicas: int32(a.Min()), MaxReplicas: int32(a.Max()), Replicas: int32(a.Target())}
+}
+
+func (s *service) ListAdapters(ctx context.Context, req *adminpb.ListAdaptersRequest) (*adminpb.ListAdaptersResponse, error) {
+	if err := validateEndpoint(req.GetEndpoint()); err != nil {
+		return nil, err
+	}
+	if s.o.Adapters == nil {
+		return nil, status.Error(codes.Unavailable, "admin: no adapter catalogue: the router runs without etcd (static fleet)")
+	}
+	ads, err := s.o.Adapters.ListAdapters(ctx, req.GetEndpoint())
+	if err != nil {
+		return nil, storeError("read", err)
+	}
+	resp := &adminpb.ListAdaptersResponse{}
+	for _, a := range ads {
+		resp.Adapters = append(resp.Adapters, adapterToPB(a))
+	}
+	return resp, nil
+}
+
+func (s *service) PutAdapter(ctx context.Context, req *adminpb.PutAdapterRequest) (*adminpb.PutAdapterResponse, error) {
+	if err := validateEndpoint(req.GetEndpoint()); err != nil {
+		return nil, err
+	}
+	pa := req.GetAdapter()
+	a := fleet.Adapter{Name: pa.GetName(), Source: pa.GetSource(), MinReplicas: int(pa.GetMinReplicas()), MaxReplicas: int(pa.GetMaxReplicas())}
+	if err := a.Validate(); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	if s.o.Adapters == nil {
+		return nil, status.Error(codes.Unavailable, "admin: no adapter catalogue: the router runs without etcd (static fleet)")
+	}
+	if err := s.o.Adapters.PutAdapter(ctx, req.GetEndpoint(), a); err != nil {
+		if errors.Is(err, fleet.ErrInvalid) {
+			return nil, status.Error(codes.InvalidArgument, err.Error())
+		}
+		return nil, storeError("write", err)
+	}
+	s.o.Logger.InfoContext(ctx, "admin: adapter put", "endpoint", req.GetEndpoint(), "adapter", a.Name, "source", a.Source, "min", a.Min(), "max", a.Max())
+	return &adminpb.PutAdapterResponse{Adapter: adapterToPB(a)}, nil
+}
+
+func (s *service) DeleteAdapter(ctx context.Context, req *adminpb.DeleteAdapterRequest) (*adminpb.DeleteAdapterResponse, error) {
+	if err := validateEndpoint(req.GetEndpoint()); err != nil {
+		return nil, err
+	}
+	if err := (fleet.Adapter{Name: req.GetName(), Source: "-"}).Validate(); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	if s.o.Adapters == nil {
+		return nil, status.Error(codes.Unavailable, "admin: no adapter catalogue: the router runs without etcd (static fleet)")
+	}
+	if err := s.o.Adapters.DeleteAdapter(ctx, req.GetEndpoint(), req.GetName()); err != nil {
+		if errors.Is(err, fleet.ErrAdapterNotFound) {
+			return nil, status.Error(codes.NotFound, err.Error())
+		}
+		return nil, storeError("write", err)
+	}
+	s.o.Logger.InfoContext(ctx, "admin: adapter deleted", "endpoint", req.GetEndpoint(), "adapter", req.GetName())
+	return &adminpb.DeleteAdapterResponse{}, nil
+}

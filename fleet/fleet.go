@@ -133,6 +133,16 @@ type Instance struct {
 	Labels       map[string]string `json:"labels,omitempty"`
 	Draining     bool              `json:"draining"`
 	RegisteredAt time.Time         `json:"registeredAt"`
+	// Hot is set by the agent while the server's requests in flight have
+	// stayed at or above the endpoint's concurrency threshold for its hot
+	// window, and cleared after they stayed below half of it as long
+	// (hysteresis); placement grows the sets of adapters whose members are
+	// all hot.
+	Hot bool `json:"hot,omitempty"`
+	// ActiveAdapters are the adapters that served a request within the
+	// agent's active window, sorted; an adapter that no member lists is
+	// cold and its set shrinks back to MinReplicas.
+	ActiveAdapters []string `json:"activeAdapters,omitempty"`
 }
 
 // MaxWeight bounds an instance's weight (0..MaxWeight, 0 meaning 1): the
@@ -188,6 +198,9 @@ type Endpoint struct {
 	Config RoutingConfig
 	// Instances are sorted by ID, draining ones included (routers skip them).
 	Instances []Instance
+	// Adapters is the adapter catalogue with its placement state, sorted
+	// by name.
+	Adapters []Adapter
 }
 
 // Snapshot is an immutable view of the whole fleet. Build one with
@@ -213,7 +226,9 @@ func NewSnapshot(endpoints []Endpoint, revision int64, replicas int, now time.Ti
 	for _, ep := range endpoints {
 		insts := append([]Instance(nil), ep.Instances...)
 		sort.Slice(insts, func(i, j int) bool { return insts[i].ID < insts[j].ID })
-		s.Endpoints[ep.Name] = &Endpoint{Name: ep.Name, Config: ep.Config.WithDefaults(), Instances: insts}
+		ads := append([]Adapter(nil), ep.Adapters...)
+		sort.Slice(ads, func(i, j int) bool { return ads[i].Name < ads[j].Name })
+		s.Endpoints[ep.Name] = &Endpoint{Name: ep.Name, Config: ep.Config.WithDefaults(), Instances: insts, Adapters: ads}
 	}
 	return s
 }
@@ -236,4 +251,113 @@ func (s *Snapshot) InstanceCount() int {
 		n += len(ep.Instances)
 	}
 	return n
+}
+
+// Ranges of an adapter's replica counts (issue 11).
+const (
+	DefaultMinReplicas = 1
+	DefaultMaxReplicas = 3
+	// MaxAdapterReplicas bounds MaxReplicas: a sticky set larger than this
+	// would be the whole fleet in all but the largest deployments.
+	MaxAdapterReplicas = 64
+)
+
+// Adapter is one catalogued LoRA adapter of an endpoint: where to load it
+// from and how many instances should hold it, plus the placement state
+// the agents agreed on (see lora.Place).
+type Adapter struct {
+	// Name is the adapter's id: what requests name in "model" or the
+	// target-model header, and what the model server lists once loaded.
+	Name string `json:"-"`
+	// Source is what vLLM's POST /v1/load_lora_adapter takes as lora_path.
+	Source string `json:"source"`
+	// MinReplicas is the size of the set the adapter keeps when cold.
+	// Zero means DefaultMinReplicas.
+	MinReplicas int `json:"minReplicas,omitempty"`
+	// MaxReplicas caps growth under load. Zero means DefaultMaxReplicas
+	// (but never below MinReplicas).
+	MaxReplicas int `json:"maxReplicas,omitempty"`
+
+	// Replicas is the current target size k, read from the adapter's
+	// placement key; zero means MinReplicas. It is clamped to the range.
+	Replicas int `json:"-"`
+	// ScaledAt is when Replicas last changed (zero: never).
+	ScaledAt time.Time `json:"-"`
+	// PlacementRevision is the etcd mod revision of the placement state (0:
+	// none yet), what a writer compares before changing Replicas.
+	PlacementRevision int64 `json:"-"`
+}
+
+// ErrInvalidAdapter is wrapped by every validation error of an Adapter; it
+// wraps ErrInvalid.
+var ErrInvalidAdapter = fmt.Errorf("fleet: %w adapter", ErrInvalid)
+
+// ErrAdapterNotFound is wrapped when an operation names an adapter that is
+// not in the catalogue.
+var ErrAdapterNotFound = errors.New("fleet: adapter not in the catalogue")
+
+// Validate checks the name, the source and the replica range. Zero replica
+// counts are accepted and mean the defaults.
+func (a Adapter) Validate() error {
+	if err := validateID("adapter name", a.Name); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidAdapter, err)
+	}
+	if a.Source == "" || len(a.Source) > 4096 {
+		return fmt.Errorf("%w %q: source must be 1..4096 bytes", ErrInvalidAdapter, a.Name)
+	}
+	if a.MinReplicas < 0 || a.MaxReplicas < 0 || a.MinReplicas > MaxAdapterReplicas || a.MaxReplicas > MaxAdapterReplicas {
+		return fmt.Errorf("%w %q: replicas must be 0..%d, got min %d max %d", ErrInvalidAdapter, a.Name, MaxAdapterReplicas, a.MinReplicas, a.MaxReplicas)
+	}
+	if a.MaxReplicas != 0 && a.MaxReplicas < a.Min() {
+		return fmt.Errorf("%w %q: maxReplicas %d is below minReplicas %d", ErrInvalidAdapter, a.Name, a.MaxReplicas, a.Min())
+	}
+	return nil
+}
+
+// Min returns the effective minimum replica count.
+func (a Adapter) Min() int {
+	if a.MinReplicas == 0 {
+		return DefaultMinReplicas
+	}
+	return a.MinReplicas
+}
+
+// Max returns the effective maximum replica count: at least Min.
+func (a Adapter) Max() int {
+	m := a.MaxReplicas
+	if m == 0 {
+		m = DefaultMaxReplicas
+	}
+	return max(m, a.Min())
+}
+
+// Target returns the current target size k, clamped to Min..Max.
+func (a Adapter) Target() int {
+	return min(max(a.Replicas, a.Min()), a.Max())
+}
+
+// validateID checks a name that becomes an etcd key segment and a metric
+// label: 1..MaxIDLength printable ASCII characters without spaces or '/'.
+func validateID(kind, id string) error {
+	if id == "" || len(id) > MaxIDLength {
+		return fmt.Errorf("%s must be 1..%d characters, got %q", kind, MaxIDLength, id)
+	}
+	for _, r := range id {
+		if r <= ' ' || r > '~' || r == '/' {
+			return fmt.Errorf("%s %q must be printable ASCII without spaces or '/'", kind, id)
+		}
+	}
+	return nil
+}
+
+// Adapter returns the catalogued adapter named name.
+func (ep *Endpoint) Adapter(name string) (Adapter, bool) {
+	if ep == nil {
+		return Adapter{}, false
+	}
+	i := sort.Search(len(ep.Adapters), func(i int) bool { return ep.Adapters[i].Name >= name })
+	if i < len(ep.Adapters) && ep.Adapters[i].Name == name {
+		return ep.Adapters[i], true
+	}
+	return Adapter{}, false
 }

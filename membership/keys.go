@@ -15,6 +15,9 @@ const DefaultPrefix = "/prefixrouter/v1"
 //
 //	<prefix>/endpoints/<endpoint>/instances/<instance-id>   lease-bound fleet.Instance JSON
 //	<prefix>/endpoints/<endpoint>/config                     fleet.RoutingConfig JSON
+//	<prefix>/endpoints/<endpoint>/adapters/<name>            fleet.Adapter JSON: the catalogue
+//	<prefix>/endpoints/<endpoint>/placement/<name>           Placement JSON: an adapter's set size
+//	<prefix>/endpoints/<endpoint>/stale/<instance-id>        lease-bound StaleMark JSON
 //	<prefix>/routers/<replica-id>                            lease-bound RouterInfo JSON
 type Layout struct {
 	// Prefix is the root; a trailing slash is ignored. Empty (or "/")
@@ -49,6 +52,25 @@ func (l Layout) ConfigKey(endpoint string) string {
 	return l.EndpointsPrefix() + endpoint + "/config"
 }
 
+// AdaptersPrefix returns the prefix of one endpoint's adapter catalogue.
+func (l Layout) AdaptersPrefix(endpoint string) string {
+	return l.EndpointsPrefix() + endpoint + "/adapters/"
+}
+
+// AdapterKey returns the catalogue key of one adapter.
+func (l Layout) AdapterKey(endpoint, name string) string { return l.AdaptersPrefix(endpoint) + name }
+
+// PlacementKey returns the key of one adapter's placement state.
+func (l Layout) PlacementKey(endpoint, name string) string {
+	return l.EndpointsPrefix() + endpoint + "/placement/" + name
+}
+
+// StaleKey returns the key a router writes when an instance refused an
+// adapter it was believed to hold.
+func (l Layout) StaleKey(endpoint, id string) string {
+	return l.EndpointsPrefix() + endpoint + "/stale/" + id
+}
+
 // RoutersPrefix returns the prefix of router replica keys.
 func (l Layout) RoutersPrefix() string { return l.root() + "/routers/" }
 
@@ -63,6 +85,9 @@ const (
 	kindInstance
 	kindConfig
 	kindRouter
+	kindAdapter
+	kindPlacement
+	kindStale
 )
 
 // parseKey splits a key into its kind and names. Keys that do not fit the
@@ -84,6 +109,12 @@ func (l Layout) parseKey(key string) (kind keyKind, endpoint, id string) {
 		return kindConfig, parts[0], ""
 	case len(parts) == 3 && parts[1] == "instances" && parts[0] != "" && parts[2] != "":
 		return kindInstance, parts[0], parts[2]
+	case len(parts) == 3 && parts[1] == "adapters" && parts[0] != "" && parts[2] != "":
+		return kindAdapter, parts[0], parts[2]
+	case len(parts) == 3 && parts[1] == "placement" && parts[0] != "" && parts[2] != "":
+		return kindPlacement, parts[0], parts[2]
+	case len(parts) == 3 && parts[1] == "stale" && parts[0] != "" && parts[2] != "":
+		return kindStale, parts[0], parts[2]
 	}
 	return kindOther, "", ""
 }

@@ -32,6 +32,10 @@ func TestLayoutParseKey(t *testing.T) {
 		{"", "/prefixrouter/v1/endpoints/ep/other", kindOther, "", ""},
 		{"", "/prefixrouter/v1/endpoints//config", kindOther, "", ""},
 		{"", "/prefixrouter/v1/endpoints/ep/instances/a/b", kindOther, "", ""},
+		{"", "/prefixrouter/v1/endpoints/ep/adapters/a", kindAdapter, "ep", "a"},
+		{"", "/prefixrouter/v1/endpoints/ep/placement/a", kindPlacement, "ep", "a"},
+		{"", "/prefixrouter/v1/endpoints/ep/stale/i1", kindStale, "ep", "i1"},
+		{"", "/prefixrouter/v1/endpoints/ep/adapters/", kindOther, "", ""},
 		{"/custom", "/prefixrouter/v1/routers/r1", kindOther, "", ""},
 	} {
 		kind, ep, id := Layout{Prefix: tc.prefix}.parseKey(tc.key)

@@ -146,6 +146,8 @@ type state struct {
 	instances map[string]map[string]fleet.Instance // endpoint → id → record
 	configs   map[string]fleet.RoutingConfig       // endpoint → last valid config
 	routers   map[string]struct{}
+	adapters  map[string]map[string]fleet.Adapter // endpoint → name → catalogue record
+	placement map[string]map[string]Placement     // endpoint → name → placement state
 	rev       int64
 }
 
@@ -154,6 +156,8 @@ func newState() *state {
 		instances: map[string]map[string]fleet.Instance{},
 		configs:   map[string]fleet.RoutingConfig{},
 		routers:   map[string]struct{}{},
+		adapters:  map[string]map[string]fleet.Adapter{},
+		placement: map[string]map[string]Placement{},
 	}
 }
 
@@ -199,7 +203,7 @@ func (w *Watcher) list(prev *state, reason string) (*state, error) {
 	}
 	st := newState()
 	for _, kv := range resp.Kvs {
-		w.applyPut(st, prev, string(kv.Key), kv.Value)
+		w.applyPut(st, prev, string(kv.Key), kv.Value, kv.ModRevision)
 	}
 	st.rev = resp.Header.Revision
 	w.markSynced()
@@ -256,7 +260,7 @@ func (w *Watcher) watch(st *state) string {
 				key := string(ev.Kv.Key)
 				switch ev.Type {
 				case mvccpb.PUT:
-					w.applyPut(st, st, key, ev.Kv.Value)
+					w.applyPut(st, st, key, ev.Kv.Value, ev.Kv.ModRevision)
 				case mvccpb.DELETE:
 					applyDelete(st, w.layout, key)
 				}
@@ -269,9 +273,28 @@ func (w *Watcher) watch(st *state) string {
 
 // applyPut records one key's value in st. prev supplies the last valid
 // config of an endpoint whose new config is invalid.
-func (w *Watcher) applyPut(st, prev *state, key string, value []byte) {
+func (w *Watcher) applyPut(st, prev *state, key string, value []byte, modRev int64) {
 	kind, ep, id := w.layout.parseKey(key)
 	switch kind {
+	case kindAdapter:
+		a, err := ParseAdapter(id, value)
+		if err != nil {
+			w.metrics.invalidRecord("adapter")
+			w.log.Warn("membership: ignoring invalid adapter record", "key", key, "err", err)
+			deleteIn(st.adapters, ep, id)
+			return
+		}
+		putIn(st.adapters, ep, id, a)
+	case kindPlacement:
+		p, err := parsePlacement(value)
+		if err != nil {
+			w.metrics.invalidRecord("placement")
+			w.log.Warn("membership: ignoring invalid placement record", "key", key, "err", err)
+			deleteIn(st.placement, ep, id)
+			return
+		}
+		p.revision = modRev
+		putIn(st.placement, ep, id, p)
 	case kindRouter:
 		st.routers[id] = struct{}{}
 	case kindConfig:
@@ -319,12 +342,34 @@ func applyDelete(st *state, l Layout, key string) {
 		delete(st.routers, id)
 	case kindConfig:
 		delete(st.configs, ep)
+	case kindAdapter:
+		deleteIn(st.adapters, ep, id)
+	case kindPlacement:
+		deleteIn(st.placement, ep, id)
 	case kindInstance:
 		if m := st.instances[ep]; m != nil {
 			delete(m, id)
 			if len(m) == 0 {
 				delete(st.instances, ep)
 			}
+		}
+	}
+}
+
+func putIn[V any](m map[string]map[string]V, ep, name string, v V) {
+	inner := m[ep]
+	if inner == nil {
+		inner = map[string]V{}
+		m[ep] = inner
+	}
+	inner[name] = v
+}
+
+func deleteIn[V any](m map[string]map[string]V, ep, name string) {
+	if inner := m[ep]; inner != nil {
+		delete(inner, name)
+		if len(inner) == 0 {
+			delete(m, ep)
 		}
 	}
 }
@@ -347,7 +392,7 @@ func parseInstance(id string, value []byte) (fleet.Instance, error) {
 }
 
 // emit builds a snapshot of st and publishes it. An endpoint exists when it
-// has instances or a config.
+// has instances, a config or an adapter catalogue.
 func (w *Watcher) emit(st *state) {
 	names := map[string]struct{}{}
 	for ep, m := range st.instances {
@@ -356,6 +401,9 @@ func (w *Watcher) emit(st *state) {
 		}
 	}
 	for ep := range st.configs {
+		names[ep] = struct{}{}
+	}
+	for ep := range st.adapters {
 		names[ep] = struct{}{}
 	}
 	eps := make([]fleet.Endpoint, 0, len(names))
@@ -368,7 +416,12 @@ func (w *Watcher) emit(st *state) {
 		for _, in := range st.instances[ep] {
 			insts = append(insts, cloneInstance(in))
 		}
-		eps = append(eps, fleet.Endpoint{Name: ep, Config: cfg, Instances: insts})
+		ads := make([]fleet.Adapter, 0, len(st.adapters[ep]))
+		for name, a := range st.adapters[ep] {
+			st.placement[ep][name].apply(&a)
+			ads = append(ads, a)
+		}
+		eps = append(eps, fleet.Endpoint{Name: ep, Config: cfg, Instances: insts, Adapters: ads})
 	}
 	sort.Slice(eps, func(i, j int) bool { return eps[i].Name < eps[j].Name })
 	s := fleet.NewSnapshot(eps, st.rev, len(st.routers), w.clock.Now())

@@ -199,6 +199,36 @@ func TestAdminAPIWithEtcd(t *testing.T) {
 		}
 	})
 
+	t.Run("adapter catalogue", func(t *testing.T) {
+		resp, err := ac.PutAdapter(ctx, &adminpb.PutAdapterRequest{Endpoint: "chat", Adapter: &adminpb.Adapter{Name: "sql", Source: "/m/sql", MaxReplicas: 2}})
+		if err != nil || resp.GetAdapter().GetMinReplicas() != 1 || resp.GetAdapter().GetMaxReplicas() != 2 {
+			t.Fatalf("PutAdapter = %v %v", resp, err)
+		}
+		for _, bad := range []*adminpb.PutAdapterRequest{
+			{Endpoint: "chat", Adapter: &adminpb.Adapter{Name: "x"}},
+			{Endpoint: "chat", Adapter: &adminpb.Adapter{Name: "x/y", Source: "s"}},
+			{Endpoint: "chat", Adapter: &adminpb.Adapter{Name: "x", Source: "s", MinReplicas: 3, MaxReplicas: 1}},
+		} {
+			if _, err := ac.PutAdapter(ctx, bad); status.Code(err) != codes.InvalidArgument {
+				t.Fatalf("%v: %v, want InvalidArgument", bad, err)
+			}
+		}
+		list, err := ac.ListAdapters(ctx, &adminpb.ListAdaptersRequest{Endpoint: "chat"})
+		if err != nil || len(list.GetAdapters()) != 1 || list.GetAdapters()[0].GetSource() != "/m/sql" || list.GetAdapters()[0].GetReplicas() != 1 {
+			t.Fatalf("ListAdapters = %v %v", list, err)
+		}
+		testsupport.Eventually(t, time.Second, "catalogue in the replica's snapshot", func() bool {
+			_, ok := rep.Router().Snapshot().Endpoint("chat").Adapter("sql")
+			return ok
+		})
+		if _, err := ac.DeleteAdapter(ctx, &adminpb.DeleteAdapterRequest{Endpoint: "chat", Name: "sql"}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ac.DeleteAdapter(ctx, &adminpb.DeleteAdapterRequest{Endpoint: "chat", Name: "sql"}); status.Code(err) != codes.NotFound {
+			t.Fatalf("second DeleteAdapter: %v, want NotFound", err)
+		}
+	})
+
 	t.Run("metrics over HTTP/1 on the same port", func(t *testing.T) {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+rep.AdminAddr()+"/metrics", nil)
 		resp, err := (&http.Client{Transport: tr}).Do(req)

@@ -151,6 +151,7 @@ func Start(ctx context.Context, opts Options) (*Replica, error) {
 	}
 	if opts.Client != nil {
 		aopts.Configs = configStore{cli: opts.Client, layout: opts.Membership.Layout}
+		aopts.Adapters = configStore{cli: opts.Client, layout: opts.Membership.Layout}
 	}
 	if r.adminRPC, err = admin.NewServer(aopts); err != nil {
 		if r.reg != nil {
@@ -363,7 +364,7 @@ func (r *Replica) stopAdmin(ctx context.Context) {
 	}
 }
 
-// configStore reads and writes routing configs in etcd; every replica
+// configStore reads and writes routing configs and adapter catalogues in etcd; every replica
 // (this one included) applies a write through its watcher.
 type configStore struct {
 	cli    *clientv3.Client
@@ -372,6 +373,18 @@ type configStore struct {
 
 func (c configStore) GetConfig(ctx context.Context, endpoint string) (fleet.RoutingConfig, bool, error) {
 	return membership.GetConfig(ctx, c.cli, c.layout, endpoint)
+}
+
+func (c configStore) ListAdapters(ctx context.Context, endpoint string) ([]fleet.Adapter, error) {
+	return membership.ListAdapters(ctx, c.cli, c.layout, endpoint)
+}
+
+func (c configStore) PutAdapter(ctx context.Context, endpoint string, a fleet.Adapter) error {
+	return membership.PutAdapter(ctx, c.cli, c.layout, endpoint, a)
+}
+
+func (c configStore) DeleteAdapter(ctx context.Context, endpoint, name string) error {
+	return membership.DeleteAdapter(ctx, c.cli, c.layout, endpoint, name)
 }
 
 func (c configStore) PutConfig(ctx context.Context, endpoint string, rc fleet.RoutingConfig) error {

@@ -75,6 +75,9 @@ func TestStaticFleetAdmin(t *testing.T) {
 	if _, err := ac.SetRoutingConfig(ctx, &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Strategy: "RANDOM"}); status.Code(err) != codes.Unavailable {
 		t.Fatalf("SetRoutingConfig on a static fleet: %v, want Unavailable", err)
 	}
+	if _, err := ac.ListAdapters(ctx, &adminpb.ListAdaptersRequest{Endpoint: "chat"}); status.Code(err) != codes.Unavailable {
+		t.Fatalf("ListAdapters on a static fleet: %v, want Unavailable", err)
+	}
 	got, err := ac.GetRoutingConfig(ctx, &adminpb.GetRoutingConfigRequest{Endpoint: "chat"})
 	if err != nil || got.GetStored() || got.GetConfig().GetStrategy() != "PREFIX_AWARE" {
 		t.Fatalf("GetRoutingConfig %v %v", got, err)

@@ -79,6 +79,360 @@ func (BreakerState) EnumDescriptor() ([]byte, []int) {
 	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{0}
 }
 
+// Adapter is one catalogued LoRA adapter.
+type Adapter struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// What the model server loads it from (vLLM's lora_path).
+	Source string `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`
+	// Set size when cold, and the cap under load; 0 means the defaults (1, 3).
+	MinReplicas int32 `protobuf:"varint,3,opt,name=min_replicas,json=minReplicas,proto3" json:"min_replicas,omitempty"`
+	MaxReplicas int32 `protobuf:"varint,4,opt,name=max_replicas,json=maxReplicas,proto3" json:"max_replicas,omitempty"`
+	// Output only: the current target set size.
+	Replicas      int32 `protobuf:"varint,5,opt,name=replicas,proto3" json:"replicas,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Adapter) Reset() {
+	*x = Adapter{}
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Adapter) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Adapter) ProtoMessage() {}
+
+func (x *Adapter) ProtoReflect() protoreflect.Message {
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Adapter.ProtoReflect.Descriptor instead.
+func (*Adapter) Descriptor() ([]byte, []int) {
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *Adapter) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Adapter) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *Adapter) GetMinReplicas() int32 {
+	if x != nil {
+		return x.MinReplicas
+	}
+	return 0
+}
+
+func (x *Adapter) GetMaxReplicas() int32 {
+	if x != nil {
+		return x.MaxReplicas
+	}
+	return 0
+}
+
+func (x *Adapter) GetReplicas() int32 {
+	if x != nil {
+		return x.Replicas
+	}
+	return 0
+}
+
+type ListAdaptersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Endpoint      string                 `protobuf:"bytes,1,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListAdaptersRequest) Reset() {
+	*x = ListAdaptersRequest{}
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListAdaptersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListAdaptersRequest) ProtoMessage() {}
+
+func (x *ListAdaptersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListAdaptersRequest.ProtoReflect.Descriptor instead.
+func (*ListAdaptersRequest) Descriptor() ([]byte, []int) {
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ListAdaptersRequest) GetEndpoint() string {
+	if x != nil {
+		return x.Endpoint
+	}
+	return ""
+}
+
+type ListAdaptersResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Sorted by name.
+	Adapters      []*Adapter `protobuf:"bytes,1,rep,name=adapters,proto3" json:"adapters,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListAdaptersResponse) Reset() {
+	*x = ListAdaptersResponse{}
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListAdaptersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListAdaptersResponse) ProtoMessage() {}
+
+func (x *ListAdaptersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListAdaptersResponse.ProtoReflect.Descriptor instead.
+func (*ListAdaptersResponse) Descriptor() ([]byte, []int) {
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ListAdaptersResponse) GetAdapters() []*Adapter {
+	if x != nil {
+		return x.Adapters
+	}
+	return nil
+}
+
+type PutAdapterRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Endpoint      string                 `protobuf:"bytes,1,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	Adapter       *Adapter               `protobuf:"bytes,2,opt,name=adapter,proto3" json:"adapter,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutAdapterRequest) Reset() {
+	*x = PutAdapterRequest{}
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutAdapterRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutAdapterRequest) ProtoMessage() {}
+
+func (x *PutAdapterRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutAdapterRequest.ProtoReflect.Descriptor instead.
+func (*PutAdapterRequest) Descriptor() ([]byte, []int) {
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *PutAdapterRequest) GetEndpoint() string {
+	if x != nil {
+		return x.Endpoint
+	}
+	return ""
+}
+
+func (x *PutAdapterRequest) GetAdapter() *Adapter {
+	if x != nil {
+		return x.Adapter
+	}
+	return nil
+}
+
+type PutAdapterResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// What was written, defaults filled in.
+	Adapter       *Adapter `protobuf:"bytes,1,opt,name=adapter,proto3" json:"adapter,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutAdapterResponse) Reset() {
+	*x = PutAdapterResponse{}
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutAdapterResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutAdapterResponse) ProtoMessage() {}
+
+func (x *PutAdapterResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutAdapterResponse.ProtoReflect.Descriptor instead.
+func (*PutAdapterResponse) Descriptor() ([]byte, []int) {
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *PutAdapterResponse) GetAdapter() *Adapter {
+	if x != nil {
+		return x.Adapter
+	}
+	return nil
+}
+
+type DeleteAdapterRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Endpoint      string                 `protobuf:"bytes,1,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteAdapterRequest) Reset() {
+	*x = DeleteAdapterRequest{}
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteAdapterRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteAdapterRequest) ProtoMessage() {}
+
+func (x *DeleteAdapterRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteAdapterRequest.ProtoReflect.Descriptor instead.
+func (*DeleteAdapterRequest) Descriptor() ([]byte, []int) {
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *DeleteAdapterRequest) GetEndpoint() string {
+	if x != nil {
+		return x.Endpoint
+	}
+	return ""
+}
+
+func (x *DeleteAdapterRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type DeleteAdapterResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteAdapterResponse) Reset() {
+	*x = DeleteAdapterResponse{}
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteAdapterResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteAdapterResponse) ProtoMessage() {}
+
+func (x *DeleteAdapterResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteAdapterResponse.ProtoReflect.Descriptor instead.
+func (*DeleteAdapterResponse) Descriptor() ([]byte, []int) {
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{6}
+}
+
 // RoutingConfig is SageMaker's RoutingConfig, flattened.
 type RoutingConfig struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -97,7 +451,7 @@ type RoutingConfig struct {
 
 func (x *RoutingConfig) Reset() {
 	*x = RoutingConfig{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[0]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -109,7 +463,7 @@ func (x *RoutingConfig) String() string {
 func (*RoutingConfig) ProtoMessage() {}
 
 func (x *RoutingConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[0]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -122,7 +476,7 @@ func (x *RoutingConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RoutingConfig.ProtoReflect.Descriptor instead.
 func (*RoutingConfig) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{0}
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *RoutingConfig) GetStrategy() string {
@@ -156,7 +510,7 @@ type GetFleetRequest struct {
 
 func (x *GetFleetRequest) Reset() {
 	*x = GetFleetRequest{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[1]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -168,7 +522,7 @@ func (x *GetFleetRequest) String() string {
 func (*GetFleetRequest) ProtoMessage() {}
 
 func (x *GetFleetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[1]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -181,7 +535,7 @@ func (x *GetFleetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetFleetRequest.ProtoReflect.Descriptor instead.
 func (*GetFleetRequest) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{1}
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetFleetRequest) GetEndpoint() string {
@@ -208,7 +562,7 @@ type GetFleetResponse struct {
 
 func (x *GetFleetResponse) Reset() {
 	*x = GetFleetResponse{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[2]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -220,7 +574,7 @@ func (x *GetFleetResponse) String() string {
 func (*GetFleetResponse) ProtoMessage() {}
 
 func (x *GetFleetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[2]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -233,7 +587,7 @@ func (x *GetFleetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetFleetResponse.ProtoReflect.Descriptor instead.
 func (*GetFleetResponse) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{2}
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GetFleetResponse) GetRevision() int64 {
@@ -284,7 +638,7 @@ type Endpoint struct {
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[3]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -296,7 +650,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[3]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -309,7 +663,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{3}
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Endpoint) GetName() string {
@@ -352,7 +706,7 @@ type Instance struct {
 
 func (x *Instance) Reset() {
 	*x = Instance{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[4]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -364,7 +718,7 @@ func (x *Instance) String() string {
 func (*Instance) ProtoMessage() {}
 
 func (x *Instance) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[4]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -377,7 +731,7 @@ func (x *Instance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Instance.ProtoReflect.Descriptor instead.
 func (*Instance) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{4}
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Instance) GetId() string {
@@ -461,7 +815,7 @@ type InstanceState struct {
 
 func (x *InstanceState) Reset() {
 	*x = InstanceState{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[5]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -473,7 +827,7 @@ func (x *InstanceState) String() string {
 func (*InstanceState) ProtoMessage() {}
 
 func (x *InstanceState) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[5]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -486,7 +840,7 @@ func (x *InstanceState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstanceState.ProtoReflect.Descriptor instead.
 func (*InstanceState) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{5}
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *InstanceState) GetInFlight() int64 {
@@ -526,7 +880,7 @@ type GetRoutingConfigRequest struct {
 
 func (x *GetRoutingConfigRequest) Reset() {
 	*x = GetRoutingConfigRequest{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[6]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -538,7 +892,7 @@ func (x *GetRoutingConfigRequest) String() string {
 func (*GetRoutingConfigRequest) ProtoMessage() {}
 
 func (x *GetRoutingConfigRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[6]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -551,7 +905,7 @@ func (x *GetRoutingConfigRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRoutingConfigRequest.ProtoReflect.Descriptor instead.
 func (*GetRoutingConfigRequest) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{6}
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GetRoutingConfigRequest) GetEndpoint() string {
@@ -577,7 +931,7 @@ type GetRoutingConfigResponse struct {
 
 func (x *GetRoutingConfigResponse) Reset() {
 	*x = GetRoutingConfigResponse{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[7]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -589,7 +943,7 @@ func (x *GetRoutingConfigResponse) String() string {
 func (*GetRoutingConfigResponse) ProtoMessage() {}
 
 func (x *GetRoutingConfigResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[7]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -602,7 +956,7 @@ func (x *GetRoutingConfigResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRoutingConfigResponse.ProtoReflect.Descriptor instead.
 func (*GetRoutingConfigResponse) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{7}
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetRoutingConfigResponse) GetConfig() *RoutingConfig {
@@ -638,7 +992,7 @@ type SetRoutingConfigRequest struct {
 
 func (x *SetRoutingConfigRequest) Reset() {
 	*x = SetRoutingConfigRequest{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[8]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -650,7 +1004,7 @@ func (x *SetRoutingConfigRequest) String() string {
 func (*SetRoutingConfigRequest) ProtoMessage() {}
 
 func (x *SetRoutingConfigRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[8]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -663,7 +1017,7 @@ func (x *SetRoutingConfigRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetRoutingConfigRequest.ProtoReflect.Descriptor instead.
 func (*SetRoutingConfigRequest) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{8}
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SetRoutingConfigRequest) GetEndpoint() string {
@@ -704,7 +1058,7 @@ type SetRoutingConfigResponse struct {
 
 func (x *SetRoutingConfigResponse) Reset() {
 	*x = SetRoutingConfigResponse{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[9]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -716,7 +1070,7 @@ func (x *SetRoutingConfigResponse) String() string {
 func (*SetRoutingConfigResponse) ProtoMessage() {}
 
 func (x *SetRoutingConfigResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[9]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -729,7 +1083,7 @@ func (x *SetRoutingConfigResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetRoutingConfigResponse.ProtoReflect.Descriptor instead.
 func (*SetRoutingConfigResponse) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{9}
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SetRoutingConfigResponse) GetConfig() *RoutingConfig {
@@ -760,7 +1114,7 @@ type ExplainRouteRequest struct {
 
 func (x *ExplainRouteRequest) Reset() {
 	*x = ExplainRouteRequest{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[10]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -772,7 +1126,7 @@ func (x *ExplainRouteRequest) String() string {
 func (*ExplainRouteRequest) ProtoMessage() {}
 
 func (x *ExplainRouteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[10]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -785,7 +1139,7 @@ func (x *ExplainRouteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExplainRouteRequest.ProtoReflect.Descriptor instead.
 func (*ExplainRouteRequest) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{10}
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ExplainRouteRequest) GetEndpoint() string {
@@ -876,7 +1230,7 @@ type ExplainRouteResponse struct {
 
 func (x *ExplainRouteResponse) Reset() {
 	*x = ExplainRouteResponse{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[11]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -888,7 +1242,7 @@ func (x *ExplainRouteResponse) String() string {
 func (*ExplainRouteResponse) ProtoMessage() {}
 
 func (x *ExplainRouteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[11]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -901,7 +1255,7 @@ func (x *ExplainRouteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExplainRouteResponse.ProtoReflect.Descriptor instead.
 func (*ExplainRouteResponse) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{11}
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ExplainRouteResponse) GetEndpoint() string {
@@ -971,7 +1325,26 @@ var File_prefixrouter_admin_v1_admin_proto protoreflect.FileDescriptor
 
 const file_prefixrouter_admin_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"!prefixrouter/admin/v1/admin.proto\x12\x15prefixrouter.admin.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x85\x01\n" +
+	"!prefixrouter/admin/v1/admin.proto\x12\x15prefixrouter.admin.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x97\x01\n" +
+	"\aAdapter\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
+	"\x06source\x18\x02 \x01(\tR\x06source\x12!\n" +
+	"\fmin_replicas\x18\x03 \x01(\x05R\vminReplicas\x12!\n" +
+	"\fmax_replicas\x18\x04 \x01(\x05R\vmaxReplicas\x12\x1a\n" +
+	"\breplicas\x18\x05 \x01(\x05R\breplicas\"1\n" +
+	"\x13ListAdaptersRequest\x12\x1a\n" +
+	"\bendpoint\x18\x01 \x01(\tR\bendpoint\"R\n" +
+	"\x14ListAdaptersResponse\x12:\n" +
+	"\badapters\x18\x01 \x03(\v2\x1e.prefixrouter.admin.v1.AdapterR\badapters\"i\n" +
+	"\x11PutAdapterRequest\x12\x1a\n" +
+	"\bendpoint\x18\x01 \x01(\tR\bendpoint\x128\n" +
+	"\aadapter\x18\x02 \x01(\v2\x1e.prefixrouter.admin.v1.AdapterR\aadapter\"N\n" +
+	"\x12PutAdapterResponse\x128\n" +
+	"\aadapter\x18\x01 \x01(\v2\x1e.prefixrouter.admin.v1.AdapterR\aadapter\"F\n" +
+	"\x14DeleteAdapterRequest\x12\x1a\n" +
+	"\bendpoint\x18\x01 \x01(\tR\bendpoint\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\"\x17\n" +
+	"\x15DeleteAdapterResponse\"\x85\x01\n" +
 	"\rRoutingConfig\x12\x1a\n" +
 	"\bstrategy\x18\x01 \x01(\tR\bstrategy\x12#\n" +
 	"\rprefix_length\x18\x02 \x01(\x05R\fprefixLength\x123\n" +
@@ -1046,12 +1419,16 @@ const file_prefixrouter_admin_v1_admin_proto_rawDesc = "" +
 	"\x19BREAKER_STATE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14BREAKER_STATE_CLOSED\x10\x01\x12\x1b\n" +
 	"\x17BREAKER_STATE_HALF_OPEN\x10\x02\x12\x16\n" +
-	"\x12BREAKER_STATE_OPEN\x10\x032\xb7\x03\n" +
+	"\x12BREAKER_STATE_OPEN\x10\x032\xef\x05\n" +
 	"\x05Admin\x12[\n" +
 	"\bGetFleet\x12&.prefixrouter.admin.v1.GetFleetRequest\x1a'.prefixrouter.admin.v1.GetFleetResponse\x12s\n" +
 	"\x10GetRoutingConfig\x12..prefixrouter.admin.v1.GetRoutingConfigRequest\x1a/.prefixrouter.admin.v1.GetRoutingConfigResponse\x12s\n" +
 	"\x10SetRoutingConfig\x12..prefixrouter.admin.v1.SetRoutingConfigRequest\x1a/.prefixrouter.admin.v1.SetRoutingConfigResponse\x12g\n" +
-	"\fExplainRoute\x12*.prefixrouter.admin.v1.ExplainRouteRequest\x1a+.prefixrouter.admin.v1.ExplainRouteResponseB<Z:github.com/prefixrouter/prefixrouter/admin/adminpb;adminpbb\x06proto3"
+	"\fExplainRoute\x12*.prefixrouter.admin.v1.ExplainRouteRequest\x1a+.prefixrouter.admin.v1.ExplainRouteResponse\x12g\n" +
+	"\fListAdapters\x12*.prefixrouter.admin.v1.ListAdaptersRequest\x1a+.prefixrouter.admin.v1.ListAdaptersResponse\x12a\n" +
+	"\n" +
+	"PutAdapter\x12(.prefixrouter.admin.v1.PutAdapterRequest\x1a).prefixrouter.admin.v1.PutAdapterResponse\x12j\n" +
+	"\rDeleteAdapter\x12+.prefixrouter.admin.v1.DeleteAdapterRequest\x1a,.prefixrouter.admin.v1.DeleteAdapterResponseB<Z:github.com/prefixrouter/prefixrouter/admin/adminpb;adminpbb\x06proto3"
 
 var (
 	file_prefixrouter_admin_v1_admin_proto_rawDescOnce sync.Once
@@ -1066,53 +1443,69 @@ func file_prefixrouter_admin_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_prefixrouter_admin_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_prefixrouter_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_prefixrouter_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_prefixrouter_admin_v1_admin_proto_goTypes = []any{
 	(BreakerState)(0),                // 0: prefixrouter.admin.v1.BreakerState
-	(*RoutingConfig)(nil),            // 1: prefixrouter.admin.v1.RoutingConfig
-	(*GetFleetRequest)(nil),          // 2: prefixrouter.admin.v1.GetFleetRequest
-	(*GetFleetResponse)(nil),         // 3: prefixrouter.admin.v1.GetFleetResponse
-	(*Endpoint)(nil),                 // 4: prefixrouter.admin.v1.Endpoint
-	(*Instance)(nil),                 // 5: prefixrouter.admin.v1.Instance
-	(*InstanceState)(nil),            // 6: prefixrouter.admin.v1.InstanceState
-	(*GetRoutingConfigRequest)(nil),  // 7: prefixrouter.admin.v1.GetRoutingConfigRequest
-	(*GetRoutingConfigResponse)(nil), // 8: prefixrouter.admin.v1.GetRoutingConfigResponse
-	(*SetRoutingConfigRequest)(nil),  // 9: prefixrouter.admin.v1.SetRoutingConfigRequest
-	(*SetRoutingConfigResponse)(nil), // 10: prefixrouter.admin.v1.SetRoutingConfigResponse
-	(*ExplainRouteRequest)(nil),      // 11: prefixrouter.admin.v1.ExplainRouteRequest
-	(*ExplainRouteResponse)(nil),     // 12: prefixrouter.admin.v1.ExplainRouteResponse
-	nil,                              // 13: prefixrouter.admin.v1.Instance.LabelsEntry
-	nil,                              // 14: prefixrouter.admin.v1.ExplainRouteRequest.HeadersEntry
-	(*timestamppb.Timestamp)(nil),    // 15: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),      // 16: google.protobuf.Duration
+	(*Adapter)(nil),                  // 1: prefixrouter.admin.v1.Adapter
+	(*ListAdaptersRequest)(nil),      // 2: prefixrouter.admin.v1.ListAdaptersRequest
+	(*ListAdaptersResponse)(nil),     // 3: prefixrouter.admin.v1.ListAdaptersResponse
+	(*PutAdapterRequest)(nil),        // 4: prefixrouter.admin.v1.PutAdapterRequest
+	(*PutAdapterResponse)(nil),       // 5: prefixrouter.admin.v1.PutAdapterResponse
+	(*DeleteAdapterRequest)(nil),     // 6: prefixrouter.admin.v1.DeleteAdapterRequest
+	(*DeleteAdapterResponse)(nil),    // 7: prefixrouter.admin.v1.DeleteAdapterResponse
+	(*RoutingConfig)(nil),            // 8: prefixrouter.admin.v1.RoutingConfig
+	(*GetFleetRequest)(nil),          // 9: prefixrouter.admin.v1.GetFleetRequest
+	(*GetFleetResponse)(nil),         // 10: prefixrouter.admin.v1.GetFleetResponse
+	(*Endpoint)(nil),                 // 11: prefixrouter.admin.v1.Endpoint
+	(*Instance)(nil),                 // 12: prefixrouter.admin.v1.Instance
+	(*InstanceState)(nil),            // 13: prefixrouter.admin.v1.InstanceState
+	(*GetRoutingConfigRequest)(nil),  // 14: prefixrouter.admin.v1.GetRoutingConfigRequest
+	(*GetRoutingConfigResponse)(nil), // 15: prefixrouter.admin.v1.GetRoutingConfigResponse
+	(*SetRoutingConfigRequest)(nil),  // 16: prefixrouter.admin.v1.SetRoutingConfigRequest
+	(*SetRoutingConfigResponse)(nil), // 17: prefixrouter.admin.v1.SetRoutingConfigResponse
+	(*ExplainRouteRequest)(nil),      // 18: prefixrouter.admin.v1.ExplainRouteRequest
+	(*ExplainRouteResponse)(nil),     // 19: prefixrouter.admin.v1.ExplainRouteResponse
+	nil,                              // 20: prefixrouter.admin.v1.Instance.LabelsEntry
+	nil,                              // 21: prefixrouter.admin.v1.ExplainRouteRequest.HeadersEntry
+	(*timestamppb.Timestamp)(nil),    // 22: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),      // 23: google.protobuf.Duration
 }
 var file_prefixrouter_admin_v1_admin_proto_depIdxs = []int32{
-	15, // 0: prefixrouter.admin.v1.GetFleetResponse.built_at:type_name -> google.protobuf.Timestamp
-	16, // 1: prefixrouter.admin.v1.GetFleetResponse.age:type_name -> google.protobuf.Duration
-	4,  // 2: prefixrouter.admin.v1.GetFleetResponse.endpoints:type_name -> prefixrouter.admin.v1.Endpoint
-	1,  // 3: prefixrouter.admin.v1.Endpoint.config:type_name -> prefixrouter.admin.v1.RoutingConfig
-	5,  // 4: prefixrouter.admin.v1.Endpoint.instances:type_name -> prefixrouter.admin.v1.Instance
-	13, // 5: prefixrouter.admin.v1.Instance.labels:type_name -> prefixrouter.admin.v1.Instance.LabelsEntry
-	15, // 6: prefixrouter.admin.v1.Instance.registered_at:type_name -> google.protobuf.Timestamp
-	6,  // 7: prefixrouter.admin.v1.Instance.state:type_name -> prefixrouter.admin.v1.InstanceState
-	0,  // 8: prefixrouter.admin.v1.InstanceState.breaker:type_name -> prefixrouter.admin.v1.BreakerState
-	1,  // 9: prefixrouter.admin.v1.GetRoutingConfigResponse.config:type_name -> prefixrouter.admin.v1.RoutingConfig
-	1,  // 10: prefixrouter.admin.v1.GetRoutingConfigResponse.applied:type_name -> prefixrouter.admin.v1.RoutingConfig
-	1,  // 11: prefixrouter.admin.v1.SetRoutingConfigResponse.config:type_name -> prefixrouter.admin.v1.RoutingConfig
-	14, // 12: prefixrouter.admin.v1.ExplainRouteRequest.headers:type_name -> prefixrouter.admin.v1.ExplainRouteRequest.HeadersEntry
-	2,  // 13: prefixrouter.admin.v1.Admin.GetFleet:input_type -> prefixrouter.admin.v1.GetFleetRequest
-	7,  // 14: prefixrouter.admin.v1.Admin.GetRoutingConfig:input_type -> prefixrouter.admin.v1.GetRoutingConfigRequest
-	9,  // 15: prefixrouter.admin.v1.Admin.SetRoutingConfig:input_type -> prefixrouter.admin.v1.SetRoutingConfigRequest
-	11, // 16: prefixrouter.admin.v1.Admin.ExplainRoute:input_type -> prefixrouter.admin.v1.ExplainRouteRequest
-	3,  // 17: prefixrouter.admin.v1.Admin.GetFleet:output_type -> prefixrouter.admin.v1.GetFleetResponse
-	8,  // 18: prefixrouter.admin.v1.Admin.GetRoutingConfig:output_type -> prefixrouter.admin.v1.GetRoutingConfigResponse
-	10, // 19: prefixrouter.admin.v1.Admin.SetRoutingConfig:output_type -> prefixrouter.admin.v1.SetRoutingConfigResponse
-	12, // 20: prefixrouter.admin.v1.Admin.ExplainRoute:output_type -> prefixrouter.admin.v1.ExplainRouteResponse
-	17, // [17:21] is the sub-list for method output_type
-	13, // [13:17] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	1,  // 0: prefixrouter.admin.v1.ListAdaptersResponse.adapters:type_name -> prefixrouter.admin.v1.Adapter
+	1,  // 1: prefixrouter.admin.v1.PutAdapterRequest.adapter:type_name -> prefixrouter.admin.v1.Adapter
+	1,  // 2: prefixrouter.admin.v1.PutAdapterResponse.adapter:type_name -> prefixrouter.admin.v1.Adapter
+	22, // 3: prefixrouter.admin.v1.GetFleetResponse.built_at:type_name -> google.protobuf.Timestamp
+	23, // 4: prefixrouter.admin.v1.GetFleetResponse.age:type_name -> google.protobuf.Duration
+	11, // 5: prefixrouter.admin.v1.GetFleetResponse.endpoints:type_name -> prefixrouter.admin.v1.Endpoint
+	8,  // 6: prefixrouter.admin.v1.Endpoint.config:type_name -> prefixrouter.admin.v1.RoutingConfig
+	12, // 7: prefixrouter.admin.v1.Endpoint.instances:type_name -> prefixrouter.admin.v1.Instance
+	20, // 8: prefixrouter.admin.v1.Instance.labels:type_name -> prefixrouter.admin.v1.Instance.LabelsEntry
+	22, // 9: prefixrouter.admin.v1.Instance.registered_at:type_name -> google.protobuf.Timestamp
+	13, // 10: prefixrouter.admin.v1.Instance.state:type_name -> prefixrouter.admin.v1.InstanceState
+	0,  // 11: prefixrouter.admin.v1.InstanceState.breaker:type_name -> prefixrouter.admin.v1.BreakerState
+	8,  // 12: prefixrouter.admin.v1.GetRoutingConfigResponse.config:type_name -> prefixrouter.admin.v1.RoutingConfig
+	8,  // 13: prefixrouter.admin.v1.GetRoutingConfigResponse.applied:type_name -> prefixrouter.admin.v1.RoutingConfig
+	8,  // 14: prefixrouter.admin.v1.SetRoutingConfigResponse.config:type_name -> prefixrouter.admin.v1.RoutingConfig
+	21, // 15: prefixrouter.admin.v1.ExplainRouteRequest.headers:type_name -> prefixrouter.admin.v1.ExplainRouteRequest.HeadersEntry
+	9,  // 16: prefixrouter.admin.v1.Admin.GetFleet:input_type -> prefixrouter.admin.v1.GetFleetRequest
+	14, // 17: prefixrouter.admin.v1.Admin.GetRoutingConfig:input_type -> prefixrouter.admin.v1.GetRoutingConfigRequest
+	16, // 18: prefixrouter.admin.v1.Admin.SetRoutingConfig:input_type -> prefixrouter.admin.v1.SetRoutingConfigRequest
+	18, // 19: prefixrouter.admin.v1.Admin.ExplainRoute:input_type -> prefixrouter.admin.v1.ExplainRouteRequest
+	2,  // 20: prefixrouter.admin.v1.Admin.ListAdapters:input_type -> prefixrouter.admin.v1.ListAdaptersRequest
+	4,  // 21: prefixrouter.admin.v1.Admin.PutAdapter:input_type -> prefixrouter.admin.v1.PutAdapterRequest
+	6,  // 22: prefixrouter.admin.v1.Admin.DeleteAdapter:input_type -> prefixrouter.admin.v1.DeleteAdapterRequest
+	10, // 23: prefixrouter.admin.v1.Admin.GetFleet:output_type -> prefixrouter.admin.v1.GetFleetResponse
+	15, // 24: prefixrouter.admin.v1.Admin.GetRoutingConfig:output_type -> prefixrouter.admin.v1.GetRoutingConfigResponse
+	17, // 25: prefixrouter.admin.v1.Admin.SetRoutingConfig:output_type -> prefixrouter.admin.v1.SetRoutingConfigResponse
+	19, // 26: prefixrouter.admin.v1.Admin.ExplainRoute:output_type -> prefixrouter.admin.v1.ExplainRouteResponse
+	3,  // 27: prefixrouter.admin.v1.Admin.ListAdapters:output_type -> prefixrouter.admin.v1.ListAdaptersResponse
+	5,  // 28: prefixrouter.admin.v1.Admin.PutAdapter:output_type -> prefixrouter.admin.v1.PutAdapterResponse
+	7,  // 29: prefixrouter.admin.v1.Admin.DeleteAdapter:output_type -> prefixrouter.admin.v1.DeleteAdapterResponse
+	23, // [23:30] is the sub-list for method output_type
+	16, // [16:23] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_prefixrouter_admin_v1_admin_proto_init() }
@@ -1120,7 +1513,7 @@ func file_prefixrouter_admin_v1_admin_proto_init() {
 	if File_prefixrouter_admin_v1_admin_proto != nil {
 		return
 	}
-	file_prefixrouter_admin_v1_admin_proto_msgTypes[10].OneofWrappers = []any{
+	file_prefixrouter_admin_v1_admin_proto_msgTypes[17].OneofWrappers = []any{
 		(*ExplainRouteRequest_Body)(nil),
 		(*ExplainRouteRequest_BodyText)(nil),
 	}
@@ -1130,7 +1523,7 @@ func file_prefixrouter_admin_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_prefixrouter_admin_v1_admin_proto_rawDesc), len(file_prefixrouter_admin_v1_admin_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   14,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

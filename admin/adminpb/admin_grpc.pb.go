@@ -26,6 +26,9 @@ const (
 	Admin_GetRoutingConfig_FullMethodName = "/prefixrouter.admin.v1.Admin/GetRoutingConfig"
 	Admin_SetRoutingConfig_FullMethodName = "/prefixrouter.admin.v1.Admin/SetRoutingConfig"
 	Admin_ExplainRoute_FullMethodName     = "/prefixrouter.admin.v1.Admin/ExplainRoute"
+	Admin_ListAdapters_FullMethodName     = "/prefixrouter.admin.v1.Admin/ListAdapters"
+	Admin_PutAdapter_FullMethodName       = "/prefixrouter.admin.v1.Admin/PutAdapter"
+	Admin_DeleteAdapter_FullMethodName    = "/prefixrouter.admin.v1.Admin/DeleteAdapter"
 )
 
 // AdminClient is the client API for Admin service.
@@ -47,6 +50,15 @@ type AdminClient interface {
 	// ExplainRoute tells where a request would go with no load, without
 	// sending it anywhere.
 	ExplainRoute(ctx context.Context, in *ExplainRouteRequest, opts ...grpc.CallOption) (*ExplainRouteResponse, error)
+	// ListAdapters returns an endpoint's LoRA adapter catalogue, as stored in
+	// etcd, with each adapter's current target set size.
+	ListAdapters(ctx context.Context, in *ListAdaptersRequest, opts ...grpc.CallOption) (*ListAdaptersResponse, error)
+	// PutAdapter validates an adapter and adds it to (or replaces it in) the
+	// endpoint's catalogue; the agents place and load it.
+	PutAdapter(ctx context.Context, in *PutAdapterRequest, opts ...grpc.CallOption) (*PutAdapterResponse, error)
+	// DeleteAdapter removes an adapter from the catalogue; the agents unload
+	// it. NOT_FOUND when it is not catalogued.
+	DeleteAdapter(ctx context.Context, in *DeleteAdapterRequest, opts ...grpc.CallOption) (*DeleteAdapterResponse, error)
 }
 
 type adminClient struct {
@@ -97,6 +109,36 @@ func (c *adminClient) ExplainRoute(ctx context.Context, in *ExplainRouteRequest,
 	return out, nil
 }
 
+func (c *adminClient) ListAdapters(ctx context.Context, in *ListAdaptersRequest, opts ...grpc.CallOption) (*ListAdaptersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListAdaptersResponse)
+	err := c.cc.Invoke(ctx, Admin_ListAdapters_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) PutAdapter(ctx context.Context, in *PutAdapterRequest, opts ...grpc.CallOption) (*PutAdapterResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PutAdapterResponse)
+	err := c.cc.Invoke(ctx, Admin_PutAdapter_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) DeleteAdapter(ctx context.Context, in *DeleteAdapterRequest, opts ...grpc.CallOption) (*DeleteAdapterResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteAdapterResponse)
+	err := c.cc.Invoke(ctx, Admin_DeleteAdapter_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -116,6 +158,15 @@ type AdminServer interface {
 	// ExplainRoute tells where a request would go with no load, without
 	// sending it anywhere.
 	ExplainRoute(context.Context, *ExplainRouteRequest) (*ExplainRouteResponse, error)
+	// ListAdapters returns an endpoint's LoRA adapter catalogue, as stored in
+	// etcd, with each adapter's current target set size.
+	ListAdapters(context.Context, *ListAdaptersRequest) (*ListAdaptersResponse, error)
+	// PutAdapter validates an adapter and adds it to (or replaces it in) the
+	// endpoint's catalogue; the agents place and load it.
+	PutAdapter(context.Context, *PutAdapterRequest) (*PutAdapterResponse, error)
+	// DeleteAdapter removes an adapter from the catalogue; the agents unload
+	// it. NOT_FOUND when it is not catalogued.
+	DeleteAdapter(context.Context, *DeleteAdapterRequest) (*DeleteAdapterResponse, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -137,6 +188,15 @@ func (UnimplementedAdminServer) SetRoutingConfig(context.Context, *SetRoutingCon
 }
 func (UnimplementedAdminServer) ExplainRoute(context.Context, *ExplainRouteRequest) (*ExplainRouteResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ExplainRoute not implemented")
+}
+func (UnimplementedAdminServer) ListAdapters(context.Context, *ListAdaptersRequest) (*ListAdaptersResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListAdapters not implemented")
+}
+func (UnimplementedAdminServer) PutAdapter(context.Context, *PutAdapterRequest) (*PutAdapterResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PutAdapter not implemented")
+}
+func (UnimplementedAdminServer) DeleteAdapter(context.Context, *DeleteAdapterRequest) (*DeleteAdapterResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteAdapter not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -231,6 +291,60 @@ func _Admin_ExplainRoute_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_ListAdapters_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListAdaptersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ListAdapters(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_ListAdapters_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ListAdapters(ctx, req.(*ListAdaptersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_PutAdapter_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PutAdapterRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).PutAdapter(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_PutAdapter_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).PutAdapter(ctx, req.(*PutAdapterRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_DeleteAdapter_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteAdapterRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).DeleteAdapter(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_DeleteAdapter_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).DeleteAdapter(ctx, req.(*DeleteAdapterRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -253,6 +367,18 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ExplainRoute",
 			Handler:    _Admin_ExplainRoute_Handler,
+		},
+		{
+			MethodName: "ListAdapters",
+			Handler:    _Admin_ListAdapters_Handler,
+		},
+		{
+			MethodName: "PutAdapter",
+			Handler:    _Admin_PutAdapter_Handler,
+		},
+		{
+			MethodName: "DeleteAdapter",
+			Handler:    _Admin_DeleteAdapter_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

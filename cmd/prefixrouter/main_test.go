@@ -65,6 +65,12 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"bench without target", []string{"bench"}, "--target"},
 		{"unknown preset", []string{"bench", "--target", "http://127.0.0.1:1", "--preset", "nope"}, "nope"},
 		{"config set bad json", []string{"config", "set", "--routing-config", "{bad"}, "--routing-config"},
+		{"adapter add without name", []string{"adapter", "add", "--source", "s"}, "adapter name"},
+		{"adapter add without source", []string{"adapter", "add", "--name", "a"}, "source"},
+		{"adapter add min above max", []string{"adapter", "add", "--name", "a", "--source", "s", "--min-replicas", "4", "--max-replicas", "2"}, "below minReplicas"},
+		{"adapter add negative", []string{"adapter", "add", "--name", "a", "--source", "s", "--min-replicas", "-1"}, "replicas"},
+		{"adapter remove bad name", []string{"adapter", "remove", "--name", "a/b"}, "--name"},
+		{"adapter list bad endpoint", []string{"adapter", "list", "--endpoint", "a b"}, "--endpoint"},
 		{"demo unknown workload", []string{"demo", "--workload", "nope"}, "nope"},
 	}
 	for _, tt := range tests {
@@ -135,5 +141,40 @@ func TestConfigGetEtcdDown(t *testing.T) {
 	_, stderr, code := runCLI(t, "config", "get", "--etcd-endpoints", "http://127.0.0.1:1", "--etcd-dial-timeout", "300ms")
 	if code != 1 || !strings.Contains(stderr, "config get") {
 		t.Fatalf("etcd down: exit %d, %q; want exit 1 with a clear error", code, stderr)
+	}
+}
+
+func TestAdapterAddRemoveListAgainstEtcd(t *testing.T) {
+	e := etcdtest.Start(t)
+	url := e.ClientURL()
+	out, stderr, code := runCLI(t, "adapter", "add", "--etcd-endpoints", url, "--endpoint", "chat",
+		"--name", "sql-lora", "--source", "/models/sql", "--min-replicas", "2", "--max-replicas", "4")
+	if code != 0 || !strings.Contains(out, `"minReplicas": 2`) {
+		t.Fatalf("adapter add: exit %d, %q %q", code, out, stderr)
+	}
+	if _, stderr, code = runCLI(t, "adapter", "add", "--etcd-endpoints", url, "--endpoint", "chat", "--name", "chat-lora", "--source", "hf://org/chat"); code != 0 {
+		t.Fatalf("adapter add: exit %d, %q", code, stderr)
+	}
+	out, _, code = runCLI(t, "adapter", "list", "--etcd-endpoints", url, "--endpoint", "chat", "--json")
+	var list []struct {
+		Name                     string
+		MinReplicas, MaxReplicas int
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &list) != nil || len(list) != 2 || list[0].Name != "chat-lora" || list[0].MaxReplicas != fleet.DefaultMaxReplicas || list[1].MinReplicas != 2 || list[1].MaxReplicas != 4 {
+		t.Fatalf("adapter list --json: exit %d, %q", code, out)
+	}
+	out, _, code = runCLI(t, "adapter", "list", "--etcd-endpoints", url, "--endpoint", "chat")
+	if code != 0 || !strings.Contains(out, "sql-lora") || !strings.Contains(out, "TARGET") {
+		t.Fatalf("adapter list: exit %d, %q", code, out)
+	}
+	if _, stderr, code = runCLI(t, "adapter", "remove", "--etcd-endpoints", url, "--endpoint", "chat", "--name", "sql-lora"); code != 0 {
+		t.Fatalf("adapter remove: exit %d, %q", code, stderr)
+	}
+	if _, stderr, code = runCLI(t, "adapter", "remove", "--etcd-endpoints", url, "--endpoint", "chat", "--name", "sql-lora"); code != 1 || !strings.Contains(stderr, "not in the catalogue") {
+		t.Fatalf("adapter remove of a missing adapter: exit %d, %q", code, stderr)
+	}
+	out, _, _ = runCLI(t, "adapter", "list", "--etcd-endpoints", url, "--endpoint", "chat", "--json")
+	if strings.Contains(out, "sql-lora") || !strings.Contains(out, "chat-lora") {
+		t.Fatalf("after remove: %q", out)
 	}
 }
