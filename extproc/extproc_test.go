@@ -487,7 +487,7 @@ func TestRejections(t *testing.T) {
 	}{
 		{"/v1/chat/completions", `{"messages":[`, http.StatusBadRequest},
 		{"/v1/chat/completions", `{"model":"nope","messages":[]}`, http.StatusNotFound},
-		{"/endpoints/other/invocations", `x`, http.StatusNotFound},
+		{"/endpoints/other/invocations", `x`, http.StatusBadRequest}, // SageMaker's ValidationError
 	} {
 		e := c.open(t)
 		e.headers(tc.path, nil, nil, false)

@@ -17,6 +17,10 @@ var (
 	// ErrNoInstance is returned (wrapped) when the endpoint, or the model's
 	// set, has no non-draining instance.
 	ErrNoInstance = errors.New("lora: no instance available")
+	// ErrModelNotReady is wrapped, with ErrNoInstance, when a model is
+	// known but every instance serving it is draining (or leaving): the
+	// model is not ready rather than unknown.
+	ErrModelNotReady = errors.New("lora: model not ready")
 )
 
 // Table maps model names to sticky instance sets for one endpoint snapshot.
@@ -127,7 +131,7 @@ func (t *Table) Set(model string) (*Set, error) {
 		if named := t.named[model]; named != nil {
 			e = named
 		} else if t.parked[model] {
-			return nil, fmt.Errorf("%w: every instance serving model %q is draining", ErrNoInstance, model)
+			return nil, fmt.Errorf("%w: %w: every instance serving model %q is draining", ErrNoInstance, ErrModelNotReady, model)
 		} else if t.declared {
 			return nil, fmt.Errorf("%w: %q", ErrUnknownModel, model)
 		}

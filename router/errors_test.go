@@ -40,12 +40,12 @@ func checkError(t *testing.T, res result, openAI bool, status int, code string) 
 		return
 	}
 	var e sageMakerError
-	if err := json.Unmarshal(res.body, &e); err != nil || e.ErrorCode == "" || e.Message == "" {
+	if err := json.Unmarshal(res.body, &e); err != nil || e.ErrorCode == "" || e.Message == "" || e.LowerMessage != e.Message {
 		t.Fatalf("SageMaker error body %s (%v)", res.body, err)
 	}
-	want := map[int]string{400: "ValidationError", 404: "ValidationError", 413: "ValidationError", 424: "ModelError", 503: "ServiceUnavailable"}[status]
-	if e.ErrorCode != want {
-		t.Fatalf("ErrorCode %q, want %q", e.ErrorCode, want)
+	want := map[int]string{400: "ValidationError", 413: "ValidationError", 424: "ModelError", 429: "ModelNotReadyException", 503: "ServiceUnavailable", 530: "InternalDependencyException"}[status]
+	if e.ErrorCode != want || res.header.Get("X-Amzn-ErrorType") != want {
+		t.Fatalf("ErrorCode %q, X-Amzn-ErrorType %q, want %q", e.ErrorCode, res.header.Get("X-Amzn-ErrorType"), want)
 	}
 }
 
@@ -69,9 +69,10 @@ func TestInvalidInputs(t *testing.T) {
 		{"empty prompt_cache_key", "/v1/completions", `{"model":"base","prompt_cache_key":"","prompt":"a"}`, nil, 400, codeInvalidTenant},
 		{"body over limit invoke", "/invocations", big, nil, 413, codeTooLarge},
 		{"body over limit chat", "/v1/chat/completions", `{"messages":"` + big + `"}`, nil, 413, codeTooLarge},
-		{"unknown endpoint invoke", "/endpoints/nope/invocations", "x", nil, 404, codeUnknownEndpoint},
+		{"unknown endpoint invoke", "/endpoints/nope/invocations", "x", nil, 400, codeUnknownEndpoint},
+		{"unknown endpoint invoke stream", "/endpoints/nope/invocations-response-stream", "x", nil, 400, codeUnknownEndpoint},
 		{"unknown endpoint chat", "/endpoints/nope/openai/v1/chat/completions", `{"messages":[]}`, nil, 404, codeUnknownEndpoint},
-		{"unknown adapter invoke", "/invocations", "x", map[string]string{"X-Amzn-SageMaker-Target-Model": "lora-9"}, 404, codeUnknownModel},
+		{"unknown adapter invoke", "/invocations", "x", map[string]string{"X-Amzn-SageMaker-Target-Model": "lora-9"}, 400, codeUnknownModel},
 		{"unknown model chat", "/v1/chat/completions", `{"model":"gpt-9","messages":[]}`, nil, 404, codeUnknownModel},
 	}
 	for _, tc := range tests {
@@ -108,7 +109,11 @@ func TestNoInstance(t *testing.T) {
 		defer r.Close()
 		for _, path := range []string{"/invocations", "/v1/chat/completions"} {
 			w := httptestRecorder(r, path, `{"messages":[]}`)
-			checkError(t, w, strings.HasPrefix(path, "/v1"), 503, codeNotLoaded)
+			status := 530 // etcd never answered: InternalDependencyException
+			if strings.HasPrefix(path, "/v1") {
+				status = 503
+			}
+			checkError(t, w, strings.HasPrefix(path, "/v1"), status, codeNotLoaded)
 		}
 		if r.Ready() == nil {
 			t.Fatal("ready without a snapshot")
@@ -128,11 +133,12 @@ func TestNoInstance(t *testing.T) {
 			h.ep.Instances = append(h.ep.Instances, fleet.Instance{ID: id, Addr: "http://" + deadAddr(t)})
 		}
 		h.update()
-		// One request tries all three (two retries), each dial fails: 424.
+		// One request tries all three (two retries), each dial fails: every
+		// instance is unreachable, SageMaker's InternalDependencyException.
 		res := h.mustDo("/invocations", "x", nil)
-		checkError(t, res, false, 424, codeUpstream)
+		checkError(t, res, false, 530, codeUnreachable)
 		if res.instance == "" {
-			t.Fatal("424 without the instance header")
+			t.Fatal("530 without the instance header")
 		}
 		for _, id := range []string{"d1", "d2", "d3"} {
 			if st := h.state(id).Status().Breaker; st != gobreaker.StateOpen {
@@ -146,7 +152,7 @@ func TestNoInstance(t *testing.T) {
 		h := newHarness(t, hopts{cfg: prefixCfg(10)})
 		h.ep.Instances = append(h.ep.Instances, fleet.Instance{ID: "d1", Addr: "http://" + deadAddr(t)})
 		h.update()
-		checkError(t, h.mustDo("/v1/chat/completions", `{"messages":[]}`, nil), true, 502, codeUpstream)
+		checkError(t, h.mustDo("/v1/chat/completions", `{"messages":[]}`, nil), true, 502, codeUnreachable)
 	})
 }
 
@@ -233,13 +239,24 @@ func TestUpstream5xxCountsAndPassesThrough(t *testing.T) {
 		io.WriteString(w, `{"upstream":true}`)
 	}
 	h := newHarness(t, hopts{cfg: prefixCfg(10), breaker: overload.BreakerOptions{ConsecutiveFailures: 3, OpenTimeout: time.Hour}}, b)
-	for _, c := range []int{501, 501, 501, 400, 503, 503} {
+	for i, c := range []int{501, 501, 501, 400, 503, 503} {
 		mu.Lock()
 		code = c
 		mu.Unlock()
+		if i%2 == 0 {
+			// OpenAI paths pass the upstream's answer through.
+			res := h.mustDo("/v1/completions", `{"prompt":"x"}`, nil)
+			if res.status != c || string(res.body) != `{"upstream":true}` || res.instance != "i-a" {
+				t.Fatalf("status %d body %s instance %q", res.status, res.body, res.instance)
+			}
+			continue
+		}
+		// Invoke paths wrap it in SageMaker's ModelError.
 		res := h.mustDo("/invocations", "x", nil)
-		if res.status != c || string(res.body) != `{"upstream":true}` || res.instance != "i-a" {
-			t.Fatalf("status %d body %s instance %q", res.status, res.body, res.instance)
+		checkError(t, res, false, 424, codeUpstreamStatus)
+		var e sageMakerError
+		if err := json.Unmarshal(res.body, &e); err != nil || e.OriginalStatusCode != c || e.OriginalMessage != `{"upstream":true}` || res.instance != "i-a" {
+			t.Fatalf("ModelError %+v (%v) instance %q", e, err, res.instance)
 		}
 	}
 	if st := h.state("i-a").Status().Breaker; st != gobreaker.StateClosed {

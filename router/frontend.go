@@ -98,11 +98,11 @@ func (r *Router) Pick(req PickRequest) (*Picked, error) {
 	}
 	v := r.view.Load()
 	if v == nil {
-		return nil, r.rejectPick(kind, "unknown", "", ErrNoInstance, &reqError{http.StatusServiceUnavailable, codeNotLoaded, "no fleet snapshot loaded yet"})
+		return nil, r.rejectPick(kind, "unknown", "", ErrNoInstance, &reqError{statusNotLoaded(kind), codeNotLoaded, "no fleet snapshot loaded yet"})
 	}
 	ev := v.endpoints[endpoint]
 	if ev == nil {
-		return nil, r.rejectPick(kind, "unknown", "", ErrUnknownEndpoint, &reqError{http.StatusNotFound, codeUnknownEndpoint, fmt.Sprintf("endpoint %q not found", endpoint)})
+		return nil, r.rejectPick(kind, "unknown", "", ErrUnknownEndpoint, &reqError{statusNotFound(kind), codeUnknownEndpoint, fmt.Sprintf("endpoint %q not found", endpoint)})
 	}
 	strategy := string(ev.strategy)
 	if int64(len(req.Body)) > r.opts.MaxBodyBytes {
@@ -123,9 +123,9 @@ func (r *Router) Pick(req PickRequest) (*Picked, error) {
 	set, err := ev.table.Set(rr.model)
 	if err != nil {
 		if errors.Is(err, lora.ErrUnknownModel) {
-			return nil, r.rejectPick(kind, endpoint, strategy, err, &reqError{http.StatusNotFound, codeUnknownModel, fmt.Sprintf("model %q is not served by endpoint %q", rr.model, endpoint)})
+			return nil, r.rejectPick(kind, endpoint, strategy, err, &reqError{statusNotFound(kind), codeUnknownModel, fmt.Sprintf("model %q is not served by endpoint %q", rr.model, endpoint)})
 		}
-		return nil, r.rejectPick(kind, endpoint, strategy, fmt.Errorf("%w: %w", ErrNoInstance, err), &reqError{http.StatusServiceUnavailable, codeNoInstance, err.Error()})
+		return nil, r.rejectPick(kind, endpoint, strategy, fmt.Errorf("%w: %w", ErrNoInstance, err), noInstance(kind, err))
 	}
 	var skip bitset
 	if req.Subset != nil {

@@ -23,6 +23,11 @@ const (
 	codeNoInstance      = "no_instance_available"
 	codeNotLoaded       = "fleet_not_loaded"
 	codeUpstream        = "upstream_error"
+	codeUnreachable     = "upstream_unreachable"
+	codeUpstreamStatus  = "upstream_status"
+	codeModelNotReady   = "model_not_ready"
+	codeInvalidSession  = "invalid_session_id"
+	codeInternal        = "internal_error"
 )
 
 // Upstream paths (see the issue: every invoke path maps to /invocations).
@@ -40,11 +45,13 @@ func (r *Router) routes() *http.ServeMux {
 			if scoped {
 				ep = req.PathValue("endpoint")
 			}
-			r.serve(w, req, kind, upstream, ep)
+			r.serve(w, req, kind, upstream, ep, false)
 		}
 	}
 	mux.HandleFunc("POST /endpoints/{endpoint}/invocations", data(kindInvoke, upInvocations, true))
-	mux.HandleFunc("POST /endpoints/{endpoint}/invocations-response-stream", data(kindInvoke, upInvocations, true))
+	mux.HandleFunc("POST /endpoints/{endpoint}/invocations-response-stream", func(w http.ResponseWriter, req *http.Request) {
+		r.serve(w, req, kindInvoke, upInvocations, req.PathValue("endpoint"), true)
+	})
 	mux.HandleFunc("POST /invocations", data(kindInvoke, upInvocations, false))
 	mux.HandleFunc("POST /v1/chat/completions", data(kindChat, upChat, false))
 	mux.HandleFunc("POST /v1/completions", data(kindCompletions, upCompletions, false))
@@ -96,6 +103,16 @@ func (r *Router) models(w http.ResponseWriter, endpoint string) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(list)
+}
+
+// noInstance is the rejection when lora has no instance for a model: a
+// named model whose instances are all draining is not ready (SageMaker's
+// ModelNotReadyException); otherwise the endpoint has no capacity.
+func noInstance(kind apiKind, err error) *reqError {
+	if errors.Is(err, lora.ErrModelNotReady) {
+		return &reqError{statusModelNotReady(kind), codeModelNotReady, err.Error()}
+	}
+	return &reqError{http.StatusServiceUnavailable, codeNoInstance, err.Error()}
 }
 
 // reqError is a client-facing rejection before any pick.
@@ -169,17 +186,18 @@ func (r *Router) reject(w http.ResponseWriter, req *http.Request, kind apiKind, 
 }
 
 // serve routes one data-plane request.
-func (r *Router) serve(w http.ResponseWriter, req *http.Request, kind apiKind, upstreamPath, endpoint string) {
+// stream frames the answer as an AWS event stream.
+func (r *Router) serve(w http.ResponseWriter, req *http.Request, kind apiKind, upstreamPath, endpoint string, stream bool) {
 	v := r.view.Load()
 	if v == nil {
-		r.reject(w, req, kind, "unknown", "", &reqError{http.StatusServiceUnavailable, codeNotLoaded, "no fleet snapshot loaded yet"})
+		r.reject(w, req, kind, "unknown", "", &reqError{statusNotLoaded(kind), codeNotLoaded, "no fleet snapshot loaded yet"})
 		return
 	}
 	ev := v.endpoints[endpoint]
 	if ev == nil {
 		// The label is not the client's string: unknown names must not
 		// create metric series.
-		r.reject(w, req, kind, "unknown", "", &reqError{http.StatusNotFound, codeUnknownEndpoint, fmt.Sprintf("endpoint %q not found", endpoint)})
+		r.reject(w, req, kind, "unknown", "", &reqError{statusNotFound(kind), codeUnknownEndpoint, fmt.Sprintf("endpoint %q not found", endpoint)})
 		return
 	}
 	strategy := string(ev.strategy)
@@ -197,9 +215,9 @@ func (r *Router) serve(w http.ResponseWriter, req *http.Request, kind apiKind, u
 	set, err := ev.table.Set(rr.model)
 	if err != nil {
 		if errors.Is(err, lora.ErrUnknownModel) {
-			r.reject(w, req, kind, endpoint, strategy, &reqError{http.StatusNotFound, codeUnknownModel, fmt.Sprintf("model %q is not served by endpoint %q", rr.model, endpoint)})
+			r.reject(w, req, kind, endpoint, strategy, &reqError{statusNotFound(kind), codeUnknownModel, fmt.Sprintf("model %q is not served by endpoint %q", rr.model, endpoint)})
 		} else {
-			r.reject(w, req, kind, endpoint, strategy, &reqError{http.StatusServiceUnavailable, codeNoInstance, err.Error()})
+			r.reject(w, req, kind, endpoint, strategy, noInstance(kind, err))
 		}
 		return
 	}
@@ -211,7 +229,7 @@ func (r *Router) serve(w http.ResponseWriter, req *http.Request, kind apiKind, u
 	}
 	a := &attempt{
 		r: r, kind: kind, endpoint: endpoint, ev: ev, set: set, key: rr.key,
-		replicas: v.snap.Replicas, upstreamPath: upstreamPath, cur: p,
+		replicas: v.snap.Replicas, upstreamPath: upstreamPath, stream: stream, cur: p,
 	}
 	r.proxy.serve(w, req, body, a)
 }

@@ -186,9 +186,9 @@ func TestMetrics(t *testing.T) {
 		}
 	}
 	ok := counterValue(h.r.metrics.requests.WithLabelValues("ep", "PREFIX_AWARE", DecisionAffinity, "200"))
-	nf := counterValue(h.r.metrics.requests.WithLabelValues("unknown", "", decisionNone, "404"))
+	nf := counterValue(h.r.metrics.requests.WithLabelValues("unknown", "", decisionNone, "400"))
 	if ok != 1 || nf != 1 {
-		t.Fatalf("requests: affinity/200 %v, unknown/404 %v", ok, nf)
+		t.Fatalf("requests: affinity/200 %v, unknown/400 %v", ok, nf)
 	}
 }
 

@@ -3,6 +3,7 @@ package router
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -42,14 +43,16 @@ type attempt struct {
 	key          uint64
 	replicas     int
 	upstreamPath string
+	stream       bool // frame the answer as an AWS event stream (…/invocations-response-stream)
 
 	cur     pick   // the admitted instance; cur.done nil once released
 	tried   bitset // set indexes already tried
 	retries int
 
-	status  int   // status sent to the client (upstream's or ours); 0 if none
-	err     error // transport error of the last try, if no response
-	bodyErr error // upstream body read error while copying
+	status   int   // status sent to the client (upstream's or ours); 0 if none
+	upStatus int   // the upstream's status, which its breaker judges; 0 if none
+	err      error // transport error of the last try, if no response
+	bodyErr  error // upstream body read error while copying
 }
 
 // statusClientClosed is nginx's convention for the metrics of a request whose
@@ -141,6 +144,8 @@ func (a *attempt) finish(clientCtx context.Context, aborted bool) {
 		m.upstreamErrors.WithLabelValues(a.endpoint, errKindBody).Inc()
 	case aborted:
 		outcome = overload.ErrClientGone // the write to the client failed
+	case a.upStatus != 0:
+		outcome = overload.UpstreamStatus(a.upStatus)
 	default:
 		outcome = overload.UpstreamStatus(a.status)
 	}
@@ -159,13 +164,59 @@ func (a *attempt) finish(clientCtx context.Context, aborted bool) {
 func (p *proxy) modifyResponse(resp *http.Response) error {
 	a := attemptFrom(resp.Request.Context())
 	a.status = resp.StatusCode
+	a.upStatus = resp.StatusCode
 	resp.Header.Set(HeaderInstance, a.cur.iv.inst.ID)
 	resp.Header.Set(HeaderDecision, a.cur.decision)
 	if overload.IsFailure(overload.UpstreamStatus(resp.StatusCode)) {
 		p.r.metrics.upstreamErrors.WithLabelValues(a.endpoint, errKindStatus).Inc()
 	}
-	resp.Body = &trackedBody{ReadCloser: resp.Body, a: a}
+	body := &trackedBody{ReadCloser: resp.Body, a: a}
+	resp.Body = body
+	switch {
+	case a.kind == kindInvoke && (resp.StatusCode < 200 || resp.StatusCode > 299):
+		a.modelError(resp)
+	case a.stream:
+		resp.Header.Set(HeaderSageMakerContentType, resp.Header.Get("Content-Type"))
+		resp.Header.Set("Content-Type", ContentTypeEventStream)
+		resp.Header.Del("Content-Length")
+		resp.ContentLength = -1
+		clientCtx := resp.Request.Context()
+		resp.Body = newEventBody(body, func(err error) bool {
+			return errors.Is(err, context.Canceled) && clientCtx.Err() == nil
+		})
+	}
 	return nil
+}
+
+// maxOriginalMessage bounds how much of an upstream error body a ModelError
+// quotes.
+const maxOriginalMessage = 16 << 10
+
+// modelError replaces an upstream non-2xx answer on an invoke path with
+// SageMaker's ModelError (424), which quotes the instance's status and body
+// (OriginalStatusCode, OriginalMessage) as SageMaker Runtime does. Error
+// bodies are small; only the first maxOriginalMessage bytes are read.
+func (a *attempt) modelError(resp *http.Response) {
+	orig, _ := io.ReadAll(io.LimitReader(resp.Body, maxOriginalMessage))
+	resp.Body.Close()
+	side := "server"
+	if resp.StatusCode < 500 {
+		side = "client"
+	}
+	msg := fmt.Sprintf("Received %s error (%d) from instance %s with message %q.", side, resp.StatusCode, a.cur.iv.inst.ID, orig)
+	out, _ := json.Marshal(sageMakerError{ErrorCode: errModel, Message: msg, LowerMessage: msg, OriginalStatusCode: resp.StatusCode, OriginalMessage: string(orig)})
+	out = append(out, '\n')
+	for _, h := range []string{"Content-Length", "Content-Encoding", "Transfer-Encoding", "Retry-After"} {
+		resp.Header.Del(h)
+	}
+	resp.Header.Set("Content-Type", "application/json")
+	resp.Header.Set(HeaderErrorType, errModel)
+	resp.Header.Set(HeaderError, codeUpstreamStatus)
+	resp.StatusCode = http.StatusFailedDependency
+	resp.Status = ""
+	resp.ContentLength = int64(len(out))
+	resp.Body = io.NopCloser(bytes.NewReader(out))
+	a.status = resp.StatusCode
 }
 
 // trackedBody records upstream read errors, which tell an instance that broke
@@ -194,9 +245,14 @@ func (p *proxy) errorHandler(w http.ResponseWriter, req *http.Request, err error
 		w.Header().Set(HeaderInstance, a.cur.iv.inst.ID)
 		w.Header().Set(HeaderDecision, a.cur.decision)
 	}
-	a.status = upstreamFailureStatus(a.kind)
+	unreachable := errorKind(err) == errKindDial
+	a.status = upstreamFailureStatus(a.kind, unreachable)
+	code := codeUpstream
+	if unreachable {
+		code = codeUnreachable
+	}
 	p.r.log.Debug("router: upstream failed", "endpoint", a.endpoint, "retries", a.retries, "err", err)
-	writeError(w, a.kind, a.status, codeUpstream, fmt.Sprintf("no instance answered after %d retries: %v", a.retries, err))
+	writeError(w, a.kind, a.status, code, fmt.Sprintf("no instance answered after %d retries: %v", a.retries, err))
 }
 
 // retryTransport sends to the attempt's instance and, when the instance

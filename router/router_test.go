@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws/protocol/eventstream"
 	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -424,6 +425,29 @@ func TestStreamingChunkByChunk(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer resp.Body.Close()
+			if strings.Contains(tc.path, "response-stream") {
+				// One PayloadPart event per upstream chunk, as it arrives.
+				if ct := resp.Header.Get("Content-Type"); ct != ContentTypeEventStream || resp.Header.Get(HeaderSageMakerContentType) != tc.ctype {
+					t.Fatalf("content types %q, %q", ct, resp.Header.Get(HeaderSageMakerContentType))
+				}
+				dec := eventstream.NewDecoder()
+				for i, want := range []string{"data: one\n\n", "data: two\n\n"} {
+					msg, err := dec.Decode(resp.Body, nil)
+					if err != nil {
+						t.Fatalf("event %d: %v", i, err)
+					}
+					if typ := msg.Headers.Get(":event-type"); typ == nil || typ.String() != "PayloadPart" || string(msg.Payload) != want {
+						t.Fatalf("event %d: %v %q", i, typ, msg.Payload)
+					}
+					if i == 0 {
+						close(got1)
+					}
+				}
+				if _, err := dec.Decode(resp.Body, nil); err != io.EOF {
+					t.Fatalf("after the last event: %v", err)
+				}
+				return
+			}
 			br := bufio.NewReader(resp.Body)
 			line, err := br.ReadString('\n')
 			if err != nil || line != "data: one\n" {

@@ -677,7 +677,13 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, j *job) error {
 		if err := rc.Flush(); err != nil {
 			return errGone
 		}
-		if j.finished() {
+		// Done when every token was sent: j.finished() may turn true
+		// between the loads above and here, with a token not yet written.
+		all := true
+		for i, sq := range j.seqs {
+			all = all && sent[i] >= sq.maxTokens
+		}
+		if all {
 			break
 		}
 	}
