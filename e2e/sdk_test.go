@@ -34,7 +34,7 @@ type simFleet struct {
 	insts []fleet.Instance
 }
 
-func startSims(t testing.TB, n int, cfg sim.Config) *simFleet {
+func startSims(t testing.TB, n int, cfg sim.Options) *simFleet {
 	t.Helper()
 	f := &simFleet{}
 	for i := range n {
@@ -161,7 +161,7 @@ func itoa(n int) string {
 }
 
 func TestSageMakerSDKInvoke(t *testing.T) {
-	f := startSims(t, 3, sim.Config{})
+	f := startSims(t, 3, sim.Options{})
 	rep := startStatic(t, f.insts, nil)
 	rec := newRecorder(t)
 	sm := newSageMaker(rep.URL(), rec.client())
@@ -184,7 +184,7 @@ func TestSageMakerSDKInvoke(t *testing.T) {
 }
 
 func TestSageMakerSDKErrors(t *testing.T) {
-	f := startSims(t, 3, sim.Config{})
+	f := startSims(t, 3, sim.Options{})
 	rep := startStatic(t, f.insts, nil)
 	sm := newSageMaker(rep.URL(), newRecorder(t).client())
 	ctx := t.Context()
@@ -238,7 +238,7 @@ func readStream(out *sagemakerruntime.InvokeEndpointWithResponseStreamOutput, on
 
 func TestSageMakerSDKResponseStream(t *testing.T) {
 	// Real time, so that the instance flushes one token per decode step.
-	f := startSims(t, 3, sim.Config{TimeScale: 1})
+	f := startSims(t, 3, sim.Options{TimeScale: 1})
 	rep := startStatic(t, f.insts, nil)
 	rec := newRecorder(t)
 	sm := newSageMaker(rep.URL(), rec.client())
@@ -282,7 +282,7 @@ func TestSageMakerSDKResponseStream(t *testing.T) {
 
 func TestSageMakerSDKModelKilledMidStream(t *testing.T) {
 	// Real time: the stream lasts long enough to be cut.
-	f := startSims(t, 1, sim.Config{TimeScale: 1})
+	f := startSims(t, 1, sim.Options{TimeScale: 1})
 	rep := startStatic(t, f.insts, nil)
 	sm := newSageMaker(rep.URL(), newRecorder(t).client())
 	out, err := sm.InvokeEndpointWithResponseStream(t.Context(), &sagemakerruntime.InvokeEndpointWithResponseStreamInput{
