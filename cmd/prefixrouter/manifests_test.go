@@ -128,6 +128,7 @@ func TestManifestCheckerCatchesMistakes(t *testing.T) {
 		{".", "service target port", "targetPort: http\n", "targetPort: htp\n", "htp"},
 		{".", "pdb selector", "  minAvailable: 2\n  selector:\n    matchLabels:\n      app.kubernetes.io/component: membership-store\n", "  minAvailable: 2\n  selector:\n    matchLabels:\n      app.kubernetes.io/component: etcd\n", "PodDisruptionBudget"},
 		{".", "servicemonitor port", "    port: admin\n  selector:", "    port: metrics\n  selector:", "ServiceMonitor"},
+		{".", "podmonitor port", "  - interval: 15s\n    path: /metrics\n    port: http\n", "  - interval: 15s\n    path: /metrics\n    port: metrics\n", "PodMonitor"},
 		{".", "servicemonitor honorLabels", "honorLabels: true", "honorLabels: false", "honorLabels"},
 		{".", "etcd initial cluster", "etcd-2=http://etcd-2.etcd:2380", "etcd-3=http://etcd-3.etcd:2380", "initial-cluster"},
 		{".", "etcd endpoints", "http://etcd-2.etcd:2379", "http://etcd-9.etcd:2379", "etcd-endpoints"},
@@ -238,6 +239,8 @@ func newTyped(apiVersion, kind string) (any, error) {
 		return &policyv1.PodDisruptionBudget{}, nil
 	case "monitoring.coreos.com/v1/ServiceMonitor":
 		return &monitoringv1.ServiceMonitor{}, nil
+	case "monitoring.coreos.com/v1/PodMonitor":
+		return &monitoringv1.PodMonitor{}, nil
 	case "inference.networking.k8s.io/v1/InferencePool":
 		return &inferencePool{}, nil
 	case "gateway.networking.k8s.io/v1/HTTPRoute":
@@ -306,6 +309,7 @@ type manifests struct {
 	statefulSets    []*appsv1.StatefulSet
 	pdbs            []*policyv1.PodDisruptionBudget
 	serviceMonitors []*monitoringv1.ServiceMonitor
+	podMonitors     []*monitoringv1.PodMonitor
 	pools           []*inferencePool
 	routes          []*httpRoute
 }
@@ -327,6 +331,8 @@ func index(objs []object) manifests {
 			m.pdbs = append(m.pdbs, v)
 		case *monitoringv1.ServiceMonitor:
 			m.serviceMonitors = append(m.serviceMonitors, v)
+		case *monitoringv1.PodMonitor:
+			m.podMonitors = append(m.podMonitors, v)
 		case *inferencePool:
 			m.pools = append(m.pools, v)
 		case *httpRoute:
@@ -463,6 +469,24 @@ func checkManifests(objs []object) []string {
 			// "instance"; without honorLabels Prometheus renames it.
 			if !ep.HonorLabels {
 				add("ServiceMonitor %s: endpoint %q needs honorLabels: true (the router exports an instance label)", sm.Name, ep.Port)
+			}
+		}
+	}
+	for _, pm := range m.podMonitors {
+		sel, err := metav1.LabelSelectorAsSelector(&pm.Spec.Selector)
+		if err != nil || sel.Empty() {
+			add("PodMonitor %s: empty or invalid selector", pm.Name)
+			continue
+		}
+		pods := selectWorkloads(m, sel)
+		if len(pods) == 0 {
+			add("PodMonitor %s: selector matches no pod template", pm.Name)
+		}
+		for _, ep := range pm.Spec.PodMetricsEndpoints {
+			for _, w := range pods {
+				if ep.Port == nil || !podHasPort(w.pod.Spec, intstr.FromString(*ep.Port)) {
+					add("PodMonitor %s: %s has no port named %v", pm.Name, w.id, ptrOr(ep.Port, ""))
+				}
 			}
 		}
 	}
