@@ -203,3 +203,21 @@ func countServer(exp *tracetest.InMemoryExporter) int {
 	}
 	return n
 }
+
+// TestTracingSpillHealth: a primary marked down by health checks is passed
+// over for the reason "health".
+func TestTracingSpillHealth(t *testing.T) {
+	tr := newTracedRouter(t, 4)
+	body := strings.Repeat("health prefix ", 100)
+	ex, err := tr.r.Explain("ep", "/invocations", nil, []byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.r.view.Load().endpoints["ep"].instances[ex.Instance].state.ObserveProbe(false, 1)
+	resp := tr.post(t, body, nil)
+	<-tr.parents
+	a := attrs(tr.serverSpan(t, 1))
+	if a[AttrSpill] != SpillHealth || a[AttrInstance] == ex.Instance || resp.Header.Get(HeaderInstance) != a[AttrInstance] {
+		t.Fatalf("span %v (answered by %s); want reason %q and not the down primary %s", a, resp.Header.Get(HeaderInstance), SpillHealth, ex.Instance)
+	}
+}
