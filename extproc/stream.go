@@ -66,8 +66,10 @@ type stream struct {
 
 	bodySeen bool // a request body chunk arrived before the pick
 	answered bool // request headers answered (picked or rejected)
-	// Body modes Envoy announced (protocol_config, on the first message);
-	// absent means FULL_DUPLEX_STREAMED, the mode GIE requires.
+	// respBodyStreamed: Envoy announced (protocol_config, first message) a
+	// response body mode other than FULL_DUPLEX_STREAMED, in which it
+	// forwards the chunks itself. Unannounced means FULL_DUPLEX_STREAMED,
+	// the mode GIE requires, in which the processor returns every chunk.
 	respBodyStreamed bool
 }
 
