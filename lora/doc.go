@@ -22,6 +22,10 @@
 //     cannot know the base model's name, so the name is taken as the base
 //     model → the base set. When some instance declares it, the name is
 //     unknown → ErrUnknownModel.
+//   - A name in the endpoint's adapter catalogue that no non-draining
+//     instance reports yet → ErrNotLoaded: the agents are loading it (see
+//     Place), and the router waits for it, bounded, instead of sending it
+//     anywhere else.
 //   - A name that only draining instances report or declare is known but has
 //     nowhere to go right now → ErrNoInstance (retry later), rather than
 //     being sent to instances that lack the adapter.
@@ -43,4 +47,16 @@
 //
 // Two replicas holding the same snapshot build identical sets and rings, so
 // they route the same key to the same instance without talking to each other.
+//
+// Placement (which instances should load a catalogued adapter) is a second
+// pure function of the same snapshot:
+//
+//	p := lora.Place(ep)                   // adapter → target set, by rendezvous order and free slots
+//	p.Assigned("i-3")                     // what the agent of i-3 loads; it unloads the rest
+//	for _, s := range lora.Decide(ep, p, now, lora.ScaleOptions{}) {
+//		// grow or shrink s.Adapter: compare-and-swap on s.Revision
+//	}
+//
+// The agents load and unload; the Table above then follows what instances
+// report loaded. docs/adapters.md tells how the agents agree.
 package lora

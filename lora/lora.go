@@ -21,6 +21,10 @@ var (
 	// known but every instance serving it is draining (or leaving): the
 	// model is not ready rather than unknown.
 	ErrModelNotReady = errors.New("lora: model not ready")
+	// ErrNotLoaded is returned (wrapped with the name) for an adapter of
+	// the endpoint's catalogue that no non-draining instance reports loaded
+	// yet: the agents are placing it, and a request may wait for it.
+	ErrNotLoaded = errors.New("lora: adapter not loaded yet")
 )
 
 // Table maps model names to sticky instance sets for one endpoint snapshot.
@@ -108,6 +112,12 @@ func New(ep *fleet.Endpoint, opts ...ring.Option) *Table {
 		delete(t.parked, name)
 		t.models = append(t.models, name)
 	}
+	// Catalogued adapters are served on demand: a request loads them.
+	for _, a := range ep.Adapters {
+		if t.named[a.Name] == nil {
+			t.models = append(t.models, a.Name)
+		}
+	}
 	sort.Strings(t.models)
 	return t
 }
@@ -130,6 +140,8 @@ func (t *Table) Set(model string) (*Set, error) {
 	if model != "" {
 		if named := t.named[model]; named != nil {
 			e = named
+		} else if _, ok := t.ep.Adapter(model); ok {
+			return nil, fmt.Errorf("%w: %q", ErrNotLoaded, model)
 		} else if t.parked[model] {
 			return nil, fmt.Errorf("%w: %w: every instance serving model %q is draining", ErrNoInstance, ErrModelNotReady, model)
 		} else if t.declared {
