@@ -85,6 +85,9 @@ type Options struct {
 	Membership membership.Options
 	// Router is the data plane's options tree.
 	Router router.Options
+	// Limits bound every client connection of both listeners (see Limits;
+	// zero values mean the Default* limits).
+	Limits Limits
 	// StartupTimeout bounds the wait for the first fleet snapshot from etcd
 	// (--startup-timeout); zero means DefaultStartupTimeout.
 	StartupTimeout time.Duration
@@ -121,6 +124,7 @@ func (o Options) withDefaults() Options {
 	if o.StartupTimeout == 0 {
 		o.StartupTimeout = DefaultStartupTimeout
 	}
+	o.Limits = o.Limits.withDefaults()
 	if o.ShutdownTimeout == 0 {
 		o.ShutdownTimeout = DefaultShutdownTimeout
 	}
@@ -232,6 +236,7 @@ func (o Options) Validate() error {
 			bad("%s %v is negative", d.name, d.v)
 		}
 	}
+	o.Limits.validate(bad)
 	if err := o.Router.Validate(); err != nil {
 		errs = append(errs, err)
 	}

@@ -97,6 +97,20 @@ var validateCases = []validateCase{
 	{"Membership.TTL", validEtcd, func(o *Options) { o.Membership.TTL = 0 }, ""},
 	{"Router.StaleAfter", validStatic, func(o *Options) { o.Router.StaleAfter = time.Minute }, ""},
 	{"Router.StaleAfter", validStatic, func(o *Options) { o.Router.StaleAfter = -time.Minute }, "StaleAfter"},
+	{"Limits.ReadHeaderTimeout", validStatic, func(o *Options) { o.Limits.ReadHeaderTimeout = time.Second }, ""},
+	{"Limits.ReadHeaderTimeout", validStatic, func(o *Options) { o.Limits.ReadHeaderTimeout = -time.Second }, "--read-header-timeout"},
+	{"Limits.BodyReadTimeout", validStatic, func(o *Options) { o.Limits.BodyReadTimeout = time.Second }, ""},
+	{"Limits.BodyReadTimeout", validStatic, func(o *Options) { o.Limits.BodyReadTimeout = -time.Second }, "--body-read-timeout"},
+	{"Limits.IdleTimeout", validStatic, func(o *Options) { o.Limits.IdleTimeout = time.Second }, ""},
+	{"Limits.IdleTimeout", validStatic, func(o *Options) { o.Limits.IdleTimeout = -time.Second }, "--idle-timeout"},
+	{"Limits.MaxHeaderBytes", validStatic, func(o *Options) { o.Limits.MaxHeaderBytes = 1 << 14 }, ""},
+	{"Limits.MaxHeaderBytes", validStatic, func(o *Options) { o.Limits.MaxHeaderBytes = -1 }, "--max-header-bytes"},
+	{"Limits.MaxConns", validStatic, func(o *Options) { o.Limits.MaxConns = 100 }, ""},
+	{"Limits.MaxConns", validStatic, func(o *Options) { o.Limits.MaxConns = -1 }, "--max-connections"},
+	{"Limits.WriteIdleTimeout", validStatic, func(o *Options) { o.Limits.WriteIdleTimeout = time.Second }, ""},
+	{"Limits.WriteIdleTimeout", validStatic, func(o *Options) { o.Limits.WriteIdleTimeout = -time.Second }, "--write-idle-timeout"},
+	{"Limits.MaxStreamDuration", validStatic, func(o *Options) { o.Limits.MaxStreamDuration = time.Hour }, ""},
+	{"Limits.MaxStreamDuration", validStatic, func(o *Options) { o.Limits.MaxStreamDuration = -time.Hour }, "--max-stream-duration"},
 	{"StartupTimeout", validStatic, func(o *Options) { o.StartupTimeout = time.Second }, ""},
 	{"StartupTimeout", validStatic, func(o *Options) { o.StartupTimeout = -time.Second }, "--startup-timeout"},
 	{"ShutdownTimeout", validStatic, func(o *Options) { o.ShutdownTimeout = time.Second }, ""},
@@ -165,7 +179,7 @@ func settings(t reflect.Type, prefix string) []string {
 		}
 		path := prefix + f.Name
 		switch f.Type {
-		case reflect.TypeFor[router.Options](), reflect.TypeFor[overload.BreakerOptions]():
+		case reflect.TypeFor[router.Options](), reflect.TypeFor[overload.BreakerOptions](), reflect.TypeFor[Limits]():
 			out = append(out, settings(f.Type, path+".")...)
 		case reflect.TypeFor[membership.Options]():
 			out = append(out, path+".Layout", path+".TTL")

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"golang.org/x/net/netutil"
 
 	"github.com/prefixrouter/prefixrouter/admin"
 	"github.com/prefixrouter/prefixrouter/extproc"
@@ -161,7 +162,14 @@ func Start(ctx context.Context, opts Options) (*Replica, error) {
 		return nil, err
 	}
 
-	r.data = &http.Server{Handler: r.router, ReadHeaderTimeout: 30 * time.Second, ErrorLog: slog.NewLogLogger(opts.Logger.Handler(), slog.LevelWarn)}
+	lim := opts.Limits
+	r.data = &http.Server{
+		Handler:           lim.guard(r.router),
+		ReadHeaderTimeout: lim.ReadHeaderTimeout,
+		IdleTimeout:       lim.IdleTimeout,
+		MaxHeaderBytes:    lim.MaxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(opts.Logger.Handler(), slog.LevelWarn),
+	}
 	adminMux := http.NewServeMux()
 	adminMux.Handle("GET /metrics", promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{Registry: opts.Registry}))
 	adminMux.HandleFunc("GET /readyz", r.router.ServeReadyz)
@@ -173,15 +181,17 @@ func Start(ctx context.Context, opts Options) (*Replica, error) {
 	protos.SetUnencryptedHTTP2(true)
 	grpcSrv := r.adminRPC.GRPC()
 	r.admin = &http.Server{
-		Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		Handler: lim.guard(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 			if req.ProtoMajor == 2 && strings.HasPrefix(req.Header.Get("Content-Type"), "application/grpc") {
 				grpcSrv.ServeHTTP(w, req)
 				return
 			}
 			adminMux.ServeHTTP(w, req)
-		}),
+		})),
 		Protocols:         &protos,
-		ReadHeaderTimeout: 10 * time.Second,
+		ReadHeaderTimeout: lim.ReadHeaderTimeout,
+		IdleTimeout:       lim.IdleTimeout,
+		MaxHeaderBytes:    lim.MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(opts.Logger.Handler(), slog.LevelWarn),
 	}
 	if r.eppLn != nil {
@@ -194,8 +204,8 @@ func Start(ctx context.Context, opts Options) (*Replica, error) {
 			return nil, err
 		}
 	}
-	r.serve(r.data, r.dataLn)
-	r.serve(r.admin, r.adminLn)
+	r.serve(r.data, netutil.LimitListener(r.dataLn, lim.MaxConns))
+	r.serve(r.admin, netutil.LimitListener(r.adminLn, lim.MaxConns))
 	r.log.Info("router replica serving", "id", opts.ID, "addr", r.Addr(), "admin", r.AdminAddr(), "ext_proc", r.ExtProcAddr(), "endpoint", opts.Router.DefaultEndpoint, "etcd", opts.Client != nil, "tracing", r.tracing != nil)
 	started = true
 	return r, nil

@@ -158,14 +158,21 @@ func parseRequest(kind apiKind, h http.Header, body []byte, prefixLen int) (rout
 	return rr, nil
 }
 
+// initialBodyBuffer caps the buffer readBody allocates before any byte of
+// the body has arrived.
+const initialBodyBuffer = 64 << 10
+
 // readBody reads the whole body, up to limit bytes.
 func readBody(w http.ResponseWriter, req *http.Request, limit int64) ([]byte, *reqError) {
 	if req.ContentLength > limit {
 		return nil, &reqError{http.StatusRequestEntityTooLarge, codeTooLarge, fmt.Sprintf("request body of %d bytes exceeds the limit of %d bytes", req.ContentLength, limit)}
 	}
 	var buf bytes.Buffer
+	// Never allocate what a client only declares: 200 sockets announcing
+	// 6 MiB and sending nothing held 1.2 GiB (issue 12). Start small and
+	// grow with the bytes that actually arrive.
 	if req.ContentLength > 0 {
-		buf.Grow(int(req.ContentLength) + bytes.MinRead)
+		buf.Grow(int(min(req.ContentLength, initialBodyBuffer)) + bytes.MinRead)
 	}
 	_, err := buf.ReadFrom(http.MaxBytesReader(w, req.Body, limit))
 	if err != nil {

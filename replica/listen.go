@@ -1,0 +1,180 @@
+package replica
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"sync/atomic"
+	"time"
+)
+
+// Defaults of the listener limits (issue 12): every connection is bounded in
+// how long it may take to send a request, idle between requests, stall a
+// response, and hold a stream; the number of connections is capped.
+const (
+	DefaultReadHeaderTimeout = 10 * time.Second
+	DefaultBodyReadTimeout   = 60 * time.Second
+	DefaultIdleTimeout       = 120 * time.Second
+	DefaultMaxHeaderBytes    = 64 << 10
+	DefaultMaxConns          = 8192
+	DefaultWriteIdleTimeout  = 60 * time.Second
+	DefaultMaxStreamDuration = 30 * time.Minute
+)
+
+// Limits bound what one client connection may hold. Both listeners (data
+// plane and admin) apply them. Zero values mean the defaults above.
+type Limits struct {
+	// ReadHeaderTimeout bounds reading a request's headers
+	// (--read-header-timeout).
+	ReadHeaderTimeout time.Duration
+	// BodyReadTimeout bounds reading a request's body, from the end of its
+	// headers (--body-read-timeout): a client that declares 6 MiB and sends
+	// nothing is cut off then. Unlike http.Server's ReadTimeout it is
+	// lifted once the body is read, so it never cuts a long response.
+	BodyReadTimeout time.Duration
+	// IdleTimeout closes a keep-alive connection that sends no new request
+	// for this long (--idle-timeout).
+	IdleTimeout time.Duration
+	// MaxHeaderBytes bounds a request's header block (--max-header-bytes).
+	MaxHeaderBytes int
+	// MaxConns caps the open connections of a listener (--max-connections);
+	// beyond it new connections wait in the kernel's accept queue.
+	MaxConns int
+	// WriteIdleTimeout aborts a response whose client has read nothing for
+	// this long (--write-idle-timeout): a stream to a client that stopped
+	// reading releases its instance slot.
+	WriteIdleTimeout time.Duration
+	// MaxStreamDuration ends any request, streamed or not, this long after
+	// it started (--max-stream-duration); the upstream call is cancelled.
+	MaxStreamDuration time.Duration
+}
+
+func (l Limits) withDefaults() Limits {
+	def := func(v *time.Duration, d time.Duration) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&l.ReadHeaderTimeout, DefaultReadHeaderTimeout)
+	def(&l.BodyReadTimeout, DefaultBodyReadTimeout)
+	def(&l.IdleTimeout, DefaultIdleTimeout)
+	def(&l.WriteIdleTimeout, DefaultWriteIdleTimeout)
+	def(&l.MaxStreamDuration, DefaultMaxStreamDuration)
+	if l.MaxHeaderBytes == 0 {
+		l.MaxHeaderBytes = DefaultMaxHeaderBytes
+	}
+	if l.MaxConns == 0 {
+		l.MaxConns = DefaultMaxConns
+	}
+	return l
+}
+
+// validate appends one error per negative setting.
+func (l Limits) validate(bad func(format string, args ...any)) {
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"Limits.ReadHeaderTimeout (--read-header-timeout)", l.ReadHeaderTimeout},
+		{"Limits.BodyReadTimeout (--body-read-timeout)", l.BodyReadTimeout},
+		{"Limits.IdleTimeout (--idle-timeout)", l.IdleTimeout},
+		{"Limits.WriteIdleTimeout (--write-idle-timeout)", l.WriteIdleTimeout},
+		{"Limits.MaxStreamDuration (--max-stream-duration)", l.MaxStreamDuration},
+	} {
+		if d.v < 0 {
+			bad("%s %v is negative", d.name, d.v)
+		}
+	}
+	if l.MaxHeaderBytes < 0 {
+		bad("Limits.MaxHeaderBytes (--max-header-bytes) %d is negative", l.MaxHeaderBytes)
+	}
+	if l.MaxConns < 0 {
+		bad("Limits.MaxConns (--max-connections) %d is negative", l.MaxConns)
+	}
+}
+
+// guard applies the per-request limits around next: the body deadline, the
+// stream's end, and the write-idle deadline.
+func (l Limits) guard(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		rc := http.NewResponseController(w)
+		now := time.Now()
+		if req.Body != nil && req.Body != http.NoBody {
+			// Errors mean the writer cannot set deadlines (HTTP/2 over
+			// h2c streams can); then the server's own timeouts apply.
+			if rc.SetReadDeadline(now.Add(l.BodyReadTimeout)) == nil {
+				req.Body = &deadlineBody{ReadCloser: req.Body, rc: rc}
+			}
+		}
+		ctx, cancel := context.WithDeadline(req.Context(), now.Add(l.MaxStreamDuration))
+		defer cancel()
+		gw := &guardWriter{ResponseWriter: w, rc: rc, idle: l.WriteIdleTimeout}
+		gw.extend(now)
+		next.ServeHTTP(gw, req.WithContext(ctx))
+	})
+}
+
+// deadlineBody lifts the read deadline once the body is read to its end, so
+// that the server's background read (which notices a client hanging up)
+// never times out and cancels a long response.
+type deadlineBody struct {
+	io.ReadCloser
+	rc   *http.ResponseController
+	done bool
+}
+
+func (b *deadlineBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if errors.Is(err, io.EOF) && !b.done {
+		b.done = true
+		_ = b.rc.SetReadDeadline(time.Time{})
+	}
+	return n, err
+}
+
+// guardWriter moves the connection's write deadline forward on every write
+// and flush, so that only a client that reads nothing for WriteIdleTimeout
+// makes a write fail (the proxy then aborts the stream and releases the
+// instance's slot). The deadline is moved at most every idle/8, not on every
+// write.
+type guardWriter struct {
+	http.ResponseWriter
+	rc       *http.ResponseController
+	idle     time.Duration
+	extended atomic.Int64 // unix nanoseconds of the last move
+}
+
+func (g *guardWriter) extend(now time.Time) {
+	if now.UnixNano()-g.extended.Load() < int64(g.idle/8) {
+		return
+	}
+	g.extended.Store(now.UnixNano())
+	_ = g.rc.SetWriteDeadline(now.Add(g.idle))
+}
+
+func (g *guardWriter) Write(p []byte) (int, error) {
+	g.extend(time.Now())
+	return g.ResponseWriter.Write(p)
+}
+
+func (g *guardWriter) WriteHeader(code int) {
+	g.extend(time.Now())
+	g.ResponseWriter.WriteHeader(code)
+}
+
+// Flush flushes through the ResponseController, which reports no error to
+// http.Flusher callers; a failed flush shows on the next Write.
+func (g *guardWriter) Flush() {
+	g.extend(time.Now())
+	_ = g.rc.Flush()
+}
+
+// FlushError is what http.ResponseController calls when asked to flush.
+func (g *guardWriter) FlushError() error {
+	g.extend(time.Now())
+	return g.rc.Flush()
+}
+
+// Unwrap gives http.ResponseController the underlying writer.
+func (g *guardWriter) Unwrap() http.ResponseWriter { return g.ResponseWriter }
