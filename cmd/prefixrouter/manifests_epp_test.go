@@ -7,7 +7,9 @@ package main
 import (
 	"fmt"
 	"net"
+	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
@@ -84,6 +86,18 @@ func checkInferencePools(m manifests) []string {
 			for _, tp := range p.Spec.TargetPorts {
 				if !podHasPort(w.pod.Spec, intstr.FromInt32(tp.Number)) {
 					add("targetPort %d is not a port of %s", tp.Number, w.id)
+				}
+			}
+			// The gateway's subset hint lists pool endpoints (pod IP and
+			// target port); the picker matches them against the addresses
+			// the agents registered, so the ports must agree.
+			for _, pc := range *m.commands {
+				if pc.path != "register" || pc.w.id != w.id {
+					continue
+				}
+				u, err := url.Parse(pc.fs.Lookup("addr").Value.String())
+				if err != nil || !slices.ContainsFunc(p.Spec.TargetPorts, func(tp poolPort) bool { return strconv.Itoa(int(tp.Number)) == u.Port() }) {
+					add("the agents in %s register port %s, not a targetPort of the pool", w.id, u.Port())
 				}
 			}
 		}

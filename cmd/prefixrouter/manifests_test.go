@@ -9,6 +9,7 @@ package main
 
 import (
 	"fmt"
+	"maps"
 	"net"
 	"net/url"
 	"os"
@@ -128,6 +129,7 @@ func TestManifestCheckerCatchesMistakes(t *testing.T) {
 		{".", "service target port", "targetPort: http\n", "targetPort: htp\n", "htp"},
 		{".", "pdb selector", "  minAvailable: 2\n  selector:\n    matchLabels:\n      app.kubernetes.io/component: membership-store\n", "  minAvailable: 2\n  selector:\n    matchLabels:\n      app.kubernetes.io/component: etcd\n", "PodDisruptionBudget"},
 		{".", "servicemonitor port", "    port: admin\n  selector:", "    port: metrics\n  selector:", "ServiceMonitor"},
+		{".", "agent endpoint", "- --endpoint=default\n        - --id=$(POD_NAME)", "- --endpoint=chat\n        - --id=$(POD_NAME)", "agents register under [chat]"},
 		{".", "podmonitor port", "  - interval: 15s\n    path: /metrics\n    port: http\n", "  - interval: 15s\n    path: /metrics\n    port: metrics\n", "PodMonitor"},
 		{".", "servicemonitor honorLabels", "honorLabels: true", "honorLabels: false", "honorLabels"},
 		{".", "etcd initial cluster", "etcd-2=http://etcd-2.etcd:2380", "etcd-3=http://etcd-3.etcd:2380", "initial-cluster"},
@@ -135,6 +137,7 @@ func TestManifestCheckerCatchesMistakes(t *testing.T) {
 		{".", "configmap ref", "name: etcd-endpoints\n", "name: etcd-endpointz\n", "ConfigMap"},
 		{".", "no readiness probe", "readinessProbe:\n          failureThreshold: 2\n          httpGet:\n            path: /readyz", "startupProbe:\n          failureThreshold: 2\n          httpGet:\n            path: /readyz", "readinessProbe"},
 		{"epp-gie", "pool target port", "  - number: 8000\n", "  - number: 8001\n", "targetPort 8001"},
+		{"epp-gie", "pool and agent ports", "--addr=http://$(POD_IP):8000", "--addr=http://$(POD_IP):8001", "not a targetPort of the pool"},
 		{"epp-gie", "pool picker port", "    port:\n      number: 9002\n", "    port:\n      number: 9003\n", "has no port 9003"},
 		{"epp-gie", "pool picker service", "    name: prefixrouter-epp\n", "    name: prefixrouter-ep\n", "prefixrouter-ep"},
 		{"epp-gie", "picker reaches the admin port", "    port: 9002\n    targetPort: ext-proc\n", "    port: 9002\n    targetPort: admin\n", "not a router's ext-proc port"},
@@ -206,10 +209,8 @@ type inferencePool struct {
 		Selector struct {
 			MatchLabels map[string]string `json:"matchLabels"`
 		} `json:"selector"`
-		TargetPorts []struct {
-			Number int32 `json:"number"`
-		} `json:"targetPorts"`
-		AppProtocol       string `json:"appProtocol,omitempty"`
+		TargetPorts       []poolPort `json:"targetPorts"`
+		AppProtocol       string     `json:"appProtocol,omitempty"`
 		EndpointPickerRef *struct {
 			Group *string `json:"group,omitempty"`
 			Kind  string  `json:"kind,omitempty"`
@@ -220,6 +221,10 @@ type inferencePool struct {
 			FailureMode string `json:"failureMode,omitempty"`
 		} `json:"endpointPickerRef,omitempty"`
 	} `json:"spec"`
+}
+
+type poolPort struct {
+	Number int32 `json:"number"`
 }
 
 // newTyped returns a pointer to the Go type of apiVersion/kind.
@@ -312,10 +317,20 @@ type manifests struct {
 	podMonitors     []*monitoringv1.PodMonitor
 	pools           []*inferencePool
 	routes          []*httpRoute
+	// commands collects the prefixrouter containers whose arguments parsed,
+	// for the checks across pods (filled by checkPrefixrouter).
+	commands *[]parsedCommand
+}
+
+// parsedCommand is a prefixrouter container's subcommand and parsed flags.
+type parsedCommand struct {
+	w    workload
+	path string
+	fs   *pflag.FlagSet
 }
 
 func index(objs []object) manifests {
-	m := manifests{services: map[string]*corev1.Service{}, configMaps: map[string]*corev1.ConfigMap{}}
+	m := manifests{services: map[string]*corev1.Service{}, configMaps: map[string]*corev1.ConfigMap{}, commands: new([]parsedCommand)}
 	for _, o := range objs {
 		switch v := o.v.(type) {
 		case *appsv1.Deployment:
@@ -490,6 +505,7 @@ func checkManifests(objs []object) []string {
 			}
 		}
 	}
+	problems = append(problems, checkEndpoints(m)...)
 	problems = append(problems, checkInferencePools(m)...)
 	problems = append(problems, checkEnvoyConfig(m)...)
 	return problems
@@ -655,6 +671,7 @@ func checkPrefixrouter(m manifests, w workload, c corev1.Container) []string {
 			}
 		}
 	}
+	*m.commands = append(*m.commands, parsedCommand{w, path, fs})
 	grace := time.Duration(ptrOr(w.pod.Spec.TerminationGracePeriodSeconds, corev1.DefaultTerminationGracePeriodSeconds)) * time.Second
 	switch path {
 	case "serve":
@@ -838,4 +855,27 @@ func TestDockerfileMatchesManifests(t *testing.T) {
 	if !regexp.MustCompile(`(?m)^COPY --from=\S+ /prefixrouter /prefixrouter\s*$`).MatchString(last) {
 		t.Errorf("the last stage does not copy the binary to /prefixrouter")
 	}
+}
+
+// checkEndpoints: the agents register under the endpoint the routers serve
+// by default (otherwise clients of /v1/* and /invocations reach nothing).
+func checkEndpoints(m manifests) []string {
+	var serve []string
+	registered := map[string]bool{}
+	for _, pc := range *m.commands {
+		ep, _ := pc.fs.GetString("endpoint")
+		switch pc.path {
+		case "serve":
+			serve = append(serve, ep)
+		case "register":
+			registered[ep] = true
+		}
+	}
+	var problems []string
+	for _, ep := range serve {
+		if len(registered) > 0 && !registered[ep] {
+			problems = append(problems, fmt.Sprintf("serve --endpoint=%s, but the agents register under %v", ep, slices.Sorted(maps.Keys(registered))))
+		}
+	}
+	return problems
 }
