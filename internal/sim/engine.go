@@ -15,6 +15,7 @@ type seq struct {
 	hashes    []uint64 // chained hashes of the prompt's full blocks
 	prompt    int      // prompt tokens
 	maxTokens int      // tokens to generate, exactly (ignore_eos)
+	lora      bool     // runs on a LoRA adapter (LoRAStepOverhead)
 	// notify gets a non-blocking send whenever the engine publishes
 	// progress; the seqs of one HTTP request share it (capacity 1).
 	notify chan struct{}
@@ -80,7 +81,7 @@ func newEngine(p *Profile, capacityTokens, maxRunning, budget int, m *metrics) *
 // newSeq builds the sequence of one prompt. notify may be shared by the
 // seqs of one HTTP request.
 func newSeq(adapter, salt, text string, maxTokens int, notify chan struct{}) *seq {
-	return &seq{hashes: BlockHashes(adapter, salt, text), prompt: max(CountTokens(text), 1), maxTokens: maxTokens, notify: notify}
+	return &seq{hashes: BlockHashes(adapter, salt, text), prompt: max(CountTokens(text), 1), maxTokens: maxTokens, notify: notify, lora: adapter != ""}
 }
 
 // blocksFor is the number of blocks a sequence reserves at admission: its
@@ -122,12 +123,14 @@ func (e *engine) schedule() *step {
 		}
 		if s.computed >= s.prompt {
 			st.decodes = append(st.decodes, s)
+			st.work.LoRA = st.work.LoRA || s.lora
 			st.work.DecodeSeqs++
 			st.work.DecodeContextTokens += s.prompt + s.gen
 			budget--
 			continue
 		}
 		n := min(s.prompt-s.computed, budget)
+		st.work.LoRA = st.work.LoRA || s.lora
 		st.chunks = append(st.chunks, chunk{s, n})
 		st.work.Prefills = append(st.work.Prefills, PrefillChunk{Cached: s.hit, Start: s.computed - s.hit, Tokens: n})
 		budget -= n
@@ -152,6 +155,7 @@ func (e *engine) schedule() *step {
 		e.m.queries.Add(float64(s.prompt))
 		e.m.hits.Add(float64(s.hit))
 		n := min(s.prompt-s.computed, budget)
+		st.work.LoRA = st.work.LoRA || s.lora
 		st.chunks = append(st.chunks, chunk{s, n})
 		st.work.Prefills = append(st.work.Prefills, PrefillChunk{Cached: s.hit, Tokens: n})
 		budget -= n

@@ -93,7 +93,18 @@ type StepWork struct {
 	// DecodeContextTokens the context (prompt plus generated) they read.
 	DecodeSeqs          int
 	DecodeContextTokens int
+	// LoRA is whether a sequence of the step runs on a LoRA adapter: the
+	// step then pays LoRAStepOverhead.
+	LoRA bool
 }
+
+// LoRAStepOverhead is the fraction a step with LoRA adapters in its batch
+// takes beyond the same step on the base model: vLLM applies the adapters'
+// low-rank matrices with extra (punica/SGMV) kernels in every layer. The
+// 8 % is an assumption of the simulator, not a calibrated figure; it only
+// has to make adapter traffic cost something, so that spreading a hot
+// adapter matters (issue 11).
+const LoRAStepOverhead = 0.08
 
 // StepDuration returns how long the step w takes.
 func (p *Profile) StepDuration(w StepWork) time.Duration {
@@ -111,7 +122,11 @@ func (p *Profile) StepDuration(w StepWork) time.Duration {
 		floor = max(floor, p.DecodeFloor)
 		sec += p.DecodeBaseSec + p.DecodeKVTokenSec*float64(w.DecodeContextTokens)
 	}
-	return max(floor, time.Duration(math.Round(sec*1e9)))
+	d := max(floor, time.Duration(math.Round(sec*1e9)))
+	if w.LoRA {
+		d += time.Duration(math.Round(float64(d) * LoRAStepOverhead))
+	}
+	return d
 }
 
 // PrefillDuration returns the time of one forward pass over a whole prompt

@@ -27,8 +27,16 @@ type Options struct {
 	BaseModel string
 	// Adapters are the LoRA adapter ids served on top of BaseModel; a
 	// request naming one gets its own cache (the adapter is in the block
-	// hash, as in vLLM). Change them later with SetAdapters.
+	// hash, as in vLLM). Change them later with SetAdapters, or over HTTP
+	// with vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter.
 	Adapters []string
+	// MaxLoras caps the loaded adapters, as vLLM's --max-cpu-loras does: a
+	// load beyond it evicts the least recently used adapter without
+	// requests in flight. Zero: no cap.
+	MaxLoras int
+	// AdapterLoadTime is the simulated duration of a load. Zero:
+	// DefaultAdapterLoadTime.
+	AdapterLoadTime time.Duration
 	// Profile is the name of a built-in Profile. Zero: "h200-llama8b".
 	Profile string
 	// KVCapacityTokens is the KV cache size. Zero: the profile's.
@@ -74,7 +82,7 @@ func (c Options) withDefaults() (Options, Profile, error) {
 		return c, p, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
 	}
 	switch {
-	case c.KVCapacityTokens < 0, c.MaxRunningSeqs < 0, c.TokenBudget < 0, c.DefaultMaxTokens < 0:
+	case c.KVCapacityTokens < 0, c.MaxRunningSeqs < 0, c.TokenBudget < 0, c.DefaultMaxTokens < 0, c.MaxLoras < 0, c.AdapterLoadTime < 0:
 		return c, p, fmt.Errorf("%w: negative size", ErrInvalidOptions)
 	case c.TimeScale < 0 || math.IsNaN(c.TimeScale) || math.IsInf(c.TimeScale, 0):
 		return c, p, fmt.Errorf("%w: time scale %v", ErrInvalidOptions, c.TimeScale)
@@ -98,6 +106,9 @@ func (c Options) withDefaults() (Options, Profile, error) {
 	if c.TimeScale == 0 {
 		c.TimeScale = 1
 	}
+	if c.AdapterLoadTime == 0 {
+		c.AdapterLoadTime = DefaultAdapterLoadTime
+	}
 	if c.DefaultMaxTokens == 0 {
 		c.DefaultMaxTokens = defaultMaxTokens
 	}
@@ -117,8 +128,8 @@ type Server struct {
 	m       *metrics
 	mux     *http.ServeMux
 	created int64
-	// adapters is the current adapter set, swapped whole by SetAdapters.
-	adapters atomic.Pointer[[]string]
+	// adapters is the loaded adapter set.
+	adapters *adapters
 	reqs     atomic.Uint64
 
 	in        chan engineMsg
@@ -142,8 +153,8 @@ func New(cfg Options) (*Server, error) {
 		in:      make(chan engineMsg),
 		quit:    make(chan struct{}),
 	}
-	ad := slices.Clone(cfg.Adapters)
-	s.adapters.Store(&ad)
+	s.adapters = newAdapters(cfg.Adapters, cfg.MaxLoras)
+	s.m.reg.MustRegister(newLoRAInfo(s.adapters))
 	eng := newEngine(&s.prof, cfg.KVCapacityTokens, cfg.MaxRunningSeqs, cfg.TokenBudget, s.m)
 	s.wg.Add(1)
 	go func() {
@@ -160,6 +171,8 @@ func New(cfg Options) (*Server, error) {
 	mux.HandleFunc("GET /health", ok)
 	mux.HandleFunc("GET /v1/models", s.models)
 	mux.HandleFunc("POST /reset_prefix_cache", s.resetPrefixCache)
+	mux.HandleFunc("POST /v1/load_lora_adapter", s.loadAdapter)
+	mux.HandleFunc("POST /v1/unload_lora_adapter", s.unloadAdapter)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{}))
 	s.mux = mux
 	cfg.Logger.Info("sim: started", "id", cfg.ID, "model", cfg.BaseModel, "profile", p.Name,
@@ -183,9 +196,11 @@ func (s *Server) Close() {
 // SetAdapters replaces the served LoRA adapters. Cached blocks of removed
 // adapters stay until evicted, like a vLLM that unloads an adapter.
 func (s *Server) SetAdapters(adapters []string) {
-	ad := slices.Clone(adapters)
-	s.adapters.Store(&ad)
+	s.adapters.set(adapters)
 }
+
+// Adapters returns the loaded adapters, sorted.
+func (s *Server) Adapters() []string { return s.adapters.list() }
 
 // ResetPrefixCache drops every cached block that no running request
 // holds, so the next requests start cold, and returns how many blocks it
@@ -231,7 +246,7 @@ func (s *Server) ID() string { return s.cfg.ID }
 // Config returns the configuration with its defaults filled in.
 func (s *Server) Options() Options {
 	c := s.cfg
-	c.Adapters = slices.Clone(*s.adapters.Load())
+	c.Adapters = s.adapters.list()
 	return c
 }
 
@@ -251,7 +266,7 @@ type modelCard struct {
 func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
 	base := s.cfg.BaseModel
 	list := []modelCard{{ID: base, Object: "model", Created: s.created, OwnedBy: "vllm", Root: base, MaxModelLen: s.cfg.KVCapacityTokens}}
-	for _, a := range *s.adapters.Load() {
+	for _, a := range s.adapters.list() {
 		list = append(list, modelCard{ID: a, Object: "model", Created: s.created, OwnedBy: "vllm", Root: a, Parent: &base})
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": list})
@@ -360,6 +375,8 @@ type job struct {
 	received time.Time
 }
 
+// parse reads the request. Once it has acquired an adapter it returns the
+// job even with an error, so that the caller releases it.
 func (s *Server) parse(r *http.Request, k kind) (*job, *apiError) {
 	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, maxBodyBytes))
 	if err != nil {
@@ -389,8 +406,8 @@ func (s *Server) parse(r *http.Request, k kind) (*job, *apiError) {
 	switch {
 	case j.model == "" || j.model == s.cfg.BaseModel:
 		j.model = s.cfg.BaseModel
-	case slices.Contains(*s.adapters.Load(), j.model):
-		j.adapter = j.model
+	case s.adapters.acquire(j.model):
+		j.adapter = j.model // released by generate
 	default:
 		return nil, &apiError{http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", req.Model)}
 	}
@@ -404,13 +421,13 @@ func (s *Server) parse(r *http.Request, k kind) (*job, *apiError) {
 	switch k {
 	case kindChat:
 		if len(req.Messages) == 0 {
-			return nil, badRequest("messages must not be empty")
+			return j, badRequest("messages must not be empty")
 		}
 		msgs := make([]Message, len(req.Messages))
 		for i, m := range req.Messages {
 			t, err := m.text()
 			if err != nil {
-				return nil, badRequest("messages[%d]: %v", i, err)
+				return j, badRequest("messages[%d]: %v", i, err)
 			}
 			msgs[i] = Message{Role: m.Role, Content: t}
 		}
@@ -420,7 +437,7 @@ func (s *Server) parse(r *http.Request, k kind) (*job, *apiError) {
 		if err := json.Unmarshal(req.Prompt, &one); err == nil {
 			j.prompts = []string{one}
 		} else if err := json.Unmarshal(req.Prompt, &j.prompts); err != nil || len(j.prompts) == 0 {
-			return nil, badRequest("prompt must be a string or a non-empty list of strings")
+			return j, badRequest("prompt must be a string or a non-empty list of strings")
 		}
 	case kindTGI:
 		j.prompts = []string{*req.Inputs}
@@ -435,12 +452,12 @@ func (s *Server) parse(r *http.Request, k kind) (*job, *apiError) {
 		j.max = *req.Parameters.MaxNewTokens
 	}
 	if j.max < 1 {
-		return nil, badRequest("max_tokens must be at least 1, got %d", j.max)
+		return j, badRequest("max_tokens must be at least 1, got %d", j.max)
 	}
 	for _, p := range j.prompts {
 		sq := newSeq(j.adapter, j.salt, p, j.max, j.notify)
 		if blocksFor(sq.prompt, j.max) > s.blocks {
-			return nil, badRequest("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion).",
+			return j, badRequest("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion).",
 				s.blocks*BlockTokens, sq.prompt+j.max, sq.prompt, j.max)
 		}
 		j.seqs = append(j.seqs, sq)
@@ -452,6 +469,9 @@ func (s *Server) parse(r *http.Request, k kind) (*job, *apiError) {
 // generate serves one inference request of kind k.
 func (s *Server) generate(w http.ResponseWriter, r *http.Request, k kind) {
 	j, aerr := s.parse(r, k)
+	if j != nil && j.adapter != "" {
+		defer s.adapters.release(j.adapter)
+	}
 	if aerr != nil {
 		writeError(w, aerr.status, aerr.msg)
 		return
