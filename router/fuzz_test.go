@@ -4,11 +4,49 @@ import (
 	"bytes"
 	"encoding/json"
 	"testing"
+	"unicode/utf8"
 )
 
-// FuzzParseOpenAI checks that the walker never panics and accepts every body
+// canonical re-encodes a JSON value with every escape decoded (HTML
+// characters included), duplicate names dropped (the last wins) and members
+// sorted; numbers keep their text.
+func canonical(body []byte) ([]byte, bool) {
+	d := json.NewDecoder(bytes.NewReader(body))
+	d.UseNumber()
+	var v any
+	if d.Decode(&v) != nil {
+		return nil, false
+	}
+	var out bytes.Buffer
+	e := json.NewEncoder(&out)
+	e.SetEscapeHTML(false)
+	if e.Encode(v) != nil {
+		return nil, false
+	}
+	return bytes.TrimSpace(out.Bytes()), true
+}
+
+// stringPrompt reports whether a completions prompt is absent, a string or a
+// list of strings: the shapes whose key depends on decoded text only.
+func stringPrompt(raw json.RawMessage) bool {
+	if raw == nil {
+		return true
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return true
+	}
+	var l []string
+	return json.Unmarshal(raw, &l) == nil
+}
+
+// FuzzParseOpenAI checks that the walker never panics, accepts every body
 // encoding/json accepts (it may accept more: it does not check skipped
-// strings byte by byte).
+// strings byte by byte), reads model and prompt_cache_key as an exact-case,
+// escape-decoding, last-duplicate-wins decoder does (Python's json, which
+// vLLM and SGLang use), and gives a body the same routing key as its
+// canonical re-encoding (escapes decoded, duplicates dropped, members sorted):
+// escaped keys route exactly as their plain forms.
 func FuzzParseOpenAI(f *testing.F) {
 	for _, s := range []string{
 		`{"model":"m","messages":[{"role":"user","content":"hi"}]}`,
@@ -17,6 +55,9 @@ func FuzzParseOpenAI(f *testing.F) {
 		`{"prompt":"\\\"","n":-1.5e+3,"b":[true,false,null]}`,
 		`{"messages":[{"content":null,"role":"assistant","tool_calls":[{"id":"1"}]}]}`,
 		`{"messages":null}`, `{"messages":[{"role":1,"content":"x"}]}`,
+		`{"model":"base","mod\u0065l":"lora-x"}`,
+		`{"m\u0065ssages":[{"r\u006fle":"user","c\u006fntent":[{"t\u0079pe":"text","text":"a"}]}],"prompt_cache_k\u0065y":"t"}`,
+		`{"pr\u006fmpt":["a","\u0062"],"MODEL":"upper"}`,
 	} {
 		f.Add([]byte(s), 16)
 	}
@@ -33,12 +74,34 @@ func FuzzParseOpenAI(f *testing.F) {
 			if err != nil || !isObject {
 				continue
 			}
-			// Where encoding/json reads model as a string, so must we.
-			var m struct {
-				Model *string `json:"model"`
+			// top holds the last of duplicate names, decoded, exact case.
+			if raw, ok := top["model"]; ok {
+				var m string
+				if json.Unmarshal(raw, &m) == nil && m != o.model {
+					t.Fatalf("model %q, an exact decoder %q", o.model, m)
+				}
 			}
-			if json.Unmarshal(body, &m) == nil && m.Model != nil && *m.Model != o.model && !bytes.Contains(body, []byte(`\`)) {
-				t.Fatalf("model %q, encoding/json %q", o.model, *m.Model)
+			if raw, ok := top["prompt_cache_key"]; ok {
+				var k string
+				if json.Unmarshal(raw, &k) == nil && k != o.tenant {
+					t.Fatalf("prompt_cache_key %q, an exact decoder %q", o.tenant, k)
+				}
+			}
+			// Invalid UTF-8 decodes to U+FFFD in encoding/json but is
+			// hashed raw here; token lists are hashed as written.
+			if !utf8.Valid(body) || (!chat && !stringPrompt(top["prompt"])) {
+				continue
+			}
+			canon, ok := canonical(body)
+			if !ok {
+				continue
+			}
+			c, err := parseOpenAI(canon, chat, n)
+			if err != nil {
+				t.Fatalf("canonical form %s rejected: %v", canon, err)
+			}
+			if c != o {
+				t.Fatalf("body %s routes as %+v, its canonical form %s as %+v", body, o, canon, c)
 			}
 		}
 		if isObject {

@@ -177,6 +177,7 @@ func parseOpenAI(body []byte, chat bool, prefixLen int) (openAIRequest, error) {
 			if err := s.expect(':'); err != nil {
 				return out, err
 			}
+			name = decoded(name)
 			switch {
 			case string(name) == "model":
 				raw, err := s.str()
@@ -267,12 +268,15 @@ func messages(s *scanner, h *prefixHasher) error {
 				if err := s.expect(':'); err != nil {
 					return err
 				}
-				switch string(name) {
+				switch string(decoded(name)) {
 				case "role":
+					// A repeated member replaces the earlier one, as
+					// in every JSON decoder the model server may use.
+					role = nil
 					if s.peek() != '"' {
 						err = s.skip(2) // not a role; the model server will judge
-					} else {
-						role, err = s.str()
+					} else if role, err = s.str(); err == nil {
+						role = decoded(role)
 					}
 					if err != nil {
 						return err
@@ -352,12 +356,23 @@ func content(s *scanner, h *prefixHasher) error {
 					if err := s.expect(':'); err != nil {
 						return err
 					}
-					switch {
-					case string(name) == "type" && s.peek() == '"':
-						typ, err = s.str()
-					case string(name) == "text" && s.peek() == '"':
-						text, err = s.str()
-						hasText = true
+					// A repeated member replaces the earlier one.
+					switch string(decoded(name)) {
+					case "type":
+						typ = nil
+						if s.peek() != '"' {
+							err = s.skip(4)
+						} else if typ, err = s.str(); err == nil {
+							typ = decoded(typ)
+						}
+					case "text":
+						text, hasText = nil, false
+						if s.peek() != '"' {
+							err = s.skip(4)
+						} else {
+							text, err = s.str()
+							hasText = err == nil
+						}
 					default:
 						err = s.skip(4)
 					}

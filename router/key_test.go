@@ -219,3 +219,48 @@ func TestCutCodePoints(t *testing.T) {
 		}
 	}
 }
+
+// TestEscapedKeysRouteAsUnescaped: member names and compared values with
+// JSON escapes route exactly as their plain forms (issue 12: the raw-byte
+// comparison routed {"model":"base","mod\u0065l":"lora-x"} as base while the
+// model server, which decodes escapes and keeps the last duplicate, served
+// lora-x; and an escaped "m\u0065ssages" collapsed every prompt into one key).
+func TestEscapedKeysRouteAsUnescaped(t *testing.T) {
+	tests := []struct {
+		name          string
+		chat          bool
+		escaped, want string
+	}{
+		{"duplicate model, escaped last", true, `{"model":"base","mod\u0065l":"lora-x","messages":[]}`, `{"model":"lora-x","messages":[]}`},
+		{"escaped messages", true, `{"m\u0065ssages":[{"role":"user","content":"hello"}]}`, `{"messages":[{"role":"user","content":"hello"}]}`},
+		{"escaped role name and value", true, `{"messages":[{"r\u006fle":"\u0075ser","content":"hello"}]}`, `{"messages":[{"role":"user","content":"hello"}]}`},
+		{"escaped content", true, `{"messages":[{"role":"user","c\u006fntent":"hello"}]}`, `{"messages":[{"role":"user","content":"hello"}]}`},
+		{"escaped part type and text", true, `{"messages":[{"role":"user","content":[{"t\u0079pe":"t\u0065xt","t\u0065xt":"hello"}]}]}`, `{"messages":[{"role":"user","content":[{"type":"text","text":"hello"}]}]}`},
+		{"escaped tenant key", true, `{"prompt_cache_k\u0065y":"t1","messages":[]}`, `{"prompt_cache_key":"t1","messages":[]}`},
+		{"escaped solidus", true, `{"model\/":"x","model":"m"}`, `{"model/":"x","model":"m"}`},
+		{"escaped prompt", false, `{"pr\u006fmpt":"hello","model":"m"}`, `{"prompt":"hello","model":"m"}`},
+		{"repeated role, last not a string", true, `{"messages":[{"role":"user","role":1,"content":"x"}]}`, `{"messages":[{"role":1,"content":"x"}]}`},
+		{"repeated type, last not text", true, `{"messages":[{"content":[{"type":"text","type":"image","text":"x"}]}]}`, `{"messages":[{"content":[{"type":"image","text":"x"}]}]}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := parseOpenAI([]byte(tt.escaped), tt.chat, 4096)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, err := parseOpenAI([]byte(tt.want), tt.chat, 4096)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != want {
+				t.Fatalf("escaped form parses as %+v, plain form as %+v", got, want)
+			}
+		})
+	}
+	// And distinct prompts behind an escaped key stay distinct.
+	a, _ := parseOpenAI([]byte(`{"m\u0065ssages":[{"role":"user","content":"one"}]}`), true, 4096)
+	b, _ := parseOpenAI([]byte(`{"m\u0065ssages":[{"role":"user","content":"two"}]}`), true, 4096)
+	if a.prefix == b.prefix {
+		t.Fatal("two prompts behind an escaped messages key share a key")
+	}
+}

@@ -197,6 +197,24 @@ func (s *scanner) end() error {
 	return nil
 }
 
+// decoded returns the decoded contents of a raw JSON string: raw itself when
+// it has no escape (no allocation), else its unescaped bytes. Member names
+// and the values compared against constants go through it, so that
+// "mod\u0065l" is the model field here as it is for the model server
+// (issue 12: comparing raw bytes routed {"model":"base","mod\u0065l":"x"}
+// as base while x was served). A malformed escape returns raw, which then
+// matches nothing; the model server rejects such a body.
+func decoded(raw []byte) []byte {
+	if bytes.IndexByte(raw, '\\') < 0 {
+		return raw
+	}
+	s, err := unquote(raw)
+	if err != nil {
+		return raw
+	}
+	return []byte(s)
+}
+
 // unquote decodes the raw contents of a string.
 func unquote(raw []byte) (string, error) {
 	if bytes.IndexByte(raw, '\\') < 0 {
