@@ -58,6 +58,11 @@ type PrefixAwareConfig struct {
 	// takes before new requests spill to the next candidate. Zero means
 	// DefaultConcurrencyThreshold.
 	ConcurrencyThreshold int `json:"ConcurrencyThreshold,omitempty"`
+	// HotKeyReplication turns on popularity-aware replication (an extension
+	// of SageMaker's shape): a key hot enough to need more than one
+	// instance gets the first k of its ring order, chosen by load
+	// (docs/balance.md). False (the default) keeps one instance per key.
+	HotKeyReplication bool `json:"HotKeyReplication,omitempty"`
 }
 
 // RoutingConfig is one endpoint's routing configuration, in the JSON shape of
@@ -109,6 +114,7 @@ func (c RoutingConfig) WithDefaults() RoutingConfig {
 		if p.ConcurrencyThreshold != 0 {
 			out.PrefixAwareRoutingConfig.ConcurrencyThreshold = p.ConcurrencyThreshold
 		}
+		out.PrefixAwareRoutingConfig.HotKeyReplication = p.HotKeyReplication
 	}
 	return out
 }
@@ -116,6 +122,11 @@ func (c RoutingConfig) WithDefaults() RoutingConfig {
 // PrefixLength returns the effective prefix length of c.
 func (c RoutingConfig) PrefixLength() int {
 	return c.WithDefaults().PrefixAwareRoutingConfig.PrefixLength
+}
+
+// HotKeyReplication reports whether c turns popularity-aware replication on.
+func (c RoutingConfig) HotKeyReplication() bool {
+	return c.PrefixAwareRoutingConfig != nil && c.PrefixAwareRoutingConfig.HotKeyReplication
 }
 
 // ConcurrencyThreshold returns the effective concurrency threshold of c.

@@ -121,6 +121,13 @@ var validateCases = []validateCase{
 	{"Router.MaxBodyBytes", validStatic, func(o *Options) { o.Router.MaxBodyBytes = 1 << 20 }, ""},
 	{"Router.MaxBodyBytes", validStatic, func(o *Options) { o.Router.MaxBodyBytes = -1 }, "--max-body-bytes"},
 	{"Router.MaxBodyBytes", validStatic, func(o *Options) { o.Router.MaxBodyBytes = 0 }, ""},
+	{"Router.HotKeyThreshold", validStatic, func(o *Options) { o.Router.HotKeyThreshold = 0.5 }, ""},
+	{"Router.HotKeyThreshold", validStatic, func(o *Options) { o.Router.HotKeyThreshold = -1 }, "--hot-key-threshold"},
+	{"Router.HotKeyThreshold", validStatic, func(o *Options) { o.Router.HotKeyThreshold = 20 }, "--hot-key-threshold"},
+	{"Router.HotKeyThreshold", validStatic, func(o *Options) { o.Router.HotKeyThreshold = 0 }, ""},
+	{"Routing", validStatic, func(o *Options) {
+		o.Routing = fleet.RoutingConfig{PrefixAwareRoutingConfig: &fleet.PrefixAwareConfig{HotKeyReplication: true}}
+	}, ""},
 	{"Router.BalanceFactor", validStatic, func(o *Options) { o.Router.BalanceFactor = 1.25 }, ""},
 	{"Router.BalanceFactor", validStatic, func(o *Options) { o.Router.BalanceFactor = 0.5 }, "--balance-factor"},
 	{"Router.BalanceFactor", validStatic, func(o *Options) { o.Router.BalanceFactor = 11 }, "--balance-factor"},

@@ -160,7 +160,7 @@ func TestBalancePickLoads(t *testing.T) {
 			v := h.r.view.Load()
 			ev := v.endpoints["ep"]
 			set, _ := ev.table.Set("")
-			p, ok := h.r.pick(ev, set, rr.key, v.snap.Replicas, bitset{})
+			p, ok := h.r.pick(ev, set, rr.key, hotChoice{}, v.snap.Replicas, bitset{})
 			if !ok {
 				t.Fatal("no pick")
 			}
@@ -197,7 +197,7 @@ func TestBalanceHotKeySpreads(t *testing.T) {
 				}
 			}()
 			for range reqs {
-				p, ok := h.r.pick(ev, set, rr.key, v.snap.Replicas, bitset{})
+				p, ok := h.r.pick(ev, set, rr.key, hotChoice{}, v.snap.Replicas, bitset{})
 				if !ok {
 					t.Fatal("no pick")
 				}

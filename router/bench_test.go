@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -32,12 +34,18 @@ func benchBodies(tb testing.TB) (invoke, chat []byte) {
 }
 
 func benchRouter(b *testing.B, n int, balance float64) (*Router, *endpointView, int) {
+	return benchRouterHot(b, n, balance, false)
+}
+
+// benchRouterHot is benchRouter with hot-key replication on or off.
+func benchRouterHot(b *testing.B, n int, balance float64, hot bool) (*Router, *endpointView, int) {
 	r, err := New(Options{DefaultEndpoint: "ep", BalanceFactor: balance})
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { r.Close() })
 	ep := fleet.Endpoint{Name: "ep", Config: fleet.DefaultRoutingConfig()}
+	ep.Config.PrefixAwareRoutingConfig.HotKeyReplication = hot
 	for i := range n {
 		ep.Instances = append(ep.Instances, fleet.Instance{ID: fmt.Sprintf("i-%02d", i), Addr: fmt.Sprintf("http://10.0.0.%d:8000", i)})
 	}
@@ -51,11 +59,60 @@ func benchRouter(b *testing.B, n int, balance float64) (*Router, *endpointView, 
 // without and with a balance factor (which adds the sum over the set).
 func BenchmarkPick(b *testing.B) {
 	for _, balance := range []float64{0, 1.25} {
-		b.Run(fmt.Sprintf("balance=%v", balance), func(b *testing.B) { benchPick(b, balance) })
+		b.Run(fmt.Sprintf("balance=%v", balance), func(b *testing.B) { benchPick(b, balance, false) })
+	}
+	// One body is one key at 100 % of the traffic: with hot-key
+	// replication it is spread over every instance, the sketch's worst case.
+	b.Run("hot=true", func(b *testing.B) { benchPick(b, 0, true) })
+}
+
+// BenchmarkPickHotKeys is the cost of popularity-aware replication on the
+// pick alone (no body to parse): keys of a Zipf(1) stream over 200
+// documents, whose top keys the sketch replicates (k up to 2 of 4, 3 of 16,
+// 11 of 64 instances), against the same pick with replication off
+// (issue 10: ≤ 1.5×).
+func BenchmarkPickHotKeys(b *testing.B) {
+	const docs, stream = 200, 1 << 12
+	rng := rand.New(rand.NewPCG(1, 2))
+	var cdf []float64
+	var sum float64
+	for d := range docs {
+		sum += 1 / float64(d+1)
+		cdf = append(cdf, sum)
+	}
+	keys := make([]uint64, stream)
+	bodies := make([][]byte, stream)
+	for i := range keys {
+		d, _ := slices.BinarySearch(cdf, rng.Float64()*sum)
+		keys[i] = routingKey("", "", uint64(d))
+		bodies[i] = fmt.Appendf(nil, `{"messages":[{"role":"user","content":"question %d"}]}`, i)
+	}
+	for _, n := range []int{4, 16, 64} {
+		for _, hot := range []bool{false, true} {
+			b.Run(fmt.Sprintf("instances=%d/hot=%v", n, hot), func(b *testing.B) {
+				r, ev, replicas := benchRouterHot(b, n, 0, hot)
+				set, err := ev.table.Set("")
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.ReportAllocs()
+				i := 0
+				for b.Loop() {
+					j := i % stream
+					i++
+					hc := newHotChoice(ev, set, keys[j], bodies[j])
+					p, ok := r.pick(ev, set, keys[j], hc, replicas, bitset{})
+					if !ok {
+						b.Fatal("no pick")
+					}
+					p.done(nil)
+				}
+			})
+		}
 	}
 }
 
-func benchPick(b *testing.B, balance float64) {
+func benchPick(b *testing.B, balance float64, hot bool) {
 	invoke, chat := benchBodies(b)
 	for _, n := range []int{4, 16, 64} {
 		for _, tc := range []struct {
@@ -68,7 +125,7 @@ func benchPick(b *testing.B, balance float64) {
 			{"chat", kindChat, chat, http.Header{}},
 		} {
 			b.Run(fmt.Sprintf("%s/instances=%d", tc.name, n), func(b *testing.B) {
-				r, ev, replicas := benchRouter(b, n, balance)
+				r, ev, replicas := benchRouterHot(b, n, balance, hot)
 				b.SetBytes(int64(len(tc.body)))
 				b.ReportAllocs()
 				for b.Loop() {
@@ -80,7 +137,7 @@ func benchPick(b *testing.B, balance float64) {
 					if err != nil {
 						b.Fatal(err)
 					}
-					p, ok := r.pick(ev, set, rr.key, replicas, bitset{})
+					p, ok := r.pick(ev, set, rr.key, newHotChoice(ev, set, rr.key, tc.body), replicas, bitset{})
 					if !ok {
 						b.Fatal("no pick")
 					}

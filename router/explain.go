@@ -35,8 +35,14 @@ type Explanation struct {
 	// LEAST_OUTSTANDING_REQUESTS do not follow it).
 	Strategy fleet.Strategy
 	// Instance is the ring primary of Key within the model's set: the
-	// PREFIX_AWARE choice when it has room.
+	// PREFIX_AWARE choice when it has room. For a key that hot-key
+	// replication spreads over HotReplicas candidates, it is the one an
+	// idle fleet gives this request (the request's spread hash among them).
 	Instance string
+	// HotReplicas is how many leading candidates hot-key replication
+	// currently spreads Key over (from this replica's estimate); 1 when
+	// the key is cold or replication is off.
+	HotReplicas int
 	// Candidates are instance ids in Key's spill order within the model's
 	// set, Instance first, at most MaxExplainCandidates.
 	Candidates []string
@@ -102,12 +108,20 @@ func (r *Router) Explain(endpoint, path string, header http.Header, body []byte)
 	for j, i := range idx {
 		ex.Candidates[j] = set.Instance(i).ID
 	}
-	ex.Instance = ex.Candidates[0]
+	ex.Instance, ex.HotReplicas = ex.Candidates[0], 1
+	if ev.hot != nil {
+		// Read only: Explain does not count the request.
+		if k := min(ev.hot.K(rr.key, set.Len()), len(idx)); k > 1 {
+			ex.HotReplicas = k
+			ex.Instance = ex.Candidates[spreadHash(body)%uint64(k)]
+		}
+	}
 	return ex, nil
 }
 
 // Choose returns the instance the request would go to with no load: the ring
-// primary of its key within its model's set, whatever the endpoint's
+// primary of its key within its model's set (or, for a hot key, the one of
+// its candidates an idle fleet gives this request), whatever the endpoint's
 // strategy (chaos and agreement tests compare it across replicas). The body
 // is read and restored. See Explain for the path rule and the errors.
 func (r *Router) Choose(endpoint string, req *http.Request) (string, error) {

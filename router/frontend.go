@@ -131,7 +131,7 @@ func (r *Router) Pick(req PickRequest) (*Picked, error) {
 	if req.Subset != nil {
 		skip = subsetSkip(ev, set, req.Subset)
 	}
-	p, ok := r.pick(ev, set, rr.key, v.snap.Replicas, skip)
+	p, ok := r.pick(ev, set, rr.key, newHotChoice(ev, set, rr.key, req.Body), v.snap.Replicas, skip)
 	r.metrics.pickSeconds.WithLabelValues(strategy).Observe(time.Since(start).Seconds())
 	if !ok {
 		msg := fmt.Sprintf("no instance of endpoint %q can take the request (all circuit breakers open)", endpoint)

@@ -228,14 +228,15 @@ func (r *Router) serve(w http.ResponseWriter, req *http.Request, kind apiKind, u
 		}
 		return
 	}
-	p, ok := r.pick(ev, set, rr.key, v.snap.Replicas, bitset{})
+	hc := newHotChoice(ev, set, rr.key, body)
+	p, ok := r.pick(ev, set, rr.key, hc, v.snap.Replicas, bitset{})
 	r.metrics.pickSeconds.WithLabelValues(strategy).Observe(time.Since(start).Seconds())
 	if !ok {
 		r.reject(w, req, kind, endpoint, strategy, &reqError{http.StatusServiceUnavailable, codeNoInstance, fmt.Sprintf("no instance of endpoint %q can take the request (all circuit breakers open)", endpoint)})
 		return
 	}
 	a := &attempt{
-		r: r, kind: kind, endpoint: endpoint, ev: ev, set: set, key: rr.key,
+		r: r, kind: kind, endpoint: endpoint, ev: ev, set: set, key: rr.key, hot: hc,
 		replicas: v.snap.Replicas, upstreamPath: upstreamPath, stream: stream, cur: p,
 	}
 	r.proxy.serve(w, req, body, a)

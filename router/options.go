@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/hotkey"
 	"github.com/prefixrouter/prefixrouter/overload"
 	"github.com/prefixrouter/prefixrouter/probe"
 	"github.com/prefixrouter/prefixrouter/ring"
@@ -51,6 +52,13 @@ type Options struct {
 	// Zero means off; otherwise it must be in [1, 10] and is used to 0.001.
 	// See docs/balance.md.
 	BalanceFactor float64
+	// HotKeyThreshold tunes popularity-aware replication, for endpoints
+	// whose routing config turns it on (HotKeyReplication): a key gets
+	// k = ceil(share × n / HotKeyThreshold) of its set's n instances, so
+	// it gets a second one once it alone carries more than HotKeyThreshold
+	// times one instance's fair share (--hot-key-threshold; docs/balance.md).
+	// Zero means hotkey.DefaultThreshold (1); otherwise it must be in (0, 16].
+	HotKeyThreshold float64
 	// UpstreamHeaderTimeout bounds the wait for an instance's response
 	// headers when Transport is nil (--upstream-header-timeout). A timeout
 	// counts against the instance's breaker. Zero means no bound: a
@@ -162,6 +170,9 @@ func (o Options) Validate() error {
 	}
 	if f := o.BalanceFactor; !(f == 0 || (f >= 1 && f <= 10)) {
 		bad("BalanceFactor (--balance-factor) %v must be 0 (off) or in [1, 10]", f)
+	}
+	if err := (hotkey.Options{Threshold: o.HotKeyThreshold}).Validate(); err != nil {
+		bad("HotKeyThreshold (--hot-key-threshold) %v must be 0 (default) or in (0, 16]", o.HotKeyThreshold)
 	}
 	for _, d := range []struct {
 		name string

@@ -1,6 +1,8 @@
 package router
 
 import (
+	"github.com/cespare/xxhash/v2"
+
 	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/lora"
 	"github.com/prefixrouter/prefixrouter/overload"
@@ -20,6 +22,36 @@ type pick struct {
 	decision string
 	spill    spill // PREFIX_AWARE: why the ring primary was passed over
 }
+
+// hotChoice is what popularity-aware replication adds to a PREFIX_AWARE
+// pick: k, how many leading candidates of the key's ring order share it
+// (0 or 1: the primary alone), and spread, a hash of the request that
+// breaks load ties among them the same way on every replica.
+type hotChoice struct {
+	k      int
+	spread uint64
+}
+
+// spreadTail is how much of the end of a body the spread hash reads: the
+// part that differs between requests sharing a prefix (the question, the
+// last turn), at a cost independent of the body's size.
+const spreadTail = 256
+
+// newHotChoice counts the request's key in the endpoint's sketch, when the
+// endpoint replicates hot keys, and returns the key's replication for it.
+func newHotChoice(ev *endpointView, set *lora.Set, key uint64, body []byte) hotChoice {
+	if ev.hot == nil {
+		return hotChoice{}
+	}
+	k := ev.hot.Observe(key, set.Len())
+	if k <= 1 {
+		return hotChoice{k: 1}
+	}
+	return hotChoice{k: k, spread: spreadHash(body)}
+}
+
+// spreadHash is the hash of the body's last spreadTail bytes.
+func spreadHash(body []byte) uint64 { return xxhash.Sum64(body[max(0, len(body)-spreadTail):]) }
 
 // bitset marks set indexes (tried or refused instances) without allocating
 // for sets of up to 64 instances.
@@ -62,7 +94,7 @@ func (ev *endpointView) instance(set *lora.Set, i int) *instanceView {
 // strategy, skipping the indexes in skip (instances already tried). ok is
 // false when no instance can take the request. It never blocks and takes no
 // lock beyond the chosen breaker's own.
-func (r *Router) pick(ev *endpointView, set *lora.Set, key uint64, replicas int, skip bitset) (pick, bool) {
+func (r *Router) pick(ev *endpointView, set *lora.Set, key uint64, hc hotChoice, replicas int, skip bitset) (pick, bool) {
 	h := healthFilter{ev: ev, set: set}
 	switch ev.strategy {
 	case fleet.Random:
@@ -70,7 +102,7 @@ func (r *Router) pick(ev *endpointView, set *lora.Set, key uint64, replicas int,
 	case fleet.LeastOutstanding:
 		return r.pickLeast(ev, set, skip, &h, DecisionLeastOutstanding)
 	default:
-		return r.pickPrefix(ev, set, key, replicas, skip, &h)
+		return r.pickPrefix(ev, set, key, hc, replicas, skip, &h)
 	}
 }
 
@@ -104,11 +136,12 @@ func (h *healthFilter) skip(iv *instanceView) bool {
 	return !h.ignore
 }
 
-// pickPrefix is PREFIX_AWARE: the ring's primary; else the next candidate in
-// the key's ring order with room under the threshold (and, with a balance
+// pickPrefix is PREFIX_AWARE: the ring's primary (for a hot key, the least
+// loaded of its first hc.k candidates); else the next candidate in the
+// key's ring order with room under the threshold (and, with a balance
 // factor, a load below the balance bound) and a breaker that lets it
 // through; else the least loaded instance whose breaker is closed.
-func (r *Router) pickPrefix(ev *endpointView, set *lora.Set, key uint64, replicas int, skip bitset, h *healthFilter) (pick, bool) {
+func (r *Router) pickPrefix(ev *endpointView, set *lora.Set, key uint64, hc hotChoice, replicas int, skip bitset, h *healthFilter) (pick, bool) {
 	n := set.Len()
 	var bound int64 // 0: no balance bound
 	if r.balance > 0 {
@@ -116,7 +149,17 @@ func (r *Router) pickPrefix(ev *endpointView, set *lora.Set, key uint64, replica
 	}
 	var buf [firstCandidates]int
 	var why spill
-	cands := set.Ring().Candidates(key, min(n, firstCandidates), buf[:0])
+	k := min(hc.k, n)
+	cands := set.Ring().Candidates(key, min(n, max(firstCandidates, k)), buf[:0])
+	if k > 1 {
+		// The chosen one goes first; the others keep their ring order, so
+		// the key's spill targets stay its warm candidates.
+		if c := hotPick(ev, set, cands[:k], hc.spread, skip, h); c > 0 {
+			i := cands[c]
+			copy(cands[1:c+1], cands[:c])
+			cands[0] = i
+		}
+	}
 	for j := 0; ; j++ {
 		if j == len(cands) {
 			if len(cands) >= n {
@@ -153,6 +196,32 @@ func (r *Router) pickPrefix(ev *endpointView, set *lora.Set, key uint64, replica
 	p, ok := r.pickLeast(ev, set, skip, h, DecisionFallback)
 	p.spill = why
 	return p, ok
+}
+
+// hotPick returns the position in cands (a hot key's first k ring
+// candidates) of the least loaded one that can be tried (power of k
+// choices). It scans from spread mod k and keeps the first of equal loads,
+// so on an idle fleet a hot key's requests spread evenly over its k
+// instances and every replica breaks the tie alike. 0 if none can be tried.
+func hotPick(ev *endpointView, set *lora.Set, cands []int, spread uint64, skip bitset, h *healthFilter) int {
+	k := len(cands)
+	start := int(spread % uint64(k))
+	best, bestLoad := -1, int64(0)
+	for j := range k {
+		c := (start + j) % k
+		i := cands[c]
+		if skip.has(i) {
+			continue
+		}
+		iv := ev.instance(set, i)
+		if iv == nil || iv.state.Open() || h.skip(iv) {
+			continue
+		}
+		if l := iv.state.Load(); best < 0 || l < bestLoad {
+			best, bestLoad = c, l
+		}
+	}
+	return max(best, 0)
 }
 
 // pickLeast admits the instance with the lowest load among those whose

@@ -41,6 +41,7 @@ type attempt struct {
 	ev           *endpointView
 	set          *lora.Set
 	key          uint64
+	hot          hotChoice
 	replicas     int
 	upstreamPath string
 	stream       bool // frame the answer as an AWS event stream (…/invocations-response-stream)
@@ -279,7 +280,7 @@ func (t retryTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 		a.cur.done(err)
 		a.cur.done = nil
 		a.tried.set(a.cur.idx)
-		next, ok := t.p.r.pick(a.ev, a.set, a.key, a.replicas, a.tried)
+		next, ok := t.p.r.pick(a.ev, a.set, a.key, a.hot, a.replicas, a.tried)
 		if !ok {
 			return nil, err
 		}

@@ -17,6 +17,7 @@ import (
 	"github.com/jonboulle/clockwork"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/hotkey"
 	"github.com/prefixrouter/prefixrouter/lora"
 	"github.com/prefixrouter/prefixrouter/overload"
 	"github.com/prefixrouter/prefixrouter/probe"
@@ -45,9 +46,10 @@ type Router struct {
 
 	view atomic.Pointer[view] // nil until the first Update
 
-	mu       sync.Mutex                   // guards trackers and moves; serializes Update
+	mu       sync.Mutex                   // guards trackers, moves and hot; serializes Update
 	trackers map[string]*overload.Tracker // by endpoint; owned by Update
 	moves    map[string]*movement         // by endpoint; owned by Update
+	hot      map[string]*hotkey.Sketch    // by endpoint with hot-key replication on; owned by Update
 }
 
 // view is everything a request needs, published as one immutable value.
@@ -72,6 +74,10 @@ type endpointView struct {
 	// sums loads without a map lookup per instance. Filled on first use;
 	// the table's sets live exactly as long as this view.
 	setStates sync.Map
+	// hot estimates key popularity when the endpoint is PREFIX_AWARE with
+	// HotKeyReplication on; nil otherwise. It outlives views (Update
+	// carries it over), so estimates survive membership changes.
+	hot *hotkey.Sketch
 }
 
 type instanceView struct {
@@ -169,6 +175,7 @@ func (r *Router) Update(s *fleet.Snapshot) {
 	v := &view{snap: s, endpoints: make(map[string]*endpointView, len(s.Endpoints))}
 	trackers := make(map[string]*overload.Tracker, len(s.Endpoints))
 	moves := make(map[string]*movement, len(s.Endpoints))
+	hot := make(map[string]*hotkey.Sketch)
 	for name, ep := range s.Endpoints {
 		tr := r.trackers[name]
 		if tr == nil {
@@ -189,6 +196,14 @@ func (r *Router) Update(s *fleet.Snapshot) {
 			strategy:  cfg.RoutingStrategy,
 			prefixLen: cfg.PrefixLength(),
 			threshold: cfg.ConcurrencyThreshold(),
+		}
+		if cfg.RoutingStrategy == fleet.PrefixAware && cfg.HotKeyReplication() {
+			ev.hot = r.hot[name]
+			if ev.hot == nil {
+				// Options were validated in New.
+				ev.hot, _ = hotkey.New(hotkey.Options{Threshold: r.opts.HotKeyThreshold})
+			}
+			hot[name] = ev.hot
 		}
 		for i := range ep.Instances {
 			in := &ep.Instances[i]
@@ -218,6 +233,7 @@ func (r *Router) Update(s *fleet.Snapshot) {
 	}
 	r.trackers = trackers
 	r.moves = moves
+	r.hot = hot
 	r.view.Store(v)
 }
 

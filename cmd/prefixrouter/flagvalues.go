@@ -81,6 +81,7 @@ func bindRouting(fs *pflag.FlagSet, rc *fleet.RoutingConfig) {
 	fs.Var((*strategyValue)(&rc.RoutingStrategy), "strategy", "routing strategy: PREFIX_AWARE, LEAST_OUTSTANDING_REQUESTS or RANDOM")
 	fs.Var(rangeValue{"PrefixLength", &p.PrefixLength, fleet.MinPrefixLength, fleet.MaxPrefixLength}, "prefix-length", fmt.Sprintf("prefix that forms the routing key: bytes of the body on invoke paths, characters of message text on OpenAI paths (%d..%d)", fleet.MinPrefixLength, fleet.MaxPrefixLength))
 	fs.Var(rangeValue{"ConcurrencyThreshold", &p.ConcurrencyThreshold, fleet.MinConcurrencyThreshold, fleet.MaxConcurrencyThreshold}, "concurrency-threshold", fmt.Sprintf("in-flight requests an instance takes before new ones spill to the next candidate (%d..%d)", fleet.MinConcurrencyThreshold, fleet.MaxConcurrencyThreshold))
+	fs.BoolVar(&p.HotKeyReplication, "hot-key-replication", false, "PREFIX_AWARE: give a key that alone needs more than one instance the first k of its ring order and spread it over them by load (popularity-aware replication; see docs/balance.md)")
 }
 
 // bindEtcd binds the flags of every command that talks to etcd.

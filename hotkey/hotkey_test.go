@@ -1,0 +1,240 @@
+package hotkey
+
+import (
+	"errors"
+	"math"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"unsafe"
+)
+
+// zipfStream returns n keys drawn from docs keys with Zipf(s) popularity
+// (s = 0: uniform); key i is a fixed pseudo-random 64-bit value.
+func zipfStream(rng *rand.Rand, docs int, s float64, n int) []uint64 {
+	keys := make([]uint64, docs)
+	for i := range keys {
+		keys[i] = rand.New(rand.NewPCG(uint64(i), 42)).Uint64()
+	}
+	out := make([]uint64, n)
+	if s == 0 {
+		for i := range out {
+			out[i] = keys[rng.IntN(docs)]
+		}
+		return out
+	}
+	z := rand.NewZipf(rng, s+1e-9, 1, uint64(docs-1))
+	if s <= 1 {
+		// rand.Zipf needs s > 1: draw by inverse CDF instead.
+		cdf := make([]float64, docs)
+		var sum float64
+		for i := range docs {
+			sum += 1 / pow(float64(i+1), s)
+			cdf[i] = sum
+		}
+		for i := range out {
+			u := rng.Float64() * sum
+			lo := 0
+			for cdf[lo] < u {
+				lo++
+			}
+			out[i] = keys[lo]
+		}
+		return out
+	}
+	for i := range out {
+		out[i] = keys[z.Uint64()]
+	}
+	return out
+}
+
+func pow(x, y float64) float64 { return math.Pow(x, y) }
+
+func TestOptionsValidate(t *testing.T) {
+	for _, tc := range []struct {
+		o  Options
+		ok bool
+	}{
+		{Options{}, true},
+		{Options{Threshold: 0.5, Hysteresis: 0.3, HalfLife: 2048}, true},
+		{Options{Threshold: -1}, false},
+		{Options{Threshold: 17}, false},
+		{Options{Hysteresis: 0.6}, false},
+		{Options{HalfLife: 100}, false},
+	} {
+		err := tc.o.Validate()
+		if (err == nil) != tc.ok || (err != nil && !errors.Is(err, ErrInvalid)) {
+			t.Errorf("%+v: Validate() = %v, want ok=%v", tc.o, err, tc.ok)
+		}
+	}
+}
+
+// TestReplicationFactor: under a stream with one key at 40 %, that key gets
+// ceil(0.4 × n / (threshold × 1.2)) instances and a key at 1 % keeps one.
+func TestReplicationFactor(t *testing.T) {
+	s, err := New(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 7
+	hot, warm := uint64(0xdeadbeef00000000), uint64(0x1234567800000000)
+	rng := rand.New(rand.NewPCG(1, 2))
+	var kHot, kWarm int
+	for i := range 20000 {
+		switch u := rng.Float64(); {
+		case u < 0.40:
+			kHot = s.Observe(hot, n)
+		case u < 0.41:
+			kWarm = s.Observe(warm, n)
+		default:
+			s.Observe(rng.Uint64(), n)
+		}
+		if i == 100 && kHot != 1 {
+			t.Errorf("k = %d after 100 requests, want 1 below the evidence floor", kHot)
+		}
+	}
+	// 0.4 × 7 / 1.2 = 2.33 → 3.
+	if kHot != 3 || s.K(hot, n) != 3 {
+		t.Errorf("hot key (40 %%): k = %d (K %d), want 3; share estimate %.3f", kHot, s.K(hot, n), s.Share(hot))
+	}
+	if kWarm != 1 {
+		t.Errorf("1 %% key: k = %d, want 1", kWarm)
+	}
+	if got := s.K(hot, 2); got != 1 && got > 2 {
+		t.Errorf("k %d exceeds a set of 2", got)
+	}
+}
+
+// TestHysteresis, 7 instances: a key at 12 % (x = 0.84, below the 1.2 that
+// asks for a second instance) keeps k = 1; at 25 % (x = 1.75) it gets 2; back
+// at 13 % (x = 0.91: one instance would carry more than 0.8) it keeps 2; at
+// 10 % (x = 0.7) it drops to 1.
+func TestHysteresis(t *testing.T) {
+	s, _ := New(Options{HalfLife: 2048})
+	const n = 7
+	key := uint64(0xabcdef0100000000)
+	rng := rand.New(rand.NewPCG(3, 4))
+	run := func(share float64, reqs int) int {
+		k := 0
+		for range reqs {
+			if rng.Float64() < share {
+				k = s.Observe(key, n)
+			} else {
+				s.Observe(rng.Uint64(), n)
+			}
+		}
+		return k
+	}
+	if k := run(0.12, 20000); k != 1 {
+		t.Fatalf("at 12 %%: k = %d, want 1", k)
+	}
+	if k := run(0.25, 20000); k != 2 {
+		t.Fatalf("at 25 %%: k = %d, want 2", k)
+	}
+	if k := run(0.13, 20000); k != 2 {
+		t.Errorf("at 13 %% (inside the band): k = %d, want 2 kept", k)
+	}
+	if k := run(0.10, 20000); k != 1 {
+		t.Errorf("at 10 %%: k = %d, want 1", k)
+	}
+}
+
+// TestUniformStaysCold: no key of a uniform stream over 256 keys (0.4 %
+// each) is ever replicated.
+func TestUniformStaysCold(t *testing.T) {
+	s, _ := New(Options{})
+	rng := rand.New(rand.NewPCG(5, 6))
+	for i, key := range zipfStream(rng, 256, 0, 50000) {
+		if k := s.Observe(key, 7); k != 1 {
+			t.Fatalf("request %d: uniform key got k = %d", i, k)
+		}
+	}
+}
+
+// TestTableChurn: hot keys that all map to the same probe window, each
+// hot for a while and then gone, reuse the window's slots (memory stays
+// bounded and new hot keys still get k > 1).
+func TestTableChurn(t *testing.T) {
+	s, _ := New(Options{HalfLife: 1024})
+	rng := rand.New(rand.NewPCG(7, 8))
+	for phase := range 4 * probe {
+		key := uint64(phase+1)<<32 | 77<<8 // same table window, distinct tags
+		k := 0
+		for range 600 {
+			if rng.IntN(2) == 0 {
+				k = s.Observe(key, 8)
+			} else {
+				s.Observe(rng.Uint64(), 8)
+			}
+		}
+		if k < 2 {
+			t.Fatalf("phase %d: hot key (50 %%) got k = %d", phase, k)
+		}
+	}
+}
+
+// TestConcurrent runs observers in parallel (for -race). Requests counted
+// while a halving runs make shares err (low: the min over rows takes the
+// row halved last); a halving takes about 10 µs (BenchmarkDecay), but
+// milliseconds under the race detector, during which the other goroutines
+// count thousands of requests, so the bounds here are loose; the precise
+// checks are the sequential tests.
+func TestConcurrent(t *testing.T) {
+	s, _ := New(Options{})
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(g), 9))
+			for range 20000 {
+				if rng.Float64() < 0.45 {
+					s.Observe(42<<8, 7)
+				} else {
+					s.Observe(rng.Uint64(), 7)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if sh := s.Share(42 << 8); sh < 0.2 || sh > 0.5 {
+		t.Errorf("share of a 45 %% key = %.3f", sh)
+	}
+	// x = 3.15: k = ceil(3.15 / 1.2) = 3, and it stays 3 for shares from
+	// 23 % to 51 %.
+	if k := s.K(42<<8, 7); k != 3 {
+		t.Errorf("k of a 45 %% key in 7 = %d, want 3", k)
+	}
+}
+
+// TestMemoryBounded: the sketch's size is fixed, whatever the keys seen.
+func TestMemoryBounded(t *testing.T) {
+	size := unsafe.Sizeof(Sketch{})
+	t.Logf("Sketch: %d bytes", size)
+	if size > 48<<10 {
+		t.Errorf("Sketch is %d bytes, want ≤ 48 KiB", size)
+	}
+}
+
+func BenchmarkObserve(b *testing.B) {
+	s, _ := New(Options{})
+	keys := zipfStream(rand.New(rand.NewPCG(1, 1)), 200, 1, 1<<16)
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		s.Observe(keys[i&(1<<16-1)], 7)
+		i++
+	}
+}
+
+// BenchmarkDecay is the cost of one halving, paid by one request in
+// DefaultHalfLife.
+func BenchmarkDecay(b *testing.B) {
+	s, _ := New(Options{})
+	for i := range 10000 {
+		s.Observe(uint64(i)<<8, 7)
+	}
+	for b.Loop() {
+		s.decay()
+	}
+}
