@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
@@ -86,6 +87,48 @@ type Options struct {
 	// HTTPClient talks to the model server; nil means a client with
 	// DefaultRequestTimeout.
 	HTTPClient *http.Client
+
+	// PlaceAdapters makes the agent load the catalogued adapters that
+	// lora.Place assigns to its instance and unload the others, publish
+	// the instance's load state and write growth and shrink decisions (see
+	// placement.go and docs/adapters.md). Off, the agent never loads or
+	// unloads anything.
+	PlaceAdapters bool
+	// LoadPath and UnloadPath are vLLM's runtime LoRA endpoints; zero
+	// means /v1/load_lora_adapter and /v1/unload_lora_adapter.
+	LoadPath, UnloadPath string
+	// LoadPollInterval is how often placement scrapes MetricsPath for the
+	// load and the adapters in use, and retries failed loads; zero means
+	// DefaultLoadPollInterval.
+	LoadPollInterval time.Duration
+	// HotWindow is how long the load must stay at or above the endpoint's
+	// concurrency threshold before the instance is published Hot (and
+	// below half of it before Hot is cleared); zero means
+	// DefaultHotWindow.
+	HotWindow time.Duration
+	// ActiveWindow is how long an adapter seen in use stays in
+	// ActiveAdapters; zero means DefaultActiveWindow.
+	ActiveWindow time.Duration
+	// ScaleCooldown is the least time between two size changes of one
+	// adapter's set; zero means lora.DefaultScaleCooldown.
+	ScaleCooldown time.Duration
+	// Clock paces placement and dates its decisions; nil means the real
+	// clock.
+	Clock clockwork.Clock
+}
+
+// Validate reports negative durations; zero values mean the defaults.
+func (c Options) Validate() error {
+	for name, d := range map[string]time.Duration{
+		"poll interval": c.PollInterval, "health interval": c.HealthInterval, "drain timeout": c.DrainTimeout,
+		"drain grace": c.DrainGrace, "drain poll interval": c.DrainPollInterval, "load poll interval": c.LoadPollInterval,
+		"hot window": c.HotWindow, "active window": c.ActiveWindow, "scale cooldown": c.ScaleCooldown,
+	} {
+		if d < 0 {
+			return fmt.Errorf("%w: agent: %s %v is negative", fleet.ErrInvalid, name, d)
+		}
+	}
+	return nil
 }
 
 func (c *Options) withDefaults() {
@@ -119,6 +162,24 @@ func (c *Options) withDefaults() {
 	if c.HTTPClient == nil {
 		c.HTTPClient = &http.Client{Timeout: DefaultRequestTimeout}
 	}
+	if c.LoadPath == "" {
+		c.LoadPath = "/v1/load_lora_adapter"
+	}
+	if c.UnloadPath == "" {
+		c.UnloadPath = "/v1/unload_lora_adapter"
+	}
+	if c.LoadPollInterval <= 0 {
+		c.LoadPollInterval = DefaultLoadPollInterval
+	}
+	if c.HotWindow <= 0 {
+		c.HotWindow = DefaultHotWindow
+	}
+	if c.ActiveWindow <= 0 {
+		c.ActiveWindow = DefaultActiveWindow
+	}
+	if c.Clock == nil {
+		c.Clock = clockwork.NewRealClock()
+	}
 	if c.Options.Logger == nil {
 		c.Options.Logger = slog.Default()
 	}
@@ -133,6 +194,9 @@ func (c *Options) withDefaults() {
 // registered and Run returns nil. It returns an error only when the
 // configuration is invalid or the first registration fails.
 func Run(ctx context.Context, cfg Options) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
 	cfg.withDefaults()
 	if cfg.Client == nil {
 		return errors.New("agent: no etcd client")
@@ -184,7 +248,14 @@ func (a *agent) run(ctx context.Context) error {
 			return fmt.Errorf("agent: adapter discovery: %w", err)
 		}
 	}
+	var placer *placer
+	if a.cfg.PlaceAdapters {
+		placer = a.startPlacer(reg, static)
+	}
 	<-ctx.Done()
+	if placer != nil {
+		placer.Close() // before the drain: no load or unload after it
+	}
 	if discovery != nil {
 		discovery.Close() // before the drain: no adapter update after it
 	}
@@ -207,22 +278,29 @@ func (a *agent) startDiscovery(ctx context.Context, reg *membership.InstanceRegi
 				a.log.Warn("agent: adapter discovery failed; keeping the registered list", "err", err)
 				return
 			}
-			cur := reg.Instance()
-			next := cur
-			applyModels(&next, static, m)
-			if slices.Equal(cur.Adapters, next.Adapters) && cur.Labels[ModelLabel] == next.Labels[ModelLabel] {
-				return
-			}
-			uctx, cancel := context.WithTimeout(ctx, DefaultRequestTimeout)
-			err = reg.Update(uctx, func(in *fleet.Instance) { in.Adapters, in.Labels = next.Adapters, next.Labels })
-			cancel()
-			if err != nil {
-				// The registration keeps retrying the new record.
-				a.log.Warn("agent: adapter update not yet written", "err", err)
-				return
-			}
-			a.log.Info("agent: adapters changed", "adapters", next.Adapters)
+			a.writeModels(ctx, reg, static, m)
 		})
+}
+
+// writeModels writes the adapters m lists (with the static ones) and the
+// base model into the registration when they changed. Discovery and
+// placement both call it; the registration serializes the writes.
+func (a *agent) writeModels(ctx context.Context, reg *membership.InstanceRegistration, static []string, m probe.Models) {
+	cur := reg.Instance()
+	next := cur
+	applyModels(&next, static, m)
+	if slices.Equal(cur.Adapters, next.Adapters) && cur.Labels[ModelLabel] == next.Labels[ModelLabel] {
+		return
+	}
+	uctx, cancel := context.WithTimeout(ctx, DefaultRequestTimeout)
+	err := reg.Update(uctx, func(in *fleet.Instance) { in.Adapters, in.Labels = next.Adapters, next.Labels })
+	cancel()
+	if err != nil {
+		// The registration keeps retrying the new record.
+		a.log.Warn("agent: adapter update not yet written", "err", err)
+		return
+	}
+	a.log.Info("agent: adapters changed", "adapters", next.Adapters)
 }
 
 // waitHealthy probes the health paths until one answers 2xx; false if ctx

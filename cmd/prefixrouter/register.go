@@ -12,6 +12,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/agent"
 	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/lora"
 	"github.com/prefixrouter/prefixrouter/membership"
 )
 
@@ -27,6 +28,7 @@ func newRegisterCmd() *cobra.Command {
 		labels   map[string]string
 		health   []string
 		logLevel slog.Level
+		place    agent.Options
 	)
 	c := &cobra.Command{
 		Use:   "register",
@@ -37,6 +39,12 @@ It waits until the server answers its health path, registers it in etcd under a 
 --discover-adapters polls the server's /v1/models and updates the record when its LoRA
 adapters change (vLLM lists adapters with "parent" set; the base model's id goes into the
 "model" label).
+
+With --place-adapters (the default) it also loads the catalogued adapters that placement
+assigns to this instance (POST /v1/load_lora_adapter, vLLM with
+VLLM_ALLOW_RUNTIME_LORA_UPDATING=True), unloads the others but --adapters, publishes whether
+the instance is hot and which adapters are in use, and writes the growth and shrink
+decisions every agent makes alike (docs/adapters.md).
 
 On SIGTERM or SIGINT it marks the instance draining (routers stop sending new requests),
 waits until the server reports no running or waiting requests (vllm:num_requests_running
@@ -75,6 +83,11 @@ instance.`,
 				HealthPaths:      health,
 				PollInterval:     poll,
 				DrainTimeout:     drain,
+				PlaceAdapters:    place.PlaceAdapters,
+				LoadPollInterval: place.LoadPollInterval,
+				HotWindow:        place.HotWindow,
+				ActiveWindow:     place.ActiveWindow,
+				ScaleCooldown:    place.ScaleCooldown,
 			})
 			if err != nil {
 				return fmt.Errorf("register: %w", err)
@@ -89,7 +102,12 @@ instance.`,
 	f.StringVar(&inst.Addr, "addr", "", "base URL routers send requests to, e.g. http://10.0.0.7:8000 (required)")
 	f.StringSliceVar(&inst.Adapters, "adapters", nil, "LoRA adapters loaded on the instance (comma-separated; kept alongside discovered ones)")
 	f.BoolVar(&discover, "discover-adapters", false, "poll the server's /v1/models and register the adapters it lists")
-	f.IntVar(&inst.MaxAdapters, "max-adapters", 0, "how many adapters the instance can hold (informational)")
+	f.IntVar(&inst.MaxAdapters, "max-adapters", 0, "adapter slots of the instance (vLLM's --max-loras/--max-cpu-loras); 0: read max_lora from vllm:lora_requests_info, else unlimited")
+	f.BoolVar(&place.PlaceAdapters, "place-adapters", true, "load the catalogued adapters placed on this instance and unload the others (see 'prefixrouter adapter')")
+	f.DurationVar(&place.LoadPollInterval, "load-poll-interval", agent.DefaultLoadPollInterval, "how often placement reads the server's load and adapters in use")
+	f.DurationVar(&place.HotWindow, "hot-window", agent.DefaultHotWindow, "load at or above the concurrency threshold this long marks the instance hot (below half of it as long clears it)")
+	f.DurationVar(&place.ActiveWindow, "active-window", agent.DefaultActiveWindow, "an adapter unused this long on every instance is cold (its set shrinks to --min-replicas)")
+	f.DurationVar(&place.ScaleCooldown, "scale-cooldown", lora.DefaultScaleCooldown, "least time between two size changes of an adapter's set")
 	f.IntVar(&inst.Weight, "weight", 1, "relative share of the hash space (e.g. 2 for an instance twice as large; 1..100)")
 	f.StringToStringVar(&labels, "labels", nil, "labels, key=value,...; model=NAME declares the base model")
 	f.StringSliceVar(&health, "health-path", agent.DefaultHealthPaths, "health paths tried in order until one answers 2xx")

@@ -67,6 +67,11 @@ type Options struct {
 	Router router.Options
 	// DrainTimeout bounds an instance's graceful stop (default 10 s).
 	DrainTimeout time.Duration
+	// Agent is the template of every agent's placement settings
+	// (PlaceAdapters, LoadPollInterval, HotWindow, ActiveWindow,
+	// ScaleCooldown); the rest of each agent's options is set per
+	// instance.
+	Agent agent.Options
 	// DrainGrace is the least time a stopping agent keeps its instance
 	// registered as draining (zero: agent.DefaultDrainGrace, 1 s); tests
 	// shorten it.
@@ -407,6 +412,8 @@ func (f *Fleet) AddInstance(ctx context.Context) (*Instance, error) {
 			Endpoint: f.cfg.Endpoint, Instance: fleet.Instance{ID: id, Addr: in.URL()},
 			DiscoverAdapters: f.cfg.Backend == nil, DrainTimeout: f.cfg.DrainTimeout, DrainGrace: f.cfg.DrainGrace,
 			HealthInterval: 20 * time.Millisecond, PollInterval: time.Second,
+			PlaceAdapters: f.cfg.Agent.PlaceAdapters, LoadPollInterval: f.cfg.Agent.LoadPollInterval,
+			HotWindow: f.cfg.Agent.HotWindow, ActiveWindow: f.cfg.Agent.ActiveWindow, ScaleCooldown: f.cfg.Agent.ScaleCooldown,
 		})
 		if err != nil {
 			f.log.Error("localfleet: agent failed", "instance", id, "err", err)

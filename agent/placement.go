@@ -1,0 +1,340 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/lora"
+	"github.com/prefixrouter/prefixrouter/membership"
+	"github.com/prefixrouter/prefixrouter/probe"
+)
+
+// Defaults of the placement settings in Options.
+const (
+	DefaultLoadPollInterval = time.Second
+	DefaultHotWindow        = 5 * time.Second
+	DefaultActiveWindow     = 30 * time.Second
+	// LoRAInfoMetric is vLLM's info gauge whose labels list the adapters
+	// with running and waiting requests, and the adapter slots (max_lora).
+	LoRAInfoMetric = "vllm:lora_requests_info"
+)
+
+// placer is the agent's adapter placement: it follows the fleet snapshot,
+// loads what lora.Place assigns to its instance and unloads the rest,
+// publishes the instance's load state (Hot, ActiveAdapters) and writes the
+// growth and shrink decisions of lora.Decide. One goroutine (run) owns
+// every field but the snapshot signal.
+type placer struct {
+	a      *agent
+	reg    *membership.InstanceRegistration
+	static []string
+	clock  clockwork.Clock
+
+	watcher *membership.Watcher
+	snapCh  chan struct{} // capacity 1: a new snapshot is waiting
+	stale   chan struct{} // capacity 1: a router found the record stale
+
+	// Owned by run.
+	aboveSince, belowSince time.Time
+	hot                    bool
+	lastSeen               map[string]time.Time // adapter → last scrape that showed it in use
+	failed                 map[string]time.Time // adapter → last failed load (back off)
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// startPlacer starts the watcher, the stale-mark watch and the loop.
+func (a *agent) startPlacer(reg *membership.InstanceRegistration, static []string) *placer {
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &placer{
+		a: a, reg: reg, static: static, clock: a.cfg.Clock,
+		snapCh: make(chan struct{}, 1), stale: make(chan struct{}, 1),
+		lastSeen: map[string]time.Time{}, failed: map[string]time.Time{},
+		cancel: cancel,
+	}
+	p.watcher = membership.StartWatcher(a.cfg.Client, membership.WatcherOptions{Options: a.cfg.Options}, func(*fleet.Snapshot) {
+		select {
+		case p.snapCh <- struct{}{}:
+		default:
+		}
+	})
+	p.wg.Add(2)
+	go func() {
+		defer p.wg.Done()
+		p.watchStale(ctx)
+	}()
+	go func() {
+		defer p.wg.Done()
+		p.run(ctx)
+	}()
+	return p
+}
+
+// Close stops the loop and the watches and waits for them.
+func (p *placer) Close() {
+	p.cancel()
+	p.wg.Wait()
+	p.watcher.Close()
+}
+
+// watchStale turns a router's stale mark on this instance into an
+// immediate re-poll, and deletes the mark.
+func (p *placer) watchStale(ctx context.Context) {
+	key := p.a.cfg.Options.Layout.StaleKey(p.a.cfg.Endpoint, p.a.cfg.Instance.ID)
+	for ctx.Err() == nil {
+		wch := p.a.cfg.Client.Watch(clientv3.WithRequireLeader(ctx), key)
+		for resp := range wch {
+			for _, ev := range resp.Events {
+				if ev.Type != mvccpb.PUT {
+					continue
+				}
+				select {
+				case p.stale <- struct{}{}:
+				default:
+				}
+			}
+		}
+		select { // the watch ended (etcd lost its leader): watch again
+		case <-ctx.Done():
+		case <-p.clock.After(time.Second):
+		}
+	}
+}
+
+func (p *placer) run(ctx context.Context) {
+	tick := p.clock.NewTicker(p.a.cfg.LoadPollInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-p.snapCh:
+			p.reconcile(ctx)
+		case <-p.stale:
+			p.a.log.Info("agent: a router found the adapter list stale; polling the server now")
+			p.refresh(ctx)
+			dctx, cancel := context.WithTimeout(ctx, EtcdCallTimeout)
+			_, _ = p.a.cfg.Client.Delete(dctx, p.a.cfg.Options.Layout.StaleKey(p.a.cfg.Endpoint, p.a.cfg.Instance.ID))
+			cancel()
+			p.reconcile(ctx)
+		case <-tick.Chan():
+			p.observe(ctx)
+			p.scale(ctx)
+			p.reconcile(ctx) // retries loads that failed
+		}
+	}
+}
+
+// endpoint returns the agent's endpoint in the latest snapshot, or nil.
+func (p *placer) endpoint() *fleet.Endpoint {
+	return p.watcher.Snapshot().Endpoint(p.a.cfg.Endpoint)
+}
+
+// reconcile loads the adapters Place assigns to this instance and unloads
+// every other adapter but the static ones (--adapters): with placement on,
+// the agent owns the server's adapter set, so that an adapter removed from
+// the catalogue leaves the fleet.
+func (p *placer) reconcile(ctx context.Context) {
+	ep := p.endpoint()
+	if ep == nil {
+		return
+	}
+	id := p.a.cfg.Instance.ID
+	self := p.reg.Instance()
+	if self.Draining {
+		return // a draining instance is in no set; keep serving what it has
+	}
+	want := lora.Place(ep).Assigned(id)
+	have := self.Adapters
+	changed := false
+	for _, name := range have {
+		if !slices.Contains(want, name) && !slices.Contains(p.static, name) {
+			if err := p.post(ctx, p.a.cfg.UnloadPath, name, ""); err != nil {
+				p.a.log.Warn("agent: unload failed", "adapter", name, "err", err)
+			} else {
+				p.a.log.Info("agent: unloaded", "adapter", name)
+			}
+			changed = true
+		}
+	}
+	now := p.clock.Now()
+	for _, name := range want {
+		if slices.Contains(have, name) {
+			continue
+		}
+		if t, ok := p.failed[name]; ok && now.Sub(t) < p.a.cfg.LoadPollInterval {
+			continue
+		}
+		a, _ := ep.Adapter(name)
+		if err := p.post(ctx, p.a.cfg.LoadPath, name, a.Source); err != nil {
+			p.failed[name] = now
+			p.a.log.Warn("agent: load failed", "adapter", name, "source", a.Source, "err", err)
+		} else {
+			delete(p.failed, name)
+			p.a.log.Info("agent: loaded", "adapter", name, "source", a.Source)
+		}
+		changed = true
+	}
+	if changed {
+		p.refresh(ctx)
+	}
+}
+
+// refresh reads the server's model list and writes the adapters it
+// reports (with the static ones) into the registration.
+func (p *placer) refresh(ctx context.Context) {
+	m, err := probe.FetchModels(ctx, p.a.cfg.HTTPClient, p.a.url(p.a.cfg.ModelsPath))
+	if err != nil {
+		p.a.log.Warn("agent: model list not read", "err", err)
+		return
+	}
+	p.a.writeModels(ctx, p.reg, p.static, m)
+}
+
+// post sends vLLM's load (source set) or unload request for name. An
+// adapter already loaded, or already gone, is success.
+func (p *placer) post(ctx context.Context, path, name, source string) error {
+	body := map[string]string{"lora_name": name}
+	if source != "" {
+		body["lora_path"] = source
+	}
+	b, _ := json.Marshal(body)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.a.url(path), bytes.NewReader(b))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := p.a.cfg.HTTPClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	switch {
+	case resp.StatusCode/100 == 2:
+		return nil
+	case source != "" && resp.StatusCode == http.StatusBadRequest && strings.Contains(string(msg), "already been loaded"):
+		return nil
+	case source == "" && resp.StatusCode == http.StatusNotFound:
+		return nil
+	}
+	return fmt.Errorf("agent: POST %s: %s: %s", path, resp.Status, bytes.TrimSpace(msg))
+}
+
+// observe scrapes the server's load and adapter use and publishes Hot and
+// ActiveAdapters (and, once, the adapter slots vLLM reports) when they
+// change. Hot has hysteresis: set after the load stayed at or above the
+// endpoint's concurrency threshold for HotWindow, cleared after it stayed
+// below half of it as long.
+func (p *placer) observe(ctx context.Context) {
+	m, err := probe.Scrape(ctx, p.a.cfg.HTTPClient, p.a.url(p.a.cfg.MetricsPath))
+	if err != nil {
+		return // unknown load: keep the published state
+	}
+	now := p.clock.Now()
+	threshold := fleet.DefaultConcurrencyThreshold
+	if ep := p.endpoint(); ep != nil {
+		threshold = ep.Config.ConcurrencyThreshold()
+	}
+	if busy, err := m.Sum(p.a.cfg.BusyMetrics...); err == nil {
+		p.hotStep(busy, float64(threshold), now)
+	}
+	slots := 0
+	for _, s := range m.Series(LoRAInfoMetric) {
+		for _, label := range []string{"running_lora_adapters", "waiting_lora_adapters"} {
+			for _, a := range strings.Split(s.Labels[label], ",") {
+				if a != "" {
+					p.lastSeen[a] = now
+				}
+			}
+		}
+		slots, _ = strconv.Atoi(s.Labels["max_lora"])
+	}
+	var active []string
+	for a, t := range p.lastSeen {
+		if now.Sub(t) <= p.a.cfg.ActiveWindow {
+			active = append(active, a)
+		} else {
+			delete(p.lastSeen, a)
+		}
+	}
+	slices.Sort(active)
+	cur := p.reg.Instance()
+	setSlots := cur.MaxAdapters == 0 && slots > 0 && p.a.cfg.Instance.MaxAdapters == 0
+	if cur.Hot == p.hot && slices.Equal(cur.ActiveAdapters, active) && !setSlots {
+		return
+	}
+	uctx, cancel := context.WithTimeout(ctx, DefaultRequestTimeout)
+	defer cancel()
+	hot := p.hot
+	err = p.reg.Update(uctx, func(in *fleet.Instance) {
+		in.Hot, in.ActiveAdapters = hot, active
+		if setSlots {
+			in.MaxAdapters = slots
+		}
+	})
+	if err != nil {
+		p.a.log.Warn("agent: load state not yet written", "err", err)
+	}
+}
+
+// hotStep advances the hot flag's hysteresis with one load sample.
+func (p *placer) hotStep(busy, threshold float64, now time.Time) {
+	if busy >= threshold {
+		if p.aboveSince.IsZero() {
+			p.aboveSince = now
+		}
+	} else {
+		p.aboveSince = time.Time{}
+	}
+	if busy < threshold/2 {
+		if p.belowSince.IsZero() {
+			p.belowSince = now
+		}
+	} else {
+		p.belowSince = time.Time{}
+	}
+	switch {
+	case !p.hot && !p.aboveSince.IsZero() && now.Sub(p.aboveSince) >= p.a.cfg.HotWindow:
+		p.hot = true
+	case p.hot && !p.belowSince.IsZero() && now.Sub(p.belowSince) >= p.a.cfg.HotWindow:
+		p.hot = false
+	}
+}
+
+// scale writes the growth and shrink decisions of lora.Decide. Every agent
+// makes them from the same snapshot; the compare-and-swap lets exactly one
+// write each (see docs/adapters.md).
+func (p *placer) scale(ctx context.Context) {
+	ep := p.endpoint()
+	if ep == nil || len(ep.Adapters) == 0 {
+		return
+	}
+	now := p.clock.Now()
+	for _, s := range lora.Decide(ep, lora.Place(ep), now, lora.ScaleOptions{Cooldown: p.a.cfg.ScaleCooldown}) {
+		wctx, cancel := context.WithTimeout(ctx, EtcdCallTimeout)
+		ok, err := membership.SetPlacement(wctx, p.a.cfg.Client, p.a.cfg.Options.Layout, p.a.cfg.Endpoint, s.Adapter, s.Revision,
+			membership.Placement{Replicas: s.To, ScaledAt: now})
+		cancel()
+		if err != nil {
+			p.a.log.Warn("agent: placement change not written", "adapter", s.Adapter, "err", err)
+		} else if ok {
+			p.a.log.Info("agent: adapter set resized", "adapter", s.Adapter, "from", s.From, "to", s.To)
+		}
+	}
+}
