@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -275,6 +276,14 @@ func (w *Watcher) watch(st *state) string {
 // config of an endpoint whose new config is invalid.
 func (w *Watcher) applyPut(st, prev *state, key string, value []byte, modRev int64) {
 	kind, ep, id := w.layout.parseKey(key)
+	if ep != "" && ValidateName("endpoint", ep) != nil {
+		// Endpoint names become metric labels and URL path segments on
+		// every replica: an invalid-UTF-8 name made metric creation
+		// panic and /metrics answer 500 (issue 12).
+		w.metrics.invalidRecord("endpoint")
+		w.log.Warn("membership: ignoring a record under an invalid endpoint name", "key", strconv.Quote(key))
+		return
+	}
 	switch kind {
 	case kindAdapter:
 		a, err := ParseAdapter(id, value)
@@ -337,6 +346,9 @@ func (w *Watcher) applyPut(st, prev *state, key string, value []byte, modRev int
 
 func applyDelete(st *state, l Layout, key string) {
 	kind, ep, id := l.parseKey(key)
+	if ep != "" && ValidateName("endpoint", ep) != nil {
+		return // never applied
+	}
 	switch kind {
 	case kindRouter:
 		delete(st.routers, id)
