@@ -20,6 +20,7 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
+	"go.uber.org/goleak"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/internal/localfleet"
@@ -306,6 +307,9 @@ func TestDashboardQueriesExportedMetrics(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts etcd, model servers and a router replica")
 	}
+	// The fleet's goroutines (etcd, agents, replica, simulators) must all
+	// be gone once it is closed.
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	exprs, varMetrics := dashboardQueries(t)
 	want := map[string]bool{}
 	for _, e := range exprs {
