@@ -4,14 +4,17 @@ import (
 	"github.com/spf13/cobra"
 	"log/slog"
 
+	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/internal/bench"
 	"github.com/prefixrouter/prefixrouter/internal/demo"
 )
 
 func newDemoCmd() *cobra.Command {
 	cfg := demo.Default()
 	var (
-		logLevel  slog.Level
-		workloads []string
+		logLevel   slog.Level
+		workloads  []string
+		strategies []string
 	)
 	c := &cobra.Command{
 		Use:   "demo",
@@ -19,8 +22,8 @@ func newDemoCmd() *cobra.Command {
 		Long: `demo is the main job on a fresh machine. It starts an embedded etcd, simulated model
 servers (vLLM-like, with prefix caching and a cost model calibrated on an H200) registered
 through the real agent, and two router replicas; then drives each workload under RANDOM,
-LEAST_OUTSTANDING_REQUESTS and PREFIX_AWARE, switching the routing config through etcd
-between runs (no restart). It prints P50/P90 time to first token, throughput, KV hit rate
+LEAST_OUTSTANDING_REQUESTS, PREFIX_AWARE and PREFIX_AWARE with hot-key replication,
+switching the routing config through etcd between runs (no restart). It prints P50/P90 time to first token, throughput, KV hit rate
 against the oracle and each instance's share of requests, and writes report.md, report.json
 and report.html (self-contained charts) to --out-dir.
 
@@ -39,10 +42,24 @@ The model servers are simulated: no GPU is used, and the figures are the simulat
 						}
 					}
 					if !found {
-						return usageErr("--workload %q is not one of the demo's workloads", name)
+						// Any other preset runs at the demo's usual size.
+						if _, err := bench.LookupPreset(name); err != nil {
+							return usageErr("--workload %q: %v", name, err)
+						}
+						keep = append(keep, demo.Workload{Preset: name, Rate: 7, Warmup: 200, Requests: 600})
 					}
 				}
 				cfg.Workloads = keep
+			}
+			if len(strategies) > 0 {
+				cfg.Strategies = nil
+				for _, name := range strategies {
+					st := fleet.Strategy(name)
+					if !st.Valid() {
+						return usageErr("--strategy %q is not one of RANDOM, LEAST_OUTSTANDING_REQUESTS, PREFIX_AWARE", name)
+					}
+					cfg.Strategies = append(cfg.Strategies, st)
+				}
 			}
 			cfg.Out = cmd.OutOrStdout()
 			_, err := demo.Run(cmd.Context(), cfg)
@@ -56,7 +73,9 @@ The model servers are simulated: no GPU is used, and the figures are the simulat
 	f.IntVar(&cfg.KVCapacityTokens, "kv-capacity-tokens", cfg.KVCapacityTokens, "KV cache capacity of each simulated instance, in tokens")
 	f.Float64Var(&cfg.TimeScale, "time-scale", cfg.TimeScale, "run the simulated servers this many times faster than real time (figures stay in simulated time)")
 	f.Float64Var(&cfg.BalanceFactor, "balance-factor", cfg.BalanceFactor, "bounded-load factor of the router replicas under PREFIX_AWARE (0: off)")
-	f.StringSliceVar(&workloads, "workload", nil, "run only these workload presets (default: all of the demo's)")
+	f.StringSliceVar(&workloads, "workload", nil, "run only these workload presets (default: all of the demo's; another preset runs at 7 req/s, 200 warm-up + 600 measured requests)")
+	f.StringSliceVar(&strategies, "strategy", nil, "run only these strategies (default: RANDOM, LEAST_OUTSTANDING_REQUESTS, PREFIX_AWARE)")
+	f.BoolVar(&cfg.HotKeys, "hot-keys", cfg.HotKeys, "after each PREFIX_AWARE run, run PREFIX_AWARE with hot-key replication ("+demo.HotLabel+")")
 	f.Int64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the request streams")
 	f.StringVar(&cfg.OutDir, "out-dir", cfg.OutDir, "directory for report.md, report.json and report.html")
 	bindLogLevel(f, &logLevel, slog.LevelError, "log level of the embedded components")

@@ -24,6 +24,38 @@ type Comparison struct {
 	Overheads []Overhead `json:"router_overhead,omitempty"`
 }
 
+// modeTable lays the runs out with one row per preset and one column per
+// mode (run label): hit rate, max share and Gini side by side.
+func (c *Comparison) modeTable() (header []string, rows [][]string) {
+	var modes []string
+	seen := map[string]bool{}
+	for _, r := range c.Runs {
+		if !seen[r.Label] {
+			seen[r.Label] = true
+			modes = append(modes, r.Label)
+		}
+	}
+	header = append([]string{"preset"}, modes...)
+	for _, p := range c.Presets() {
+		row := []string{p}
+		for _, m := range modes {
+			cell := "—"
+			for _, r := range c.Runs {
+				if r.Preset == p && r.Label == m {
+					hit := r.UsageHitRate
+					if r.MetricsHitRate != nil {
+						hit = *r.MetricsHitRate
+					}
+					cell = fmt.Sprintf("%s / %s / %.3f", pct(hit), pct(r.Balance.MaxShare), r.Balance.Gini)
+				}
+			}
+			row = append(row, cell)
+		}
+		rows = append(rows, row)
+	}
+	return header, rows
+}
+
 // overheadRows renders the overhead table's rows (wall-clock ms).
 func (c *Comparison) overheadRows() [][]string {
 	var rows [][]string
@@ -132,6 +164,14 @@ func (c *Comparison) WriteMarkdown(w io.Writer) error {
 			optPct(r.MetricsHitRate), pct(r.UsageHitRate), pct(r.Oracle.HitRate), optRatio(vs), mdEscape(kv(r.Errors)))
 	}
 	b.WriteString("\nhit/oracle uses the metrics hit rate when scraped, else the usage one.\n")
+	if hdr, rows := c.modeTable(); len(rows) > 0 {
+		b.WriteString("\n## Hit rate and balance by mode\n\n")
+		b.WriteString("Each cell: KV hit rate / largest instance's share of requests / Gini of the per-instance requests (0 = even).\n\n")
+		b.WriteString("| " + strings.Join(hdr, " | ") + " |\n|---" + strings.Repeat("|--:", len(hdr)-1) + "|\n")
+		for _, r := range rows {
+			b.WriteString("| " + mdEscape(strings.Join(r, " | ")) + " |\n")
+		}
+	}
 	b.WriteString("\n## Per-instance share of requests\n\n")
 	for _, r := range c.Runs {
 		fmt.Fprintf(&b, "- %s: ", mdEscape(r.Name()))
@@ -143,6 +183,9 @@ func (c *Comparison) WriteMarkdown(w io.Writer) error {
 				b.WriteString(", ")
 			}
 			fmt.Fprintf(&b, "`%s` %s", is.Instance, pct(is.Share))
+		}
+		if r.Balance.Instances > 0 {
+			fmt.Fprintf(&b, "; max/mean %.2f, Gini %.3f", r.Balance.MaxOverMean, r.Balance.Gini)
 		}
 		if len(r.Decisions) > 0 {
 			fmt.Fprintf(&b, "; decisions %s", kv(r.Decisions))
@@ -220,6 +263,8 @@ type htmlView struct {
 	Notes              []htmlNote
 	Overhead           [][]string
 	OverheadHeader     []string
+	ModeHeader         []string
+	ModeRows           [][]string
 	OverheadNote       string
 }
 
@@ -241,6 +286,7 @@ func (c *Comparison) view() htmlView {
 		v.Notes = append(v.Notes, htmlNote{Text: text, Sub: strings.HasPrefix(n, "  ")})
 	}
 	v.Overhead, v.OverheadHeader, v.OverheadNote = c.overheadRows(), overheadHeader, overheadNote
+	v.ModeHeader, v.ModeRows = c.modeTable()
 	for _, r := range c.Runs {
 		vs := r.MetricsVsOracle
 		if vs == nil {
@@ -370,6 +416,11 @@ svg{font-size:11px;font-family:inherit}.note{color:#555}li.sub{margin-left:2em;l
 {{range .Rows}}<tr><td>{{.Run}}</td><td>{{.Preset}}</td><td>{{.Requests}}</td><td>{{.OK}}</td><td>{{.TTFT50}}</td><td>{{.TTFT90}}</td><td>{{.TTFT99}}</td><td>{{.E2E50}}</td><td>{{.E2E90}}</td><td>{{.RPS}}</td><td>{{.TPS}}</td><td>{{.HitM}}</td><td>{{.HitU}}</td><td>{{.Oracle}}</td><td>{{.Vs}}</td><td>{{.Errors}}</td></tr>
 {{end}}</table>
 <p class="note">hit/oracle uses the metrics hit rate when scraped, else the usage one. The oracle is one unbounded prefix cache seeing the same stream.</p>
+{{if .ModeRows}}<h2>Hit rate and balance by mode</h2>
+<p class="note">Each cell: KV hit rate / largest instance's share of requests / Gini of the per-instance requests (0 = even).</p>
+<table><tr>{{range .ModeHeader}}<th>{{.}}</th>{{end}}</tr>
+{{range .ModeRows}}<tr>{{range .}}<td>{{.}}</td>{{end}}</tr>
+{{end}}</table>{{end}}
 <h2>TTFT distribution</h2>
 {{range .CDFs}}{{$c := .}}
 <h3>{{.Preset}}</h3><p class="note">Regime: {{.Regime}}</p>

@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"encoding/json"
+	"math"
 	"reflect"
 	"strings"
 	"testing"
@@ -147,6 +148,25 @@ func TestQuantilesAndRegime(t *testing.T) {
 	for _, tt := range tests {
 		if got := classify(tt.ws, tt.inst, tt.inst*int64(tt.n), tt.n); got != tt.want {
 			t.Fatalf("classify(%d, %d, %d) = %q, want %q", tt.ws, tt.inst, tt.n, got, tt.want)
+		}
+	}
+}
+
+func TestBalanceOf(t *testing.T) {
+	for _, tc := range []struct {
+		shares            []float64
+		n                 int
+		max, maxMean, gin float64
+	}{
+		{[]float64{0.25, 0.25, 0.25, 0.25}, 4, 0.25, 1, 0},
+		{[]float64{1}, 4, 1, 4, 0.75},         // all on one of four: (n-1)/n
+		{[]float64{0.5, 0.5}, 4, 0.5, 2, 0.5}, // two of four idle
+		{[]float64{0.1, 0.2, 0.3, 0.4}, 4, 0.4, 1.6, 0.25},
+		{nil, 0, 0, 0, 0},
+	} {
+		b := balanceOf(tc.shares, tc.n)
+		if math.Abs(b.MaxShare-tc.max) > 1e-9 || math.Abs(b.MaxOverMean-tc.maxMean) > 1e-9 || math.Abs(b.Gini-tc.gin) > 1e-9 {
+			t.Errorf("balanceOf(%v, %d) = %+v, want max %v max/mean %v Gini %v", tc.shares, tc.n, b, tc.max, tc.maxMean, tc.gin)
 		}
 	}
 }

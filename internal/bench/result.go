@@ -82,6 +82,44 @@ type InstanceShare struct {
 	HitRate      float64 `json:"hit_rate"`
 }
 
+// Balance is how evenly the measured requests spread over the instances.
+type Balance struct {
+	// Instances is the number counted: those that served a request, or the
+	// fleet size when it is known and larger.
+	Instances int `json:"instances"`
+	// MaxShare is the largest instance's share and MaxOverMean that share
+	// over the mean (1/Instances): 1 is perfectly even.
+	MaxShare    float64 `json:"max_share"`
+	MaxOverMean float64 `json:"max_over_mean"`
+	// Gini is the Gini coefficient of the per-instance request counts: 0 is
+	// perfectly even, (n-1)/n is everything on one instance.
+	Gini float64 `json:"gini"`
+}
+
+// balanceOf summarises shares over n instances (n ≥ len(shares); the
+// missing ones served nothing).
+func balanceOf(shares []float64, n int) Balance {
+	n = max(n, len(shares))
+	if n == 0 {
+		return Balance{}
+	}
+	xs := make([]float64, n)
+	copy(xs, shares)
+	sort.Float64s(xs)
+	var sum, weighted float64
+	for i, x := range xs {
+		sum += x
+		weighted += float64(i+1) * x
+	}
+	b := Balance{Instances: n, MaxShare: xs[n-1]}
+	if sum > 0 {
+		b.MaxOverMean = xs[n-1] / (sum / float64(n))
+		// Sorted ascending: G = 2 Σ i·x_i / (n Σ x) − (n+1)/n.
+		b.Gini = 2*weighted/(float64(n)*sum) - float64(n+1)/float64(n)
+	}
+	return b
+}
+
 // MetricsDelta is one /metrics URL's prefix-cache counters over the
 // measured window (tokens).
 type MetricsDelta struct {
@@ -214,7 +252,10 @@ type Result struct {
 	MetricsVsOracle *float64 `json:"metrics_vs_oracle,omitempty"`
 
 	Instances []InstanceShare `json:"instances"`
-	Decisions map[string]int  `json:"decisions,omitempty"`
+	// Balance summarises Instances over the whole fleet (instances that
+	// served nothing count as 0).
+	Balance   Balance        `json:"balance"`
+	Decisions map[string]int `json:"decisions,omitempty"`
 	Regime    Regime          `json:"regime"`
 
 	Interrupted bool     `json:"interrupted,omitempty"`
@@ -344,6 +385,11 @@ func (r *runner) result(wallWindow time.Duration, before, after []scrape, metric
 	}
 	g.Class = classify(g.WorkingSetTokens, g.InstanceKVTokens, g.FleetKVTokens, g.Instances)
 	res.Regime = g
+	shares := make([]float64, len(res.Instances))
+	for i, is := range res.Instances {
+		shares[i] = is.Share
+	}
+	res.Balance = balanceOf(shares, g.Instances)
 	// Empty collections are nil, so a result survives a JSON round trip
 	// (omitempty) unchanged.
 	if len(res.Errors) == 0 {
@@ -450,6 +496,7 @@ func (res *Result) WriteTable(w io.Writer) error {
 	for _, is := range res.Instances {
 		row("  instance", "%s  %d requests (%s)  usage hit %s", is.Instance, is.Requests, pct(is.Share), pct(is.HitRate))
 	}
+	row("balance", "max share %s over %d instances, max/mean %.2f, Gini %.3f", pct(res.Balance.MaxShare), res.Balance.Instances, res.Balance.MaxOverMean, res.Balance.Gini)
 	row("decisions", "%s", kv(res.Decisions))
 	if res.Interrupted {
 		row("note", "interrupted: partial result")

@@ -16,6 +16,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/router"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/hotkey"
 	"github.com/prefixrouter/prefixrouter/internal/bench"
 	"github.com/prefixrouter/prefixrouter/internal/localfleet"
 	"github.com/prefixrouter/prefixrouter/internal/sim"
@@ -37,6 +38,9 @@ type Options struct {
 	KVCapacityTokens int
 	Workloads        []Workload
 	Strategies       []fleet.Strategy
+	// HotKeys adds a run of PREFIX_AWARE with hot-key replication on
+	// (label "PREFIX_AWARE+hot") after each PREFIX_AWARE run.
+	HotKeys bool
 	PrefixLength     int
 	Concurrency      int // ConcurrencyThreshold
 	// OverheadProbes is the number of tiny requests sent each way to
@@ -55,14 +59,21 @@ type Options struct {
 	Logger        *slog.Logger
 }
 
+// HotLabel labels the runs of PREFIX_AWARE with hot-key replication.
+const HotLabel = "PREFIX_AWARE+hot"
+
 // Default is the demo `make demo` runs.
 func Default() Options {
 	return Options{
 		Instances:        7, // the seed benchmark's fleet size
 		Replicas:         2,
-		Profile:          sim.ProfileH200Llama8B,
+		// Decode at the memory roofline (what vLLM approaches), not the
+		// eager harness's steps; see docs/simulator.md.
+		Profile:          sim.ProfileH200Llama8BRoofline,
 		KVCapacityTokens: 300_000,
 		Workloads: []Workload{
+			// The seed's regime (RANDOM hits 20-30 %; docs/workloads.md).
+			{Preset: "shared-8k-seed", Rate: 7, Warmup: 200, Requests: 600},
 			{Preset: "shared-8k", Rate: 7, Warmup: 200, Requests: 600},
 			// Per-instance shares need more requests to be measured within
 			// a percent: 1,200 requests give ±1.0 % (one σ) per share.
@@ -70,11 +81,14 @@ func Default() Options {
 			{Preset: "sharegpt-like", Rate: 7, Warmup: 50, Requests: 300},
 		},
 		Strategies:   []fleet.Strategy{fleet.Random, fleet.LeastOutstanding, fleet.PrefixAware},
+		HotKeys:      true,
 		PrefixLength: fleet.DefaultPrefixLength,
-		// The calibration's decode step stays flat up to batch 8 (21 ms),
-		// is 1.8× that at batch 32 (38 ms) and 5.8× at batch 64 (122 ms):
-		// 32 sequences is where the simulated instance starts to saturate,
-		// the number an operator would derive from the same measurements.
+		// The eager calibration's decode step stays flat up to batch 8
+		// (21 ms), is 1.8× that at batch 32 (38 ms) and 5.8× at batch 64
+		// (122 ms): 32 sequences is where that instance starts to saturate.
+		// Kept with the roofline profile, whose step grows more slowly
+		// (5.5 ms at batch 1, 7.8 ms at 32 × 2,048 tokens), so that runs
+		// stay comparable with earlier reports; it is conservative there.
 		Concurrency: 32,
 		// Bounded loads at 1.5× the average (HAProxy's and Envoy's example
 		// value): Zipf-skewed documents otherwise pile onto one instance.
@@ -125,22 +139,35 @@ func Run(ctx context.Context, cfg Options) (*bench.Comparison, error) {
 		Environment: fmt.Sprintf("Model servers are SIMULATED (prefixrouter modelsim, profile %s: %s), not real GPUs. "+
 			"%d instances with a KV cache of %d tokens each, %d router replicas (the load alternates between them), "+
 			"embedded etcd; routing config switched through etcd between runs; PrefixLength %d, ConcurrencyThreshold %d, "+
-			"balance factor %g (PREFIX_AWARE only). "+
+			"balance factor %g (PREFIX_AWARE only; %s is PREFIX_AWARE with hot-key replication, threshold %g). "+
 			"Each run starts with cold caches (/reset_prefix_cache) and a warm-up that is not measured. "+
 			"The simulated servers run %g× faster than real time; every figure is in simulated time.",
-			prof.Name, prof.Description, cfg.Instances, cfg.KVCapacityTokens, cfg.Replicas, cfg.PrefixLength, cfg.Concurrency, cfg.BalanceFactor, cfg.TimeScale),
+			prof.Name, prof.Description, cfg.Instances, cfg.KVCapacityTokens, cfg.Replicas, cfg.PrefixLength, cfg.Concurrency, cfg.BalanceFactor, HotLabel, hotkey.DefaultThreshold, cfg.TimeScale),
+	}
+	type mode struct {
+		st    fleet.Strategy
+		hot   bool
+		label string
+	}
+	var modes []mode
+	for _, st := range cfg.Strategies {
+		modes = append(modes, mode{st, false, string(st)})
+		if st == fleet.PrefixAware && cfg.HotKeys {
+			modes = append(modes, mode{st, true, HotLabel})
+		}
 	}
 	for wi, w := range cfg.Workloads {
-		for _, st := range cfg.Strategies {
+		for _, m := range modes {
+			st := m.st
 			rc := fleet.RoutingConfig{RoutingStrategy: st, PrefixAwareRoutingConfig: &fleet.PrefixAwareConfig{
-				PrefixLength: cfg.PrefixLength, ConcurrencyThreshold: cfg.Concurrency}}
+				PrefixLength: cfg.PrefixLength, ConcurrencyThreshold: cfg.Concurrency, HotKeyReplication: m.hot}}
 			sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			err := f.SetRouting(sctx, rc)
 			cancel()
 			if err != nil {
 				return cmp, fmt.Errorf("demo: switching to %s: %w", st, err)
 			}
-			if wi == 0 && cfg.OverheadProbes > 0 {
+			if wi == 0 && cfg.OverheadProbes > 0 && !m.hot {
 				o, err := bench.MeasureOverhead(ctx, nil, f.RouterURLs(), f.InstanceURLs(), cfg.OverheadProbes, sim.DefaultBaseModel, string(st))
 				if err != nil {
 					return cmp, fmt.Errorf("demo: measuring the router's overhead under %s: %w", st, err)
@@ -149,11 +176,11 @@ func Run(ctx context.Context, cfg Options) (*bench.Comparison, error) {
 				fmt.Fprintf(cfg.Progress, "demo: router overhead under %s: +%.2f ms at p50 (%.2f ms direct, %.2f ms through the router; wall clock)\n",
 					st, o.AddedP50Ms, o.Direct.P50, o.Routed.P50)
 			}
-			fmt.Fprintf(cfg.Progress, "demo: %s under %s (%g req/s, %d warm-up + %d measured requests)\n", w.Preset, st, w.Rate, w.Warmup, w.Requests)
+			fmt.Fprintf(cfg.Progress, "demo: %s under %s (%g req/s, %d warm-up + %d measured requests)\n", w.Preset, m.label, w.Rate, w.Warmup, w.Requests)
 			res, err := bench.Run(ctx, bench.Options{
 				Targets: f.RouterURLs(), MetricsURLs: f.MetricsURLs(), Preset: w.Preset,
 				Rate: w.Rate, Warmup: w.Warmup, Requests: w.Requests, Seed: cfg.Seed,
-				Model: sim.DefaultBaseModel, Label: string(st), Progress: cfg.Progress,
+				Model: sim.DefaultBaseModel, Label: m.label, Progress: cfg.Progress,
 				ResetPrefixCache: true, TimeScale: cfg.TimeScale,
 				// Generations of a thousand tokens behind long prefills take
 				// minutes on an overloaded instance; a client that gives up
@@ -165,7 +192,7 @@ func Run(ctx context.Context, cfg Options) (*bench.Comparison, error) {
 				_ = res.WriteTable(cfg.Progress)
 			}
 			if err != nil {
-				return cmp, fmt.Errorf("demo: %s under %s: %w", w.Preset, st, err)
+				return cmp, fmt.Errorf("demo: %s under %s: %w", w.Preset, m.label, err)
 			}
 		}
 	}

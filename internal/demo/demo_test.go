@@ -33,8 +33,8 @@ func TestDemoSmall(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Run: %v\n%s", err, progress.String())
 	}
-	if len(cmp.Runs) != 2 {
-		t.Fatalf("%d runs, want 2", len(cmp.Runs))
+	if len(cmp.Runs) != 3 || cmp.Runs[2].Label != HotLabel {
+		t.Fatalf("%d runs, want RANDOM, PREFIX_AWARE and %s", len(cmp.Runs), HotLabel)
 	}
 	for _, r := range cmp.Runs {
 		if r.Succeeded != 40 {
@@ -48,8 +48,16 @@ func TestDemoSmall(t *testing.T) {
 	if cmp.Runs[0].Decisions["random"] != 40 {
 		t.Errorf("RANDOM run decisions = %v", cmp.Runs[0].Decisions)
 	}
-	if n := cmp.Runs[1].Decisions["affinity"] + cmp.Runs[1].Decisions["spill"] + cmp.Runs[1].Decisions["fallback"]; n != 40 {
-		t.Errorf("PREFIX_AWARE run decisions = %v", cmp.Runs[1].Decisions)
+	for _, r := range cmp.Runs[1:] {
+		if n := r.Decisions["affinity"] + r.Decisions["spill"] + r.Decisions["fallback"]; n != 40 {
+			t.Errorf("%s run decisions = %v", r.Label, r.Decisions)
+		}
+		if r.Balance.Instances != 3 {
+			t.Errorf("%s: balance over %d instances, want 3", r.Label, r.Balance.Instances)
+		}
+	}
+	if !strings.Contains(out.String(), "Hit rate and balance by mode") {
+		t.Errorf("the comparison must lay the modes side by side:\n%s", out.String())
 	}
 	if !strings.Contains(out.String(), "SIMULATED") || !strings.Contains(out.String(), "PREFIX_AWARE") {
 		t.Errorf("the printed comparison must say the servers are simulated and name the strategies:\n%s", out.String())

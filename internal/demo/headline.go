@@ -40,7 +40,14 @@ func headline(cmp *bench.Comparison, prof sim.Profile) []string {
 		line := fmt.Sprintf("`%s`, PREFIX_AWARE vs RANDOM: P50 TTFT %s, P90 TTFT %s, KV hit rate %.1f%% (RANDOM %.1f%%, oracle %.1f%%), throughput %.2f×, success %.1f%%.",
 			preset, change(cut50), change(cut90), 100*hit, 100*rndHit, 100*pa.Oracle.HitRate, thr, 100*pa.SuccessRate)
 		notes = append(notes, line)
+		if hot := runOfLabel(cmp, preset, HotLabel); hot != nil {
+			notes = append(notes, hotLine(preset, pa, hot))
+		}
 		switch preset {
+		case "shared-8k-seed":
+			rh := hitRate(rnd)
+			notes = append(notes, "  - "+verdict(rh >= 0.20 && rh <= 0.30, fmt.Sprintf("the seed's regime: RANDOM hit rate %.1f%% (20–30%%)", 100*rh)))
+			notes = append(notes, sharedChecks(pa, rnd, cut50, cut90, hit, thr, prof)...)
 		case "shared-8k":
 			notes = append(notes, sharedChecks(pa, rnd, cut50, cut90, hit, thr, prof)...)
 		case "shared-8k-uniform":
@@ -77,7 +84,7 @@ func sharedChecks(pa, rnd *bench.Result, cut50, cut90, hit, thr float64, prof si
 		hitCost, missCost := prof.PrefillDuration(prompt, min(doc, prompt)), prof.PrefillDuration(prompt, 0)
 		out = append(out, fmt.Sprintf("  - why: a mean request here has %d prompt tokens; its prefill costs %s in the simulator's cost model when its document is cached and %s when not, "+
 			"yet PREFIX_AWARE's P50 TTFT is %.0f ms: the rest is waiting for scheduler steps shared with other requests' prefills and decodes. "+
-			"The calibration's decode step grows with the context the batch holds (%s for 8 sequences of 2,048 tokens, %s for 64 of 4,096), "+
+			"The profile's decode step grows with the context the batch holds (%s for 8 sequences of 2,048 tokens, %s for 64 of 4,096), "+
 			"so a cached request on an instance busy with 8,000-token contexts still waits for long steps.",
 			prompt, hitCost.Round(100*time.Microsecond), missCost.Round(100*time.Microsecond), pa.TTFT.P50,
 			prof.DecodeDuration(8, 2048).Round(100*time.Microsecond), prof.DecodeDuration(64, 4096).Round(100*time.Microsecond)))
@@ -85,6 +92,14 @@ func sharedChecks(pa, rnd *bench.Result, cut50, cut90, hit, thr float64, prof si
 	out = append(out, fmt.Sprintf("  - why: RANDOM's hit rate is %.1f%% here (the seed's baseline was about 25%%): with Zipf-popular documents and these caches, "+
 		"RANDOM's median request is %s, which bounds how much its median can be cut.", 100*hitRate(rnd), medianKind(hitRate(rnd))))
 	return out
+}
+
+// hotLine compares PREFIX_AWARE with hot-key replication to the k = 1
+// scheme on the same stream: hit rate, the largest instance's share, TTFT.
+func hotLine(preset string, pa, hot *bench.Result) string {
+	return fmt.Sprintf("`%s`, %s vs PREFIX_AWARE (k = 1): KV hit rate %.1f%% vs %.1f%%, largest instance %.1f%% vs %.1f%% of requests (Gini %.3f vs %.3f), P50 TTFT %.0f vs %.0f ms, P90 %.0f vs %.0f ms.",
+		preset, HotLabel, 100*hitRate(hot), 100*hitRate(pa), 100*hot.Balance.MaxShare, 100*pa.Balance.MaxShare,
+		hot.Balance.Gini, pa.Balance.Gini, hot.TTFT.P50, pa.TTFT.P50, hot.TTFT.P90, pa.TTFT.P90)
 }
 
 func shareCheck(pa *bench.Result) string {
@@ -125,8 +140,12 @@ func hitRate(r *bench.Result) float64 {
 }
 
 func runOf(cmp *bench.Comparison, preset string, st fleet.Strategy) *bench.Result {
+	return runOfLabel(cmp, preset, string(st))
+}
+
+func runOfLabel(cmp *bench.Comparison, preset, label string) *bench.Result {
 	for _, r := range cmp.Runs {
-		if r.Preset == preset && r.Label == string(st) {
+		if r.Preset == preset && r.Label == label {
 			return r
 		}
 	}

@@ -44,3 +44,23 @@ func TestHeadline(t *testing.T) {
 		t.Errorf("share check:\n%s", notes)
 	}
 }
+
+// TestHeadlineHotAndSeed: the seed-regime preset checks RANDOM's hit rate,
+// and a PREFIX_AWARE+hot run is compared with the k = 1 run side by side.
+func TestHeadlineHotAndSeed(t *testing.T) {
+	prof, err := sim.LookupProfile(sim.ProfileH200Llama8BRoofline)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pa := run("PREFIX_AWARE", "shared-8k-seed", 60, 300, 0.82, 4.1)
+	pa.Balance = bench.Balance{Instances: 7, MaxShare: 0.31, Gini: 0.25}
+	hot := run(HotLabel, "shared-8k-seed", 55, 250, 0.81, 4.2)
+	hot.Balance = bench.Balance{Instances: 7, MaxShare: 0.2, Gini: 0.1}
+	notes := strings.Join(headline(&bench.Comparison{Runs: []*bench.Result{run("RANDOM", "shared-8k-seed", 300, 600, 0.35, 4), pa, hot}}, prof), "\n")
+	for _, want := range []string{"SHORT: the seed's regime: RANDOM hit rate 35.0% (20–30%)",
+		"PREFIX_AWARE+hot vs PREFIX_AWARE (k = 1): KV hit rate 81.0% vs 82.0%, largest instance 20.0% vs 31.0%"} {
+		if !strings.Contains(notes, want) {
+			t.Errorf("notes lack %q:\n%s", want, notes)
+		}
+	}
+}
