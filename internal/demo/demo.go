@@ -40,9 +40,9 @@ type Options struct {
 	Strategies       []fleet.Strategy
 	// HotKeys adds a run of PREFIX_AWARE with hot-key replication on
 	// (label "PREFIX_AWARE+hot") after each PREFIX_AWARE run.
-	HotKeys bool
-	PrefixLength     int
-	Concurrency      int // ConcurrencyThreshold
+	HotKeys      bool
+	PrefixLength int
+	Concurrency  int // ConcurrencyThreshold
 	// OverheadProbes is the number of tiny requests sent each way to
 	// measure the router's own latency per strategy (0: skip).
 	OverheadProbes int
@@ -65,8 +65,8 @@ const HotLabel = "PREFIX_AWARE+hot"
 // Default is the demo `make demo` runs.
 func Default() Options {
 	return Options{
-		Instances:        7, // the seed benchmark's fleet size
-		Replicas:         2,
+		Instances: 7, // the seed benchmark's fleet size
+		Replicas:  2,
 		// Decode at the memory roofline (what vLLM approaches), not the
 		// eager harness's steps; see docs/simulator.md.
 		Profile:          sim.ProfileH200Llama8BRoofline,
