@@ -256,7 +256,7 @@ type Result struct {
 	// served nothing count as 0).
 	Balance   Balance        `json:"balance"`
 	Decisions map[string]int `json:"decisions,omitempty"`
-	Regime    Regime          `json:"regime"`
+	Regime    Regime         `json:"regime"`
 
 	Interrupted bool     `json:"interrupted,omitempty"`
 	Samples     []Sample `json:"samples,omitempty"`
