@@ -29,6 +29,7 @@ const (
 	DefaultAdminListen     = "127.0.0.1:9090"
 	DefaultStartupTimeout  = 30 * time.Second
 	DefaultShutdownTimeout = 30 * time.Second
+	DefaultDrainDelay      = 5 * time.Second
 )
 
 // Options configures one router replica. It is the root of the one options
@@ -91,6 +92,12 @@ type Options struct {
 	// StartupTimeout bounds the wait for the first fleet snapshot from etcd
 	// (--startup-timeout); zero means DefaultStartupTimeout.
 	StartupTimeout time.Duration
+	// DrainDelay is how long Shutdown (Run, on SIGTERM) keeps serving with
+	// /readyz answering 503 before it closes the listener (--drain-delay):
+	// at least one readiness-probe period of whatever sends traffic here,
+	// so that no client is sent to a closed port. Zero means
+	// DefaultDrainDelay.
+	DrainDelay time.Duration
 	// ShutdownTimeout bounds Run's wait for requests in flight after its
 	// context ends (--shutdown-timeout); zero means DefaultShutdownTimeout.
 	ShutdownTimeout time.Duration
@@ -127,6 +134,9 @@ func (o Options) withDefaults() Options {
 	o.Limits = o.Limits.withDefaults()
 	if o.ShutdownTimeout == 0 {
 		o.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if o.DrainDelay == 0 {
+		o.DrainDelay = DefaultDrainDelay
 	}
 	if o.usesEtcd() && o.ID == "" {
 		o.ID = defaultID()
@@ -231,6 +241,7 @@ func (o Options) Validate() error {
 	}{
 		{"StartupTimeout (--startup-timeout)", o.StartupTimeout},
 		{"ShutdownTimeout (--shutdown-timeout)", o.ShutdownTimeout},
+		{"DrainDelay (--drain-delay)", o.DrainDelay},
 	} {
 		if d.v < 0 {
 			bad("%s %v is negative", d.name, d.v)

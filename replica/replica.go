@@ -252,10 +252,25 @@ func Run(ctx context.Context, opts Options) error {
 		return err
 	}
 	<-ctx.Done()
-	r.log.Info("shutting down: deregistering and draining requests in flight", "timeout", r.opts.ShutdownTimeout)
-	closeCtx, cancel := context.WithTimeout(context.Background(), r.opts.ShutdownTimeout)
+	closeCtx, cancel := context.WithTimeout(context.Background(), r.opts.DrainDelay+r.opts.ShutdownTimeout)
 	defer cancel()
-	return r.Close(closeCtx)
+	return r.Shutdown(closeCtx)
+}
+
+// Shutdown stops the replica in the order load balancers need (issue 12):
+// /readyz turns 503 at once while requests are still served, for DrainDelay
+// (at least one probe period, so probers stop sending here); then Close
+// deregisters, stops accepting and drains requests in flight. ctx bounds
+// the whole.
+func (r *Replica) Shutdown(ctx context.Context) error {
+	r.router.Drain()
+	r.log.Info("shutting down: not ready; serving until load balancers notice", "drain_delay", r.opts.DrainDelay)
+	select {
+	case <-time.After(r.opts.DrainDelay):
+	case <-ctx.Done():
+	}
+	r.log.Info("shutting down: deregistering and draining requests in flight", "timeout", r.opts.ShutdownTimeout)
+	return r.Close(ctx)
 }
 
 func (r *Replica) serve(srv *http.Server, ln net.Listener) {
@@ -306,6 +321,7 @@ func (r *Replica) Close(ctx context.Context) error {
 		return nil
 	}
 	r.closed = true
+	r.router.Drain()
 	var errs []error
 	if r.epp != nil {
 		// Envoy's health checks steer new streams to other replicas

@@ -17,14 +17,16 @@ const DefaultStaleAfter = 30 * time.Second
 // verdict. It is the one readiness definition: the data-plane /readyz, the
 // admin port's /readyz and the gRPC health service all read it.
 //
-// The rule: ready when a fleet snapshot is loaded and it has at least one
-// instance that is not draining (a fleet of only draining instances can
-// serve nothing new). The snapshot's age does not change the verdict —
+// The rule: ready when the replica is not shutting down (Drain), a fleet
+// snapshot is loaded and it has at least one instance that is not draining
+// (a fleet of only draining instances can serve nothing new). The snapshot's age does not change the verdict —
 // static stability: a replica routing on its last good snapshot while etcd
 // is away beats no replica — it only adds the stale note.
 type Readiness struct {
 	// Err is nil when ready, otherwise why not.
 	Err error
+	// ShuttingDown is true once Drain was called.
+	ShuttingDown bool
 	// Loaded is false before the first snapshot; the fields below are then
 	// zero.
 	Loaded bool
@@ -42,15 +44,29 @@ type Readiness struct {
 	Stale bool
 }
 
+// ErrShuttingDown is Readiness's Err once Drain was called.
+var ErrShuttingDown = errors.New("router: shutting down")
+
+// Drain marks the replica as shutting down: from now on readiness fails
+// (/readyz answers 503, gRPC health NOT_SERVING) while requests are still
+// routed, so that load balancers probing /readyz stop sending before the
+// listener closes (issue 12: the listener closed while /readyz said ready).
+// It cannot be undone.
+func (r *Router) Drain() { r.shuttingDown.Store(true) }
+
 // Readiness evaluates readiness now.
 func (r *Router) Readiness() Readiness {
 	v := r.view.Load()
 	if v == nil {
-		return Readiness{Err: errors.New("router: no fleet snapshot loaded")}
+		return Readiness{Err: errors.New("router: no fleet snapshot loaded"), ShuttingDown: r.shuttingDown.Load()}
 	}
 	rd := Readiness{Loaded: true, Revision: v.snap.Revision, Replicas: v.snap.Replicas, Instances: v.snap.InstanceCount(), Draining: v.draining}
 	if !v.ready {
 		rd.Err = errors.New("router: the fleet has no instance that is not draining")
+	}
+	if r.shuttingDown.Load() {
+		rd.ShuttingDown = true
+		rd.Err = ErrShuttingDown
 	}
 	if r.opts.SnapshotAge == nil {
 		rd.Static = true

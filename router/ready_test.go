@@ -25,6 +25,7 @@ func TestReadiness(t *testing.T) {
 		staleAfter time.Duration
 		age        time.Duration
 		snap       *fleet.Snapshot
+		drain      bool
 		ready      bool
 		body       string
 	}{
@@ -40,6 +41,8 @@ func TestReadiness(t *testing.T) {
 			body: "not ready: router: the fleet has no instance that is not draining; revision=8 instances=1 draining=1 replicas=2 snapshot_age=1s fresh\n"},
 		{name: "empty fleet", age: time.Second, snap: snap(9),
 			body: "not ready: router: the fleet has no instance that is not draining; revision=9 instances=0 replicas=2 snapshot_age=1s fresh\n"},
+		{name: "shutting down", age: time.Second, snap: snap(7, up), drain: true,
+			body: "not ready: router: shutting down; revision=7 instances=1 replicas=2 snapshot_age=1s fresh\n"},
 		{name: "static", static: true, snap: snap(0, up, down), ready: true,
 			body: "ok static fleet instances=2 draining=1\n"},
 		{name: "static all draining", static: true, snap: snap(0, down),
@@ -57,6 +60,12 @@ func TestReadiness(t *testing.T) {
 			defer r.Close()
 			if tc.snap != nil {
 				r.Update(tc.snap)
+			}
+			if tc.drain {
+				r.Drain()
+				if !r.Readiness().ShuttingDown {
+					t.Fatal("Readiness().ShuttingDown after Drain is false")
+				}
 			}
 			if err := r.Ready(); (err == nil) != tc.ready {
 				t.Fatalf("Ready() = %v, want ready %v", err, tc.ready)

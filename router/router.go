@@ -44,7 +44,8 @@ type Router struct {
 	load    *probe.Prober // nil unless LoadPollInterval > 0
 	health  *probe.Prober // nil unless HealthCheckInterval > 0
 
-	view atomic.Pointer[view] // nil until the first Update
+	view         atomic.Pointer[view] // nil until the first Update
+	shuttingDown atomic.Bool          // set by Drain: readiness fails, routing goes on
 
 	mu       sync.Mutex                   // guards trackers, moves and hot; serializes Update
 	trackers map[string]*overload.Tracker // by endpoint; owned by Update
