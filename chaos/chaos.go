@@ -16,6 +16,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/internal/localfleet"
 	"github.com/prefixrouter/prefixrouter/internal/sim"
 	"github.com/prefixrouter/prefixrouter/overload"
+	"github.com/prefixrouter/prefixrouter/replica"
 	"github.com/prefixrouter/prefixrouter/router"
 )
 
@@ -198,14 +199,14 @@ func Run(ctx context.Context, cfg Options) (*Report, error) {
 		Sim:     sim.Options{TimeScale: cfg.TimeScale},
 		Routing: fleet.DefaultRoutingConfig(),
 		TTL:     cfg.TTL,
-		Router: router.Options{
+		Replica: replica.Options{Router: router.Options{
 			Breaker: overload.BreakerOptions{OpenTimeout: cfg.BreakerOpenTimeout},
 			// Opted in for hung-instance; the other scenarios do not depend
 			// on it (a crashed instance is skipped sooner, before its lease
 			// ends).
 			HealthCheckInterval: healthCheckInterval,
 			HealthCheckTimeout:  healthCheckTimeout,
-		},
+		}},
 		// Drain quickly: the load's requests last milliseconds.
 		DrainTimeout: 10 * time.Second,
 		Logger:       cfg.Logger,

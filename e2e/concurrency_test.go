@@ -129,7 +129,7 @@ func optionReplicas(t *testing.T, opt string, T int, bs []*backend, clusters map
 	if c == nil {
 		c = newCluster(t, 0, func(cfg *localfleet.Options) {
 			if opt == "c" {
-				cfg.Router.LoadPollInterval = optPoll
+				cfg.Replica.Router.LoadPollInterval = optPoll
 			}
 		})
 		c.startReplicas(optReplicas)

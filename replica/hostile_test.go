@@ -1,12 +1,10 @@
-package replica
+package replica_test
 
 import (
-	"context"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -16,9 +14,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/internal/localfleet"
 	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 	"github.com/prefixrouter/prefixrouter/membership"
-	"github.com/prefixrouter/prefixrouter/membership/etcdtest"
+	"github.com/prefixrouter/prefixrouter/replica"
 	"github.com/prefixrouter/prefixrouter/router"
 )
 
@@ -54,38 +53,14 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name string, match map
 	return total
 }
 
-// heapInUse is the live heap after a collection.
-func heapInUse() uint64 {
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return ms.HeapAlloc
-}
-
 // TestWeightBombIgnored reproduces issue 12's crash: a record of weight 1e9
 // (and one of 2^31, which overflows int32 offsets) beside normal instances.
 // Both records must be ignored and counted, the others keep routing, and the
 // replica's heap must not grow by the gigabytes the ring would have taken.
 func TestWeightBombIgnored(t *testing.T) {
-	e := etcdtest.Start(t)
-	cli := etcdtest.Client(t, e)
 	ctx := testsupport.Context(t, 30*time.Second)
-	mopts := membership.Options{Logger: quiet}
-	for _, in := range backends(t, 2) {
-		reg, err := membership.RegisterInstance(ctx, cli, "chat", in, mopts)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { reg.Close(context.Background()) })
-	}
-	rep, err := Start(ctx, Options{
-		ID: "r-1", Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", Router: router.Options{DefaultEndpoint: "chat"},
-		Client: cli, Membership: mopts, Logger: quiet,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rep.Close(context.Background())
+	f, rep, _ := startFleet(t, 2)
+	cli := f.Client()
 	hc := &http.Client{Transport: &http.Transport{}}
 	defer hc.CloseIdleConnections()
 	invoke := func() int {
@@ -104,7 +79,7 @@ func TestWeightBombIgnored(t *testing.T) {
 	if code := invoke(); code != 200 {
 		t.Fatalf("before: status %d", code)
 	}
-	before := heapInUse()
+	before := replica.HeapInUse()
 	l := membership.Layout{}
 	for id, w := range map[string]string{"bomb-1e9": "1000000000", "bomb-2p31": "2147483648"} {
 		if _, err := cli.Put(ctx, l.InstanceKey("chat", id), `{"id":"`+id+`","addr":"http://127.0.0.1:9","weight":`+w+`}`); err != nil {
@@ -122,7 +97,7 @@ func TestWeightBombIgnored(t *testing.T) {
 	if n := len(rep.Router().Snapshot().Endpoint("chat").Instances); n != 2 {
 		t.Fatalf("instances = %d, want the two valid ones", n)
 	}
-	after := heapInUse()
+	after := replica.HeapInUse()
 	if after > before && after-before > 10<<20 {
 		t.Fatalf("heap grew by %d bytes, want < 10 MiB", after-before)
 	}
@@ -166,10 +141,19 @@ func (c *connCounter) port() string { return strconv.Itoa(c.ln.Addr().(*net.TCPA
 // outside --allowed-upstreams. None may receive a connection, health probes
 // included, while a valid instance is probed and served.
 func TestSSRFRecordsGetNoConnection(t *testing.T) {
-	e := etcdtest.Start(t)
-	cli := etcdtest.Client(t, e)
 	ctx := testsupport.Context(t, 30*time.Second)
-	mopts := membership.Options{Logger: quiet}
+	f, err := localfleet.Start(ctx, localfleet.Options{
+		Endpoint: "chat", FastEtcd: true,
+		Replica: replica.Options{
+			AllowedUpstreams: []string{"127.0.0.1/32"},
+			Router:           router.Options{HealthCheckInterval: 10 * time.Millisecond, LoadPollInterval: 10 * time.Millisecond},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.Close)
+	cli := f.Client()
 	var probes atomic.Int64
 	good := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/health" {
@@ -180,22 +164,15 @@ func TestSSRFRecordsGetNoConnection(t *testing.T) {
 		_, _ = io.WriteString(w, `{"ok":true}`)
 	}))
 	defer good.Close()
-	reg, err := membership.RegisterInstance(ctx, cli, "chat", fleet.Instance{ID: "good", Addr: good.URL}, mopts)
-	if err != nil {
+	if _, err := f.Register(ctx, fleet.Instance{ID: "good", Addr: good.URL}, 0); err != nil {
 		t.Fatal(err)
 	}
-	defer reg.Close(context.Background())
 	inside := countConns(t, "127.0.0.1:0")
 	outside := countConns(t, "127.0.0.2:0")
-	rep, err := Start(ctx, Options{
-		ID: "r-1", Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", Client: cli, Membership: mopts, Logger: quiet,
-		AllowedUpstreams: []string{"127.0.0.1/32"},
-		Router:           router.Options{DefaultEndpoint: "chat", HealthCheckInterval: 10 * time.Millisecond, LoadPollInterval: 10 * time.Millisecond},
-	})
+	rep, err := f.AddReplica(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rep.Close(context.Background())
 	hostile := map[string]string{
 		"file":       "file:///etc/passwd",
 		"ftp":        "ftp://127.0.0.1:" + inside.port() + "/",

@@ -67,7 +67,7 @@ func waitClosed(conn net.Conn, within time.Duration) error {
 func TestSlowBodiesCutOff(t *testing.T) {
 	const n, bodyTimeout = 200, 2 * time.Second
 	rep := startStatic(t, backends(t, 1), Limits{BodyReadTimeout: bodyTimeout})
-	before := heapInUse()
+	before := HeapInUse()
 	goroutines := runtime.NumGoroutine()
 	conns := make([]net.Conn, n)
 	start := time.Now()
@@ -89,7 +89,7 @@ func TestSlowBodiesCutOff(t *testing.T) {
 			t.Fatalf("a normal client got %d while slow sockets were held", code)
 		}
 	}
-	during := heapInUse()
+	during := HeapInUse()
 	if time.Since(start) >= bodyTimeout {
 		t.Fatalf("setup took %v, longer than the body deadline: the heap was not measured while the sockets were held", time.Since(start))
 	}

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/prefixrouter/prefixrouter/replica"
 	"github.com/prefixrouter/prefixrouter/router"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
@@ -127,7 +128,7 @@ func Run(ctx context.Context, cfg Options) (*bench.Comparison, error) {
 		Sim:     sim.Options{Profile: cfg.Profile, KVCapacityTokens: cfg.KVCapacityTokens, TimeScale: cfg.TimeScale},
 		Routing: fleet.RoutingConfig{RoutingStrategy: fleet.PrefixAware},
 		Logger:  cfg.Logger,
-		Router:  router.Options{BalanceFactor: cfg.BalanceFactor},
+		Replica: replica.Options{Router: router.Options{BalanceFactor: cfg.BalanceFactor}},
 	})
 	if err != nil {
 		return nil, err

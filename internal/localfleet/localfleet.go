@@ -62,9 +62,12 @@ type Options struct {
 	// TTL of every lease (default 2 s: chaos scenarios wait for crashes to
 	// expire). With FastEtcd, 1 s is the least etcd grants.
 	TTL time.Duration
-	// Router is every replica's router options (its DefaultEndpoint is set
-	// to Endpoint; zero values mean router's defaults, health checks off).
-	Router router.Options
+	// Replica is the template of every replica's options (zero values:
+	// replica's and router's defaults, health checks off). The fleet sets
+	// what makes a replica one of its own: ID, loopback listeners on free
+	// ports, its etcd Client, Logger, Membership's TTL and Logger,
+	// Router.DefaultEndpoint (Endpoint) and a Registry per replica.
+	Replica replica.Options
 	// DrainTimeout bounds an instance's graceful stop (default 10 s).
 	DrainTimeout time.Duration
 	// Agent is the template of every agent's placement settings
@@ -103,7 +106,7 @@ type Fleet struct {
 type fleetReplica struct {
 	*replica.Replica
 	client    *clientv3.Client
-	transport *http.Transport // nil when Options.Router brought its own
+	transport *http.Transport // nil when Options.Replica brought its own
 }
 
 // Instance is one model server with what registers it: a simulator (or
@@ -273,21 +276,19 @@ func (f *Fleet) AddReplica(ctx context.Context) (*replica.Replica, error) {
 		return nil, err
 	}
 	cfg := f.cfg
-	ro := cfg.Router
-	ro.DefaultEndpoint = cfg.Endpoint
+	o := cfg.Replica
+	o.ID, o.Listen, o.AdminListen = id, "127.0.0.1:0", "127.0.0.1:0"
+	o.Client, o.Logger, o.Registry = cli, cfg.Logger, nil
+	o.Membership.TTL, o.Membership.Logger = cfg.TTL, cfg.Logger
+	o.Router.DefaultEndpoint = cfg.Endpoint
 	// The fleet owns the transport it makes (as router would by default),
 	// so that StopReplica can close its idle connections.
 	var tr *http.Transport
-	if ro.Transport == nil {
-		tr = router.NewTransport(ro.UpstreamHeaderTimeout)
-		ro.Transport = tr
+	if o.Router.Transport == nil {
+		tr = router.NewTransport(o.Router.UpstreamHeaderTimeout)
+		o.Router.Transport = tr
 	}
-	rep, err := replica.Start(ctx, replica.Options{
-		ID: id, Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0",
-		Client: cli, Logger: cfg.Logger,
-		Membership: membership.Options{TTL: cfg.TTL, Logger: cfg.Logger},
-		Router:     ro,
-	})
+	rep, err := replica.Start(ctx, o)
 	if err != nil {
 		_ = cli.Close()
 		return nil, err
