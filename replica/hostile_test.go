@@ -218,24 +218,10 @@ func TestSSRFRecordsGetNoConnection(t *testing.T) {
 // not valid UTF-8 (or has a space) is ignored and counted, and /metrics
 // stays 200 (issue 12: metric creation panicked on such a label).
 func TestInvalidEndpointKeyIgnored(t *testing.T) {
-	e := etcdtest.Start(t)
-	cli := etcdtest.Client(t, e)
 	ctx := testsupport.Context(t, 30*time.Second)
-	mopts := membership.Options{Logger: quiet}
-	good := backends(t, 1)[0]
-	reg, err := membership.RegisterInstance(ctx, cli, "chat", good, mopts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer reg.Close(context.Background())
-	rep, err := Start(ctx, Options{
-		ID: "r-1", Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", Router: router.Options{DefaultEndpoint: "chat"},
-		Client: cli, Membership: mopts, Logger: quiet,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rep.Close(context.Background())
+	f, rep, ins := startFleet(t, 1)
+	cli := f.Client()
+	good := fleet.Instance{ID: ins[0].ID, Addr: ins[0].URL()}
 	l := membership.Layout{}
 	for _, ep := range []string{"\xff\xfe", "a b", "caf\xc3"} {
 		if _, err := cli.Put(ctx, l.InstanceKey(ep, "x"), `{"id":"x","addr":"`+good.Addr+`"}`); err != nil {
@@ -248,12 +234,18 @@ func TestInvalidEndpointKeyIgnored(t *testing.T) {
 	testsupport.Eventually(t, 5*time.Second, "bad endpoint records counted", func() bool {
 		return counterValue(t, rep.Registry(), "prefixrouter_membership_invalid_records_total", map[string]string{"kind": "endpoint"}) == 6
 	})
-	// Traffic creates the per-endpoint series that a bad name broke.
-	if code := post(t, rep.URL()); code != 200 {
-		t.Fatalf("invocation: %d", code)
-	}
 	hc := &http.Client{Transport: &http.Transport{}}
 	defer hc.CloseIdleConnections()
+	// Traffic creates the per-endpoint series that a bad name broke.
+	inv, err := hc.Post(rep.URL()+"/invocations", "application/json", strings.NewReader(`{"inputs":"hi"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, inv.Body)
+	inv.Body.Close()
+	if inv.StatusCode != 200 {
+		t.Fatalf("invocation: %d", inv.StatusCode)
+	}
 	resp, err := hc.Get("http://" + rep.AdminAddr() + "/metrics")
 	if err != nil {
 		t.Fatal(err)
