@@ -72,13 +72,9 @@ type Options struct {
 	DrainTimeout time.Duration
 	// Agent is the template of every agent's placement settings
 	// (PlaceAdapters, LoadPollInterval, HotWindow, ActiveWindow,
-	// ScaleCooldown); the rest of each agent's options is set per
-	// instance.
+	// ScaleCooldown) and DrainGrace (tests shorten it); the rest of each
+	// agent's options is set per instance.
 	Agent agent.Options
-	// DrainGrace is the least time a stopping agent keeps its instance
-	// registered as draining (zero: agent.DefaultDrainGrace, 1 s); tests
-	// shorten it.
-	DrainGrace time.Duration
 	// Logger; nil discards.
 	Logger *slog.Logger
 }
@@ -411,7 +407,7 @@ func (f *Fleet) AddInstance(ctx context.Context) (*Instance, error) {
 		err := agent.Run(actx, agent.Options{
 			Client: in.client, Options: membership.Options{TTL: f.cfg.TTL, Logger: f.log},
 			Endpoint: f.cfg.Endpoint, Instance: fleet.Instance{ID: id, Addr: in.URL()},
-			DiscoverAdapters: f.cfg.Backend == nil, DrainTimeout: f.cfg.DrainTimeout, DrainGrace: f.cfg.DrainGrace,
+			DiscoverAdapters: f.cfg.Backend == nil, DrainTimeout: f.cfg.DrainTimeout, DrainGrace: f.cfg.Agent.DrainGrace,
 			HealthInterval: 20 * time.Millisecond, PollInterval: time.Second,
 			PlaceAdapters: f.cfg.Agent.PlaceAdapters, LoadPollInterval: f.cfg.Agent.LoadPollInterval,
 			HotWindow: f.cfg.Agent.HotWindow, ActiveWindow: f.cfg.Agent.ActiveWindow, ScaleCooldown: f.cfg.Agent.ScaleCooldown,

@@ -28,7 +28,7 @@ func TestMain(m *testing.M) { testsupport.VerifyNoLeaks(m) }
 func start(t *testing.T, cfg localfleet.Options) *localfleet.Fleet {
 	t.Helper()
 	cfg.FastEtcd = true
-	cfg.DrainGrace = 10 * time.Millisecond
+	cfg.Agent.DrainGrace = 10 * time.Millisecond
 	if cfg.Sim.TimeScale == 0 {
 		cfg.Sim.TimeScale = 100
 	}
