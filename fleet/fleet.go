@@ -154,6 +154,10 @@ type Instance struct {
 	// agent's active window, sorted; an adapter that no member lists is
 	// cold and its set shrinks back to MinReplicas.
 	ActiveAdapters []string `json:"activeAdapters,omitempty"`
+	// Revision is the etcd mod revision of the record (0 for static
+	// fleets): it tells a router that a record changed since it last
+	// looked, e.g. after the agent re-polled a stale adapter list.
+	Revision int64 `json:"-"`
 }
 
 // MaxWeight bounds an instance's weight (0..MaxWeight, 0 meaning 1): the

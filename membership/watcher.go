@@ -340,6 +340,7 @@ func (w *Watcher) applyPut(st, prev *state, key string, value []byte, modRev int
 			m = map[string]fleet.Instance{}
 			st.instances[ep] = m
 		}
+		in.Revision = modRev
 		m[id] = in
 	}
 }

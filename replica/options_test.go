@@ -151,6 +151,12 @@ var validateCases = []validateCase{
 	{"Router.HealthCheckInterval", validStatic, func(o *Options) { o.Router.HealthCheckInterval = -time.Second }, "--health-check-interval"},
 	{"Router.HealthCheckPath", validStatic, func(o *Options) { o.Router.HealthCheckPath = "/ping" }, ""},
 	{"Router.HealthCheckPath", validStatic, func(o *Options) { o.Router.HealthCheckPath = "ping" }, "--health-check-path"},
+	{"Router.AdapterWait", validStatic, func(o *Options) { o.Router.AdapterWait = time.Second }, ""},
+	{"Router.AdapterWait", validStatic, func(o *Options) { o.Router.AdapterWait = 0 }, ""},
+	{"Router.AdapterWait", validStatic, func(o *Options) { o.Router.AdapterWait = -time.Second }, "--adapter-wait"},
+	{"Router.AdapterWaitQueue", validStatic, func(o *Options) { o.Router.AdapterWaitQueue = 10 }, ""},
+	{"Router.AdapterWaitQueue", validStatic, func(o *Options) { o.Router.AdapterWaitQueue = 0 }, ""},
+	{"Router.AdapterWaitQueue", validStatic, func(o *Options) { o.Router.AdapterWaitQueue = -1 }, "--adapter-wait-queue"},
 	{"Router.HealthCheckTimeout", validStatic, func(o *Options) { o.Router.HealthCheckTimeout = time.Second }, ""},
 	{"Router.HealthCheckTimeout", validStatic, func(o *Options) { o.Router.HealthCheckTimeout = -time.Second }, "--health-check-timeout"},
 }

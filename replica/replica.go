@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -54,6 +55,9 @@ type Replica struct {
 	wg       sync.WaitGroup
 	closeMu  sync.Mutex
 	closed   bool
+	// stale writes the router's stale-adapter reports to etcd; nil for a
+	// static fleet and until the watcher starts.
+	stale atomic.Pointer[staleMarker]
 }
 
 // Start validates opts, starts a replica and returns once it listens and,
@@ -89,6 +93,13 @@ func Start(ctx context.Context, opts Options) (*Replica, error) {
 	// reads its age through r; nil for a static fleet, which has no age.
 	if opts.usesEtcd() {
 		opts.Router.SnapshotAge = func() time.Duration { return r.watcher.SnapshotAge() }
+	}
+	if opts.usesEtcd() && opts.Router.OnStale == nil {
+		opts.Router.OnStale = func(endpoint, instance, adapter string) {
+			if m := r.stale.Load(); m != nil {
+				m.report(endpoint, instance, adapter)
+			}
+		}
 	}
 	r.router, err = router.New(opts.Router)
 	if err != nil {
@@ -126,6 +137,7 @@ func Start(ctx context.Context, opts Options) (*Replica, error) {
 		// Routing is the default of endpoints with no config key in etcd.
 		// Validate parsed the list already.
 		allowed, _ := fleet.ParseUpstreams(opts.AllowedUpstreams)
+		r.stale.Store(startStaleMarker(opts.Client, opts.Membership.Layout, r.log))
 		r.watcher = membership.StartWatcher(opts.Client, membership.WatcherOptions{Options: mopts, DefaultConfig: opts.Routing, Upstreams: allowed}, r.router.Update)
 		startCtx, cancel := context.WithTimeout(ctx, opts.StartupTimeout)
 		defer cancel()
@@ -357,6 +369,9 @@ func (r *Replica) closeParts() {
 		_ = r.watcher.Close()
 	}
 	_ = r.router.Close()
+	if m := r.stale.Load(); m != nil {
+		m.Close()
+	}
 	if r.data == nil {
 		_ = r.dataLn.Close()
 		_ = r.adminLn.Close()

@@ -106,10 +106,12 @@ func (r *Router) models(w http.ResponseWriter, endpoint string) {
 }
 
 // noInstance is the rejection when lora has no instance for a model: a
-// named model whose instances are all draining is not ready (SageMaker's
-// ModelNotReadyException); otherwise the endpoint has no capacity.
+// named model whose instances are all draining, or a catalogued adapter
+// not loaded yet (the ext_proc front end does not wait for it), is not
+// ready (SageMaker's ModelNotReadyException); otherwise the endpoint has
+// no capacity.
 func noInstance(kind apiKind, err error) *reqError {
-	if errors.Is(err, lora.ErrModelNotReady) {
+	if errors.Is(err, lora.ErrModelNotReady) || errors.Is(err, lora.ErrNotLoaded) {
 		return &reqError{statusModelNotReady(kind), codeModelNotReady, err.Error()}
 	}
 	return &reqError{http.StatusServiceUnavailable, codeNoInstance, err.Error()}
@@ -220,6 +222,16 @@ func (r *Router) serve(w http.ResponseWriter, req *http.Request, kind apiKind, u
 	}
 	start := time.Now()
 	set, err := ev.table.Set(rr.model)
+	if errors.Is(err, lora.ErrNotLoaded) {
+		// A catalogued adapter the agents are loading: wait for it.
+		if v, ev, set, err = r.waitLoaded(req.Context(), v, endpoint, rr.model, nil); err != nil {
+			if req.Context().Err() == nil {
+				r.reject(w, req, kind, endpoint, strategy, &reqError{statusModelNotReady(kind), codeModelNotReady, fmt.Sprintf("adapter %q is not loaded yet: %v", rr.model, err)})
+			}
+			return
+		}
+		start = time.Now()
+	}
 	if err != nil {
 		if errors.Is(err, lora.ErrUnknownModel) {
 			r.reject(w, req, kind, endpoint, strategy, &reqError{statusNotFound(kind), codeUnknownModel, fmt.Sprintf("model %q is not served by endpoint %q", rr.model, endpoint)})
@@ -236,7 +248,7 @@ func (r *Router) serve(w http.ResponseWriter, req *http.Request, kind apiKind, u
 		return
 	}
 	a := &attempt{
-		r: r, kind: kind, endpoint: endpoint, ev: ev, set: set, key: rr.key, hot: hc,
+		r: r, kind: kind, endpoint: endpoint, ev: ev, set: set, key: rr.key, hot: hc, model: rr.model, view: v,
 		replicas: v.snap.Replicas, upstreamPath: upstreamPath, stream: stream, cur: p,
 	}
 	r.proxy.serve(w, req, body, a)

@@ -31,6 +31,8 @@ type metrics struct {
 	retries        *prometheus.CounterVec
 	upstreamErrors *prometheus.CounterVec
 	keysMoved      *prometheus.HistogramVec
+	adapterWaits   *prometheus.CounterVec
+	staleRetries   *prometheus.CounterVec
 	codes          [600]string // status code label values, to avoid Itoa per request
 }
 
@@ -54,11 +56,19 @@ func newMetrics(reg prometheus.Registerer, r *Router) (*metrics, error) {
 			Help: "Upstream failures by kind: dial, timeout, status (5xx), body (stream broke off), other.",
 		}, []string{"endpoint", "kind"}),
 		keysMoved: newKeysMovedHistogram(),
+		adapterWaits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prefixrouter_adapter_waits_total",
+			Help: "Requests that waited for an adapter to be loaded, by outcome: loaded, timeout, queue_full, client_gone.",
+		}, []string{"endpoint", "outcome"}),
+		staleRetries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prefixrouter_stale_adapter_retries_total",
+			Help: "Requests re-sent after an instance answered 404 for an adapter its record lists (the record was stale).",
+		}, []string{"endpoint"}),
 	}
 	for i := range m.codes {
 		m.codes[i] = strconv.Itoa(i)
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.pickSeconds, m.retries, m.upstreamErrors, m.keysMoved, stateCollector{r}} {
+	for _, c := range []prometheus.Collector{m.requests, m.pickSeconds, m.retries, m.upstreamErrors, m.keysMoved, m.adapterWaits, m.staleRetries, stateCollector{r}} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -95,6 +95,17 @@ type Options struct {
 	// routing on its last good snapshot beats no replica), so this only
 	// shapes the message. Zero means DefaultStaleAfter.
 	StaleAfter time.Duration
+	// AdapterWait bounds how long a request for a catalogued adapter that
+	// no instance reports loaded yet waits for the first member to report
+	// it (--adapter-wait), and how long a request refused with "adapter
+	// not found" by the only member waits for a reload. Beyond it the
+	// request gets ModelNotReadyException. Zero means
+	// DefaultAdapterWait.
+	AdapterWait time.Duration
+	// AdapterWaitQueue bounds the requests waiting for adapters at once on
+	// this replica (--adapter-wait-queue); one more is refused at once with
+	// ModelNotReadyException. Zero means DefaultAdapterWaitQueue.
+	AdapterWaitQueue int
 
 	// Dependencies (not settings).
 
@@ -120,7 +131,21 @@ type Options struct {
 	SnapshotAge func() time.Duration
 	// RingOptions are passed to ring.New (tests inject the hash).
 	RingOptions []ring.Option
+	// OnStale is told, off the request path's critical section (it must
+	// not block), that an instance answered "adapter not found" for an
+	// adapter its record lists; the replica writes a stale mark to etcd so
+	// that the instance's agent re-polls at once. Nil means nobody is told.
+	OnStale func(endpoint, instance, adapter string)
 }
+
+// Defaults of the adapter wait.
+const (
+	// DefaultAdapterWait covers a vLLM adapter load from local disk (a
+	// few seconds) with room to spare.
+	DefaultAdapterWait = 30 * time.Second
+	// DefaultAdapterWaitQueue bounds the goroutines parked in the wait.
+	DefaultAdapterWaitQueue = 1024
+)
 
 // withDefaults returns o with every zero setting and nil dependency replaced
 // by its documented default.
@@ -139,6 +164,12 @@ func (o Options) withDefaults() Options {
 	}
 	if o.StaleAfter == 0 {
 		o.StaleAfter = DefaultStaleAfter
+	}
+	if o.AdapterWait == 0 {
+		o.AdapterWait = DefaultAdapterWait
+	}
+	if o.AdapterWaitQueue == 0 {
+		o.AdapterWaitQueue = DefaultAdapterWaitQueue
 	}
 	if o.Registry == nil {
 		o.Registry = prometheus.NewRegistry()
@@ -183,10 +214,14 @@ func (o Options) Validate() error {
 		{"HealthCheckInterval (--health-check-interval)", o.HealthCheckInterval},
 		{"HealthCheckTimeout (--health-check-timeout)", o.HealthCheckTimeout},
 		{"StaleAfter", o.StaleAfter},
+		{"AdapterWait (--adapter-wait)", o.AdapterWait},
 	} {
 		if d.v < 0 {
 			bad("%s %v is negative", d.name, d.v)
 		}
+	}
+	if o.AdapterWaitQueue < 0 {
+		bad("AdapterWaitQueue (--adapter-wait-queue) %d is negative", o.AdapterWaitQueue)
 	}
 	if o.LoadMetricsPath != "" && !strings.HasPrefix(o.LoadMetricsPath, "/") {
 		bad("LoadMetricsPath %q must start with /", o.LoadMetricsPath)

@@ -40,6 +40,8 @@ type attempt struct {
 	endpoint     string
 	ev           *endpointView
 	set          *lora.Set
+	view         *view  // the view ev and set belong to
+	model        string // the requested model or adapter ("" for none)
 	key          uint64
 	hot          hotChoice
 	replicas     int
@@ -49,6 +51,11 @@ type attempt struct {
 	cur     pick   // the admitted instance; cur.done nil once released
 	tried   bitset // set indexes already tried
 	retries int
+	// refused lists the instances that answered "adapter not found" for
+	// model (the stale retry), with their record's revision then; nil
+	// until one did.
+	refused    map[string]int64
+	staleTries int
 
 	status   int   // status sent to the client (upstream's or ours); 0 if none
 	upStatus int   // the upstream's status, which its breaker judges; 0 if none
@@ -246,6 +253,11 @@ func (p *proxy) errorHandler(w http.ResponseWriter, req *http.Request, err error
 		w.Header().Set(HeaderInstance, a.cur.iv.inst.ID)
 		w.Header().Set(HeaderDecision, a.cur.decision)
 	}
+	if errors.Is(err, errAdapterGone) {
+		a.status = statusModelNotReady(a.kind)
+		writeError(w, a.kind, a.status, codeModelNotReady, err.Error())
+		return
+	}
 	unreachable := errorKind(err) == errKindDial
 	a.status = upstreamFailureStatus(a.kind, unreachable)
 	code := codeUpstream
@@ -267,7 +279,20 @@ func (t retryTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 	for {
 		resp, err := t.p.base.RoundTrip(out)
 		if err == nil {
-			return resp, nil
+			if !a.staleAdapter(resp) {
+				return resp, nil
+			}
+			// The instance refused the adapter: it saw the request but
+			// did no work, so re-sending is safe (issue 11).
+			if err := t.staleRetry(out.Context(), a); err != nil {
+				return nil, err
+			}
+			out = out.Clone(out.Context())
+			a.setTarget(out)
+			if out.Body, err = out.GetBody(); err != nil {
+				return nil, err
+			}
+			continue
 		}
 		if out.Context().Err() != nil {
 			return nil, err // the client went away; not the instance's fault
@@ -293,6 +318,58 @@ func (t retryTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 			return nil, err
 		}
 	}
+}
+
+// maxStaleRetries bounds the re-sends after "adapter not found" answers.
+const maxStaleRetries = 3
+
+// staleRetry handles an "adapter not found" answer from a.cur: it reports
+// the instance stale, releases it without blame and admits another member
+// of the set; when none is left it waits (AdapterWait) for a view in which
+// the adapter has a member that has not refused it, or one whose record
+// changed since it refused (Instance.Revision).
+func (t retryTransport) staleRetry(ctx context.Context, a *attempt) error {
+	r := t.p.r
+	id := a.cur.iv.inst.ID
+	r.metrics.staleRetries.WithLabelValues(a.endpoint).Inc()
+	r.reportStale(a.endpoint, id, a.model)
+	a.cur.done(nil) // it answered: not a failure
+	a.cur.done = nil
+	a.tried.set(a.cur.idx)
+	if a.refused == nil {
+		a.refused = map[string]int64{}
+	}
+	a.refused[id] = a.cur.iv.inst.Revision
+	if a.staleTries++; a.staleTries > maxStaleRetries {
+		return fmt.Errorf("%w: %q refused %d times", errAdapterGone, a.model, a.staleTries)
+	}
+	if next, ok := r.pick(a.ev, a.set, a.key, a.hot, a.replicas, a.tried); ok {
+		a.cur = next
+		return nil
+	}
+	// Every member refused: wait for one that has not, or for a refusing
+	// one whose record changed since (its agent re-polled and reloaded).
+	accept := func(ev *endpointView, set *lora.Set) bool {
+		for i := 0; i < set.Len(); i++ {
+			in := set.Instance(i)
+			if rev, ok := a.refused[in.ID]; !ok || in.Revision > rev {
+				return true
+			}
+		}
+		return false
+	}
+	v, ev, set, err := r.waitLoaded(ctx, a.view, a.endpoint, a.model, accept)
+	if err != nil {
+		return fmt.Errorf("%w: %q: %w", errAdapterGone, a.model, err)
+	}
+	a.view, a.ev, a.set, a.replicas = v, ev, set, v.snap.Replicas
+	a.tried, a.hot = bitset{}, hotChoice{}
+	next, ok := r.pick(a.ev, a.set, a.key, a.hot, a.replicas, a.tried)
+	if !ok {
+		return fmt.Errorf("%w: %q: no member can take the request", errAdapterGone, a.model)
+	}
+	a.cur = next
+	return nil
 }
 
 // errorKind classifies a transport error for metrics and retries. Only dial

@@ -46,6 +46,7 @@ type Router struct {
 
 	view         atomic.Pointer[view] // nil until the first Update
 	shuttingDown atomic.Bool          // set by Drain: readiness fails, routing goes on
+	waiting      atomic.Int64         // requests in waitLoaded
 
 	mu       sync.Mutex                   // guards trackers, moves and hot; serializes Update
 	trackers map[string]*overload.Tracker // by endpoint; owned by Update
@@ -59,6 +60,9 @@ type view struct {
 	endpoints map[string]*endpointView
 	ready     bool // at least one non-draining instance
 	draining  int  // draining instances, for Readiness
+	// next is closed when the next view replaces this one: requests
+	// waiting for an adapter wake up on it.
+	next chan struct{}
 }
 
 type endpointView struct {
@@ -173,7 +177,7 @@ func (r *Router) Update(s *fleet.Snapshot) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	v := &view{snap: s, endpoints: make(map[string]*endpointView, len(s.Endpoints))}
+	v := &view{snap: s, endpoints: make(map[string]*endpointView, len(s.Endpoints)), next: make(chan struct{})}
 	trackers := make(map[string]*overload.Tracker, len(s.Endpoints))
 	moves := make(map[string]*movement, len(s.Endpoints))
 	hot := make(map[string]*hotkey.Sketch)
@@ -235,7 +239,9 @@ func (r *Router) Update(s *fleet.Snapshot) {
 	r.trackers = trackers
 	r.moves = moves
 	r.hot = hot
-	r.view.Store(v)
+	if old := r.view.Swap(v); old != nil {
+		close(old.next) // wakes the requests waiting for an adapter
+	}
 }
 
 // Snapshot returns the snapshot in use, or nil before the first Update.

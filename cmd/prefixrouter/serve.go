@@ -70,6 +70,8 @@ share the fleet, and keeps routing on its last good snapshot while etcd is unrea
 	f.DurationVar(&r.UpstreamHeaderTimeout, "upstream-header-timeout", 0, "give up on an instance that sends no response headers within this long; counts against its circuit breaker (0: wait indefinitely; a non-streamed generation sends its headers only when it is done, so allow for the longest one)")
 	f.DurationVar(&r.HealthCheckInterval, "health-check-interval", router.DefaultHealthCheckInterval, "probe each instance's --health-check-path this often; an instance that fails 2 probes in a row (connection error, timeout or status >= 500; a 404 counts as healthy) is skipped until a probe succeeds, unless no instance of the set is healthy (0: off)")
 	f.StringVar(&r.HealthCheckPath, "health-check-path", probe.DefaultHealthPath, "path of the active health check")
+	f.DurationVar(&r.AdapterWait, "adapter-wait", router.DefaultAdapterWait, "how long a request for a catalogued adapter not yet loaded waits for it (ModelNotReadyException beyond)")
+	f.IntVar(&r.AdapterWaitQueue, "adapter-wait-queue", router.DefaultAdapterWaitQueue, "requests that may wait for adapters at once (ModelNotReadyException beyond)")
 	f.DurationVar(&r.HealthCheckTimeout, "health-check-timeout", probe.DefaultHealthTimeout, "how long a health probe may take before it counts as failed")
 	l := &opts.Limits
 	f.DurationVar(&l.ReadHeaderTimeout, "read-header-timeout", replica.DefaultReadHeaderTimeout, "close a connection that has not sent a request's headers within this long")
