@@ -99,13 +99,13 @@ func (b *eventBody) fill(want int) error {
 	case err != nil:
 		// A frame already encoded goes out first; the exception follows.
 		if b.routerErr != nil && b.routerErr(err) {
-			b.fail("InternalStreamFailure", "", "the router failed while streaming: "+err.Error())
+			b.fail("InternalStreamFailure", "", "the router failed while streaming: "+publicError(err))
 		} else {
 			code := streamBroken
 			if errors.Is(err, context.DeadlineExceeded) {
 				code = streamTimedOut
 			}
-			b.fail("ModelStreamError", code, "the model server broke off the response stream: "+err.Error())
+			b.fail("ModelStreamError", code, "the model server broke off the response stream: "+publicError(err))
 		}
 	}
 	return nil

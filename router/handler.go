@@ -182,7 +182,7 @@ func readBody(w http.ResponseWriter, req *http.Request, limit int64) ([]byte, *r
 		if errors.As(err, &mbe) {
 			return nil, &reqError{http.StatusRequestEntityTooLarge, codeTooLarge, fmt.Sprintf("request body exceeds the limit of %d bytes", limit)}
 		}
-		return nil, &reqError{http.StatusBadRequest, codeBadBody, "reading the request body: " + err.Error()}
+		return nil, &reqError{http.StatusBadRequest, codeBadBody, "reading the request body: " + publicError(err)}
 	}
 	return buf.Bytes(), nil
 }

@@ -64,6 +64,11 @@ type Options struct {
 	// counts against the instance's breaker. Zero means no bound: a
 	// non-streamed generation sends its headers only when it is done.
 	UpstreamHeaderTimeout time.Duration
+	// HideInstanceID leaves X-Prefixrouter-Instance out of responses and
+	// instance ids out of error messages (--hide-instance-id), for
+	// deployments whose clients must not learn the fleet's layout. False
+	// (the default) shows them.
+	HideInstanceID bool
 	// Breaker configures every instance's circuit breaker (--breaker-*).
 	Breaker overload.BreakerOptions
 	// LoadPollInterval > 0 starts a poller that scrapes each instance's

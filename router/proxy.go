@@ -46,7 +46,8 @@ type attempt struct {
 	hot          hotChoice
 	replicas     int
 	upstreamPath string
-	stream       bool // frame the answer as an AWS event stream (…/invocations-response-stream)
+	body         []byte // the request body, replayed on our own retries
+	stream       bool   // frame the answer as an AWS event stream (…/invocations-response-stream)
 
 	cur     pick   // the admitted instance; cur.done nil once released
 	tried   bitset // set indexes already tried
@@ -78,6 +79,14 @@ func newProxy(r *Router, base http.RoundTripper) *proxy {
 	p := &proxy{r: r, base: base}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
+			// Append the client to X-Forwarded-For as a proxy in a chain
+			// does (ReverseProxy dropped the inbound one from Out), and
+			// set X-Forwarded-Proto and -Host. Entries before the last
+			// are the client's word, not the router's.
+			if prior, ok := pr.In.Header["X-Forwarded-For"]; ok {
+				pr.Out.Header["X-Forwarded-For"] = prior
+			}
+			pr.SetXForwarded()
 			attemptFrom(pr.In.Context()).setTarget(pr.Out)
 		},
 		Transport: retryTransport{p},
@@ -109,6 +118,13 @@ func (a *attempt) setTarget(out *http.Request) {
 	out.URL.Path = joinPath(t.Path, a.upstreamPath)
 	out.URL.RawPath = ""
 	out.Host = "" // the instance's host, not the router's
+	if hasIdempotencyKey(out.Header) {
+		// Go's Transport replays a POST with an Idempotency-Key on a
+		// reused connection that broke after the upstream may have read
+		// it; without GetBody it cannot. Our own retries (dial errors
+		// only: provably unseen) replay a.body.
+		out.GetBody = nil
+	}
 }
 
 func joinPath(base, p string) string {
@@ -122,6 +138,7 @@ func (p *proxy) serve(w http.ResponseWriter, req *http.Request, body []byte, a *
 	req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	req.ContentLength = int64(len(body))
 	req.TransferEncoding = nil
+	a.body = body
 	clientCtx := req.Context()
 	req = req.WithContext(context.WithValue(clientCtx, attemptKey{}, a))
 	defer func() {
@@ -173,7 +190,10 @@ func (p *proxy) modifyResponse(resp *http.Response) error {
 	a := attemptFrom(resp.Request.Context())
 	a.status = resp.StatusCode
 	a.upStatus = resp.StatusCode
-	resp.Header.Set(HeaderInstance, a.cur.iv.inst.ID)
+	stripRouterHeaders(resp.Header)
+	if !p.r.opts.HideInstanceID {
+		resp.Header.Set(HeaderInstance, a.cur.iv.inst.ID)
+	}
 	resp.Header.Set(HeaderDecision, a.cur.decision)
 	if overload.IsFailure(overload.UpstreamStatus(resp.StatusCode)) {
 		p.r.metrics.upstreamErrors.WithLabelValues(a.endpoint, errKindStatus).Inc()
@@ -211,7 +231,11 @@ func (a *attempt) modelError(resp *http.Response) {
 	if resp.StatusCode < 500 {
 		side = "client"
 	}
-	msg := fmt.Sprintf("Received %s error (%d) from instance %s with message %q.", side, resp.StatusCode, a.cur.iv.inst.ID, orig)
+	from := "instance " + a.cur.iv.inst.ID
+	if a.r.opts.HideInstanceID {
+		from = "the model"
+	}
+	msg := fmt.Sprintf("Received %s error (%d) from %s with message %q.", side, resp.StatusCode, from, orig)
 	out, _ := json.Marshal(sageMakerError{ErrorCode: errModel, Message: msg, LowerMessage: msg, OriginalStatusCode: resp.StatusCode, OriginalMessage: string(orig)})
 	out = append(out, '\n')
 	for _, h := range []string{"Content-Length", "Content-Encoding", "Transfer-Encoding", "Retry-After"} {
@@ -250,7 +274,9 @@ func (p *proxy) errorHandler(w http.ResponseWriter, req *http.Request, err error
 		return // the client went away: nobody to answer
 	}
 	if a.cur.iv != nil {
-		w.Header().Set(HeaderInstance, a.cur.iv.inst.ID)
+		if !p.r.opts.HideInstanceID {
+			w.Header().Set(HeaderInstance, a.cur.iv.inst.ID)
+		}
 		w.Header().Set(HeaderDecision, a.cur.decision)
 	}
 	if errors.Is(err, errAdapterGone) {
@@ -265,7 +291,9 @@ func (p *proxy) errorHandler(w http.ResponseWriter, req *http.Request, err error
 		code = codeUnreachable
 	}
 	p.r.log.Debug("router: upstream failed", "endpoint", a.endpoint, "retries", a.retries, "err", err)
-	writeError(w, a.kind, a.status, code, fmt.Sprintf("no instance answered after %d retries: %v", a.retries, err))
+	// The client learns what happened, never where: the error's text
+	// names the instance's address.
+	writeError(w, a.kind, a.status, code, fmt.Sprintf("no instance answered after %d retries: %s", a.retries, publicError(err)))
 }
 
 // retryTransport sends to the attempt's instance and, when the instance
@@ -314,9 +342,7 @@ func (t retryTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 		m.retries.WithLabelValues(a.endpoint).Inc()
 		out = out.Clone(out.Context())
 		a.setTarget(out)
-		if out.Body, err = out.GetBody(); err != nil {
-			return nil, err
-		}
+		out.Body = io.NopCloser(bytes.NewReader(a.body))
 	}
 }
 

@@ -86,13 +86,14 @@ type hopts struct {
 	health   time.Duration   // HealthCheckInterval
 	hTimeout time.Duration   // HealthCheckTimeout
 	clock    clockwork.Clock // paces health checks; nil means the real clock
+	hide     bool            // HideInstanceID
 }
 
 func newHarness(t *testing.T, o hopts, backends ...*backend) *harness {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	tr := NewTransport(0)
-	r, err := newRouter(Options{DefaultEndpoint: "ep", Registry: reg, Transport: tr, Breaker: o.breaker, MaxBodyBytes: o.maxBody, BalanceFactor: o.balance, HealthCheckInterval: o.health, HealthCheckTimeout: o.hTimeout}, o.clock)
+	r, err := newRouter(Options{DefaultEndpoint: "ep", Registry: reg, Transport: tr, Breaker: o.breaker, MaxBodyBytes: o.maxBody, BalanceFactor: o.balance, HealthCheckInterval: o.health, HealthCheckTimeout: o.hTimeout, HideInstanceID: o.hide}, o.clock)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -61,6 +61,7 @@ share the fleet, and keeps routing on its last good snapshot while etcd is unrea
 	f.StringSliceVar(&opts.AllowedUpstreams, "allowed-upstreams", nil, "CIDRs, IPs, host names and .domain suffixes instance addresses may point at; records outside are ignored, logged and counted (empty: loopback and private ranges 10/8, 172.16/12, 192.168/16, fc00::/7 and localhost; never link-local unless listed)")
 	f.StringVar(&opts.EmbeddedEtcdDir, "embedded-etcd", "", "start an embedded single-node etcd with its data in DIR")
 	f.StringVar(&opts.EmbeddedEtcdClientURL, "embedded-etcd-client-url", membership.DefaultClientURL, "client URL the embedded etcd serves on")
+	f.BoolVar(&r.HideInstanceID, "hide-instance-id", false, "leave X-Prefixrouter-Instance out of responses and instance ids out of error messages")
 	f.Int64Var(&r.MaxBodyBytes, "max-body-bytes", router.DefaultMaxBodyBytes, "largest request body accepted (413 beyond)")
 	f.Uint32Var(&r.Breaker.ConsecutiveFailures, "breaker-failures", overload.DefaultConsecutiveFailures, "consecutive upstream failures that open an instance's circuit breaker")
 	f.DurationVar(&r.Breaker.OpenTimeout, "breaker-open-timeout", overload.DefaultOpenTimeout, "how long an open breaker waits before letting a probe through")

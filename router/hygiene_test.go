@@ -1,0 +1,145 @@
+package router
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/prefixrouter/prefixrouter/fleet"
+)
+
+// TestHeaderHygiene covers issue 12 finding 9 over real HTTP: forwarded
+// headers appended, forged router headers stripped, instance ids hidden on
+// request, no internal address in error bodies.
+func TestHeaderHygiene(t *testing.T) {
+	t.Run("forwarded headers appended", func(t *testing.T) {
+		b := newBackend(t, "i-a")
+		var got http.Header
+		var mu sync.Mutex
+		b.handler = func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			got = r.Header.Clone()
+			mu.Unlock()
+		}
+		h := newHarness(t, hopts{}, b)
+		h.mustDo("/invocations", "x", map[string]string{"X-Forwarded-For": "203.0.113.9"})
+		mu.Lock()
+		defer mu.Unlock()
+		if xff := got.Get("X-Forwarded-For"); xff != "203.0.113.9, 127.0.0.1" {
+			t.Errorf("X-Forwarded-For upstream = %q, want the client appended", xff)
+		}
+		if p := got.Get("X-Forwarded-Proto"); p != "http" {
+			t.Errorf("X-Forwarded-Proto = %q", p)
+		}
+	})
+	t.Run("upstream router headers stripped", func(t *testing.T) {
+		b := newBackend(t, "i-a")
+		b.handler = func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set(HeaderInstance, "forged")
+			w.Header().Set("X-Prefixrouter-Error", "forged")
+			w.Header().Set("X-Prefixrouter-Anything", "forged")
+			w.Header().Set("X-Model-Header", "kept")
+		}
+		h := newHarness(t, hopts{}, b)
+		res := h.mustDo("/invocations", "x", nil)
+		if res.instance != "i-a" || res.header.Get("X-Prefixrouter-Error") != "" || res.header.Get("X-Prefixrouter-Anything") != "" {
+			t.Errorf("forged headers reached the client: %v", res.header)
+		}
+		if res.header.Get("X-Model-Header") != "kept" {
+			t.Error("an ordinary upstream header was dropped")
+		}
+	})
+	t.Run("instance ids hidden", func(t *testing.T) {
+		b := newBackend(t, "i-secret")
+		b.handler = func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/invocations" && r.Header.Get("X-Fail") != "" {
+				w.WriteHeader(500)
+				io.WriteString(w, "boom")
+			}
+		}
+		h := newHarness(t, hopts{hide: true}, b)
+		for _, hdr := range []map[string]string{nil, {"X-Fail": "1"}} {
+			res := h.mustDo("/invocations", "x", hdr)
+			if res.instance != "" || strings.Contains(string(res.body), "i-secret") {
+				t.Errorf("instance id shown: header %q, body %s", res.instance, res.body)
+			}
+		}
+	})
+	t.Run("no internal address in error bodies", func(t *testing.T) {
+		dead := deadAddr(t)
+		h := newHarness(t, hopts{})
+		h.ep.Instances = []fleet.Instance{{ID: "gone", Addr: "http://" + dead}}
+		h.update()
+		_, port, _ := net.SplitHostPort(dead)
+		for _, path := range []string{"/invocations", "/v1/completions", "/endpoints/ep/invocations-response-stream"} {
+			res := h.mustDo(path, `{"prompt":"x"}`, nil)
+			if res.status < 400 || strings.Contains(string(res.body), dead) || strings.Contains(string(res.body), port) {
+				t.Errorf("%s: %d %s", path, res.status, res.body)
+			}
+		}
+	})
+}
+
+// TestIdempotencyKeyNotReplayed: Go's Transport replays a POST that carries
+// an Idempotency-Key when a reused connection breaks after the request was
+// written. The router must not: the instance may have started generating.
+// The upstream answers the first request on a connection and, for the
+// second on that connection, reads it and hangs up.
+func TestIdempotencyKeyNotReplayed(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var received atomic.Int64
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer ln.Close()
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for n := 0; ; n++ {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					_, _ = io.Copy(io.Discard, req.Body)
+					received.Add(1)
+					if n == 1 {
+						return // read it, then hang up
+					}
+					fmt.Fprint(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+				}
+			})
+		}
+	})
+	h := newHarness(t, hopts{})
+	h.ep.Instances = []fleet.Instance{{ID: "i", Addr: "http://" + ln.Addr().String()}}
+	h.update()
+	key := map[string]string{"Idempotency-Key": "k-1"}
+	if res := h.mustDo("/invocations", "x", key); res.status != 200 {
+		t.Fatalf("first: %d", res.status)
+	}
+	res, err := h.do(context.Background(), "/invocations", "y", key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.status == 200 {
+		t.Fatalf("second request answered 200: it was replayed on a new connection (upstream saw %d requests)", received.Load())
+	}
+	if n := received.Load(); n != 2 {
+		t.Fatalf("upstream received %d requests, want 2 (no replay)", n)
+	}
+}
