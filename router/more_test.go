@@ -239,6 +239,10 @@ func TestParseStaticInstances(t *testing.T) {
 		{"a=127.0.0.1:1", nil, true},
 		{"a=http://h:1,a=http://h:2", nil, true},
 		{"a/b=http://h:1", nil, true},
+		{"a=http://h:1;adapters=x+y,b=http://h:2", []string{"a@http://h:1[x y]", "b@http://h:2"}, false},
+		{"a=http://h:1;adapters=", nil, true},
+		{"a=http://h:1;adapters=x/y", nil, true},
+		{"a=http://h:1;model=x", nil, true},
 	}
 	for _, tc := range tests {
 		got, err := ParseStaticInstances(tc.in)
@@ -248,7 +252,11 @@ func TestParseStaticInstances(t *testing.T) {
 		}
 		var s []string
 		for _, in := range got {
-			s = append(s, in.ID+"@"+in.Addr)
+			if len(in.Adapters) > 0 {
+				s = append(s, fmt.Sprintf("%s@%s%v", in.ID, in.Addr, in.Adapters))
+			} else {
+				s = append(s, in.ID+"@"+in.Addr)
+			}
 		}
 		if strings.Join(s, ",") != strings.Join(tc.want, ",") {
 			t.Errorf("ParseStaticInstances(%q) = %v, want %v", tc.in, s, tc.want)

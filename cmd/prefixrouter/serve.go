@@ -57,7 +57,7 @@ share the fleet, and keeps routing on its last good snapshot while etcd is unrea
 	f.StringVar(&opts.OTLPEndpoint, "otlp-endpoint", "", "send OpenTelemetry traces to this OTLP/gRPC collector (http://host:4317 without TLS, https:// or host:port with); empty: the standard OTEL_EXPORTER_OTLP_ENDPOINT, else off")
 	f.StringVar(&r.DefaultEndpoint, "endpoint", "default", "default endpoint, served on /invocations and /v1/*")
 	f.StringVar(&opts.ID, "replica-id", "", "this replica's id under routers/ (default: hostname and a random suffix)")
-	f.Var(&static, "static-instances", "fixed fleet without etcd: id=url,id=url,...")
+	f.Var(&static, "static-instances", "fixed fleet without etcd: id=url,id=url,...; an entry may declare its LoRA adapters: id=url;adapters=a+b")
 	f.StringSliceVar(&opts.AllowedUpstreams, "allowed-upstreams", nil, "CIDRs, IPs, host names and .domain suffixes instance addresses may point at; records outside are ignored, logged and counted (empty: loopback and private ranges 10/8, 172.16/12, 192.168/16, fc00::/7 and localhost; never link-local unless listed)")
 	f.StringVar(&opts.EmbeddedEtcdDir, "embedded-etcd", "", "start an embedded single-node etcd with its data in DIR")
 	f.StringVar(&opts.EmbeddedEtcdClientURL, "embedded-etcd-client-url", membership.DefaultClientURL, "client URL the embedded etcd serves on")
