@@ -70,6 +70,12 @@ type PrefixAwareConfig struct {
 type RoutingConfig struct {
 	RoutingStrategy          Strategy           `json:"RoutingStrategy"`
 	PrefixAwareRoutingConfig *PrefixAwareConfig `json:"PrefixAwareRoutingConfig,omitempty"`
+	// TenantCacheSalt (prefixrouter's, not SageMaker's) sets vLLM's
+	// cache_salt on OpenAI requests that carry a tenant id
+	// (prompt_cache_key) to a keyed hash of the tenant, so that two tenants
+	// never share cached KV blocks, even on one instance. False (the zero
+	// value) leaves request bodies as they are.
+	TenantCacheSalt bool `json:"TenantCacheSalt,omitempty"`
 }
 
 // DefaultRoutingConfig is the configuration of an endpoint that has none.
@@ -104,6 +110,7 @@ func (c RoutingConfig) Validate() error {
 // not validate.
 func (c RoutingConfig) WithDefaults() RoutingConfig {
 	out := DefaultRoutingConfig()
+	out.TenantCacheSalt = c.TenantCacheSalt
 	if c.RoutingStrategy != "" {
 		out.RoutingStrategy = c.RoutingStrategy
 	}

@@ -11,10 +11,13 @@ import (
 	"github.com/prefixrouter/prefixrouter/fleet"
 )
 
-// ParseRoutingConfig decodes SageMaker's RoutingConfig JSON strictly
-// (unknown fields and trailing data are errors, since they are most likely
-// typos) and validates it. Every error wraps fleet.ErrInvalidConfig. The
-// result is not normalized: zero values still mean the defaults.
+// ParseRoutingConfig decodes SageMaker's RoutingConfig JSON strictly and
+// validates it as SageMaker does: RoutingStrategy is required, and a
+// PrefixLength or ConcurrencyThreshold that is given must be in its range
+// (an explicit 0 is refused, never replaced by the default). Unknown fields
+// and trailing data are errors, since they are most likely typos. Every
+// error wraps fleet.ErrInvalidConfig. The result is not normalized: members
+// left out still mean the defaults.
 func ParseRoutingConfig(data []byte) (fleet.RoutingConfig, error) {
 	var c fleet.RoutingConfig
 	dec := json.NewDecoder(bytes.NewReader(data))
@@ -24,6 +27,24 @@ func ParseRoutingConfig(data []byte) (fleet.RoutingConfig, error) {
 	}
 	if dec.More() {
 		return fleet.RoutingConfig{}, fmt.Errorf("%w: trailing data after the JSON object", fleet.ErrInvalidConfig)
+	}
+	// given tells a member left out from one given as 0, which c cannot.
+	var given struct {
+		PrefixAwareRoutingConfig *struct {
+			PrefixLength, ConcurrencyThreshold *int
+		}
+	}
+	_ = json.Unmarshal(data, &given) // decoded above already
+	if c.RoutingStrategy == "" {
+		return fleet.RoutingConfig{}, fmt.Errorf("%w: RoutingStrategy is required (RANDOM, LEAST_OUTSTANDING_REQUESTS or PREFIX_AWARE)", fleet.ErrInvalidConfig)
+	}
+	if p := given.PrefixAwareRoutingConfig; p != nil {
+		if p.PrefixLength != nil && *p.PrefixLength == 0 {
+			return fleet.RoutingConfig{}, fmt.Errorf("%w: PrefixLength 0 is outside %d..%d", fleet.ErrInvalidConfig, fleet.MinPrefixLength, fleet.MaxPrefixLength)
+		}
+		if p.ConcurrencyThreshold != nil && *p.ConcurrencyThreshold == 0 {
+			return fleet.RoutingConfig{}, fmt.Errorf("%w: ConcurrencyThreshold 0 is outside %d..%d", fleet.ErrInvalidConfig, fleet.MinConcurrencyThreshold, fleet.MaxConcurrencyThreshold)
+		}
 	}
 	if err := c.Validate(); err != nil {
 		return fleet.RoutingConfig{}, err

@@ -67,7 +67,16 @@ func TestParseRoutingConfig(t *testing.T) {
 		{`{"RoutingStrategy":"PREFIX_AWARE","PrefixAwareRoutingConfig":{"PrefixLength":4096,"ConcurrencyThreshold":10}}`, true, fleet.PrefixAware},
 		{`{"RoutingStrategy":"RANDOM"}`, true, fleet.Random},
 		{`{"RoutingStrategy":"LEAST_OUTSTANDING_REQUESTS"}`, true, fleet.LeastOutstanding},
-		{`{}`, true, ""},
+		{`{"RoutingStrategy":"PREFIX_AWARE","TenantCacheSalt":true}`, true, fleet.PrefixAware},
+		{`{}`, false, ""}, // RoutingStrategy is required, as in SageMaker
+		{`{"RoutingStrategy":""}`, false, ""},
+		{`{"PrefixAwareRoutingConfig":{"PrefixLength":4096}}`, false, ""},
+		{`{"RoutingStrategy":"PREFIX_AWARE","PrefixAwareRoutingConfig":{"PrefixLength":0}}`, false, ""}, // never silently the default
+		{`{"RoutingStrategy":"PREFIX_AWARE","PrefixAwareRoutingConfig":{"ConcurrencyThreshold":0}}`, false, ""},
+		{`{"RoutingStrategy":"PREFIX_AWARE","PrefixAwareRoutingConfig":{"PrefixLength":65537}}`, false, ""},
+		{`{"RoutingStrategy":"PREFIX_AWARE","PrefixAwareRoutingConfig":{"ConcurrencyThreshold":-1}}`, false, ""},
+		{`{"RoutingStrategy":"PREFIX_AWARE","PrefixAwareRoutingConfig":{"PrefixLength":1024,"ConcurrencyThreshold":1024}}`, true, fleet.PrefixAware},
+		{`{"RoutingStrategy":"PREFIX_AWARE","PrefixAwareRoutingConfig":{}}`, true, fleet.PrefixAware},
 		{`{"RoutingStrategy":"ROUND_ROBIN"}`, false, ""},
 		{`{"RoutingStrategy":"PREFIX_AWARE","PrefixAwareRoutingConfig":{"PrefixLength":100}}`, false, ""},
 		{`{"RoutingStrategy":"PREFIX_AWARE","PrefixAwareRoutingConfig":{"ConcurrencyThreshold":2000}}`, false, ""},

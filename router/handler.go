@@ -2,14 +2,19 @@ package router
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/prefixrouter/prefixrouter/lora"
+	"github.com/prefixrouter/prefixrouter/probe"
 )
 
 // Short error codes (the OpenAI "code" and X-Prefixrouter-Error).
@@ -57,10 +62,10 @@ func (r *Router) routes() *http.ServeMux {
 	mux.HandleFunc("POST /v1/completions", data(kindCompletions, upCompletions, false))
 	mux.HandleFunc("POST /endpoints/{endpoint}/openai/v1/chat/completions", data(kindChat, upChat, true))
 	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, req *http.Request) {
-		r.models(w, r.opts.DefaultEndpoint)
+		r.models(w, req, r.opts.DefaultEndpoint)
 	})
 	mux.HandleFunc("GET /endpoints/{endpoint}/openai/v1/models", func(w http.ResponseWriter, req *http.Request) {
-		r.models(w, req.PathValue("endpoint"))
+		r.models(w, req, req.PathValue("endpoint"))
 	})
 	live := func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -84,9 +89,16 @@ type modelEntry struct {
 	OwnedBy string `json:"owned_by"`
 }
 
-// models answers GET /v1/models: the base models and adapters the endpoint's
-// instances declare, in OpenAI's list shape.
-func (r *Router) models(w http.ResponseWriter, endpoint string) {
+// modelsTimeout bounds the model-list queries GET /v1/models sends to the
+// instances.
+const modelsTimeout = 2 * time.Second
+
+// models answers GET /v1/models in OpenAI's list shape: the base models and
+// adapters the endpoint's instances declare in the fleet (etcd records),
+// together with what the non-draining instances' own /v1/models answer, so
+// that every fleet source, a static one included, lists what it serves. An
+// instance that does not answer within modelsTimeout is left out.
+func (r *Router) models(w http.ResponseWriter, req *http.Request, endpoint string) {
 	v := r.view.Load()
 	if v == nil {
 		writeError(w, kindChat, http.StatusServiceUnavailable, codeNotLoaded, "no fleet snapshot loaded yet")
@@ -97,8 +109,42 @@ func (r *Router) models(w http.ResponseWriter, endpoint string) {
 		writeError(w, kindChat, http.StatusNotFound, codeUnknownEndpoint, fmt.Sprintf("endpoint %q not found", endpoint))
 		return
 	}
-	list := modelList{Object: "list", Data: []modelEntry{}}
+	names := map[string]bool{}
 	for _, m := range ev.table.Models() {
+		names[m] = true
+	}
+	ctx, cancel := context.WithTimeout(req.Context(), modelsTimeout)
+	defer cancel()
+	client := &http.Client{Transport: r.opts.Transport}
+	var (
+		mu sync.Mutex // guards names while the queries run
+		wg sync.WaitGroup
+	)
+	for _, iv := range ev.instances {
+		if iv.target == nil || iv.inst.Draining {
+			continue
+		}
+		u := *iv.target
+		u.Path = joinPath(u.Path, "/v1/models")
+		wg.Go(func() {
+			m, err := probe.FetchModels(ctx, client, u.String())
+			if err != nil {
+				r.log.Debug("router: model list of an instance", "endpoint", endpoint, "instance", iv.inst.ID, "err", err)
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if m.Base != "" {
+				names[m.Base] = true
+			}
+			for _, a := range m.Adapters {
+				names[a] = true
+			}
+		})
+	}
+	wg.Wait()
+	list := modelList{Object: "list", Data: make([]modelEntry, 0, len(names))}
+	for _, m := range slices.Sorted(maps.Keys(names)) {
 		list.Data = append(list.Data, modelEntry{ID: m, Object: "model", OwnedBy: "prefixrouter"})
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -219,6 +265,9 @@ func (r *Router) serve(w http.ResponseWriter, req *http.Request, kind apiKind, u
 	if rerr != nil {
 		r.reject(w, req, kind, endpoint, strategy, rerr)
 		return
+	}
+	if ev.salt && rr.tenant != "" && kind.openAI() {
+		body = r.salter.withCacheSalt(body, endpoint, rr.tenant)
 	}
 	start := time.Now()
 	set, err := ev.table.Set(rr.model)

@@ -27,6 +27,9 @@ const DefaultMaxBodyBytes = 6 << 20
 // tests opt in).
 const DefaultHealthCheckInterval = 2 * time.Second
 
+// MinCacheSaltKeyBytes is the shortest CacheSaltKey accepted.
+const MinCacheSaltKeyBytes = 16
+
 // MaxRetries is how many times a request is re-sent to another instance after
 // a dial error (the upstream provably received nothing).
 const MaxRetries = 2
@@ -95,6 +98,13 @@ type Options struct {
 	// HealthCheckTimeout bounds each probe (--health-check-timeout); zero
 	// means probe.DefaultHealthTimeout.
 	HealthCheckTimeout time.Duration
+	// CacheSaltKey keys the hash that turns a tenant id into vLLM's
+	// cache_salt on endpoints whose routing config has TenantCacheSalt
+	// (--cache-salt-key). Every replica must have the same key, or a
+	// tenant's cache splits by replica. Empty means a built-in key: tenants
+	// stay apart, but a client that knows another tenant's id could compute
+	// its salt; otherwise at least MinCacheSaltKeyBytes.
+	CacheSaltKey string
 	// StaleAfter is the snapshot age past which Readiness notes the snapshot
 	// as stale. It stays ready regardless (static stability: a replica
 	// routing on its last good snapshot beats no replica), so this only
@@ -233,6 +243,9 @@ func (o Options) Validate() error {
 	}
 	if o.HealthCheckPath != "" && !strings.HasPrefix(o.HealthCheckPath, "/") {
 		bad("HealthCheckPath (--health-check-path) %q must start with /", o.HealthCheckPath)
+	}
+	if n := len(o.CacheSaltKey); n > 0 && n < MinCacheSaltKeyBytes {
+		bad("CacheSaltKey (--cache-salt-key) has %d bytes, want at least %d", n, MinCacheSaltKeyBytes)
 	}
 	if err := o.Breaker.Validate(); err != nil {
 		errs = append(errs, err)

@@ -40,6 +40,7 @@ type Router struct {
 	balance int64        // BalanceFactor in thousandths; 0 = off
 	handler http.Handler // the routes, instrumented when tracing is on
 	proxy   *proxy
+	salter  *salter
 	metrics *metrics
 	load    *probe.Prober // nil unless LoadPollInterval > 0
 	health  *probe.Prober // nil unless HealthCheckInterval > 0
@@ -74,6 +75,7 @@ type endpointView struct {
 	strategy  fleet.Strategy
 	prefixLen int
 	threshold int
+	salt      bool // TenantCacheSalt
 	// setStates caches, per model set (*lora.Set), the states of its
 	// instances in set order ([]*overload.State), so that the balance bound
 	// sums loads without a map lookup per instance. Filled on first use;
@@ -108,6 +110,7 @@ func newRouter(opts Options, clock clockwork.Clock) (*Router, error) {
 		return nil, fmt.Errorf("router: register metrics: %w", err)
 	}
 	r.metrics = m
+	r.salter = newSalter(opts.CacheSaltKey)
 	tr := opts.Transport
 	// Probes and the load poller use tr itself: they are not traced.
 	var upstream http.RoundTripper
@@ -201,6 +204,7 @@ func (r *Router) Update(s *fleet.Snapshot) {
 			strategy:  cfg.RoutingStrategy,
 			prefixLen: cfg.PrefixLength(),
 			threshold: cfg.ConcurrencyThreshold(),
+			salt:      cfg.TenantCacheSalt,
 		}
 		if cfg.RoutingStrategy == fleet.PrefixAware && cfg.HotKeyReplication() {
 			ev.hot = r.hot[name]

@@ -73,8 +73,8 @@ func (s *staticValue) Set(v string) error {
 	return nil
 }
 
-// bindRouting binds --strategy, --prefix-length and --concurrency-threshold
-// to rc, starting from the default routing config.
+// bindRouting binds --strategy, --prefix-length, --concurrency-threshold
+// and --tenant-cache-salt to rc, starting from the default routing config.
 func bindRouting(fs *pflag.FlagSet, rc *fleet.RoutingConfig) {
 	*rc = fleet.DefaultRoutingConfig()
 	p := rc.PrefixAwareRoutingConfig
@@ -82,6 +82,7 @@ func bindRouting(fs *pflag.FlagSet, rc *fleet.RoutingConfig) {
 	fs.Var(rangeValue{"PrefixLength", &p.PrefixLength, fleet.MinPrefixLength, fleet.MaxPrefixLength}, "prefix-length", fmt.Sprintf("prefix that forms the routing key: bytes of the body on invoke paths, characters of message text on OpenAI paths (%d..%d)", fleet.MinPrefixLength, fleet.MaxPrefixLength))
 	fs.Var(rangeValue{"ConcurrencyThreshold", &p.ConcurrencyThreshold, fleet.MinConcurrencyThreshold, fleet.MaxConcurrencyThreshold}, "concurrency-threshold", fmt.Sprintf("in-flight requests an instance takes before new ones spill to the next candidate (%d..%d)", fleet.MinConcurrencyThreshold, fleet.MaxConcurrencyThreshold))
 	fs.BoolVar(&p.HotKeyReplication, "hot-key-replication", false, "PREFIX_AWARE: give a key that alone needs more than one instance the first k of its ring order and spread it over them by load (popularity-aware replication; see docs/balance.md)")
+	fs.BoolVar(&rc.TenantCacheSalt, "tenant-cache-salt", false, "set vLLM's cache_salt on OpenAI requests with a prompt_cache_key to a keyed hash of it, so tenants never share cached KV blocks, even on one instance (TenantCacheSalt in the routing config)")
 }
 
 // bindEtcd binds the flags of every command that talks to etcd.

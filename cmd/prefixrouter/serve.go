@@ -62,6 +62,7 @@ share the fleet, and keeps routing on its last good snapshot while etcd is unrea
 	f.StringVar(&opts.EmbeddedEtcdDir, "embedded-etcd", "", "start an embedded single-node etcd with its data in DIR")
 	f.StringVar(&opts.EmbeddedEtcdClientURL, "embedded-etcd-client-url", membership.DefaultClientURL, "client URL the embedded etcd serves on")
 	f.BoolVar(&r.HideInstanceID, "hide-instance-id", false, "leave X-Prefixrouter-Instance out of responses and instance ids out of error messages")
+	f.StringVar(&r.CacheSaltKey, "cache-salt-key", "", "secret key of the tenant cache salt (--tenant-cache-salt), the same on every replica, at least 16 bytes; empty: a built-in key, which keeps tenants apart but lets whoever knows a tenant id compute its salt")
 	f.Int64Var(&r.MaxBodyBytes, "max-body-bytes", router.DefaultMaxBodyBytes, "largest request body accepted (413 beyond)")
 	f.Uint32Var(&r.Breaker.ConsecutiveFailures, "breaker-failures", overload.DefaultConsecutiveFailures, "consecutive upstream failures that open an instance's circuit breaker")
 	f.DurationVar(&r.Breaker.OpenTimeout, "breaker-open-timeout", overload.DefaultOpenTimeout, "how long an open breaker waits before letting a probe through")

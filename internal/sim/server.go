@@ -294,8 +294,7 @@ type apiRequest struct {
 	StreamOptions       *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
-	CacheSalt      string `json:"cache_salt"`
-	PromptCacheKey string `json:"prompt_cache_key"`
+	CacheSalt string `json:"cache_salt"`
 }
 
 type tgiParameters struct {
@@ -411,13 +410,10 @@ func (s *Server) parse(r *http.Request, k kind) (*job, *apiError) {
 	default:
 		return nil, &apiError{http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", req.Model)}
 	}
-	// cache_salt is vLLM's. prompt_cache_key is OpenAI's per-tenant cache
-	// hint and the router's tenant id: salting with it keeps tenants'
-	// caches apart exactly where the router keys them apart.
+	// cache_salt is vLLM's, and only it salts, as in vLLM: OpenAI's
+	// prompt_cache_key is a routing hint, so two tenants on one instance
+	// share blocks unless the router salts (--tenant-cache-salt).
 	j.salt = req.CacheSalt
-	if j.salt == "" {
-		j.salt = req.PromptCacheKey
-	}
 	switch k {
 	case kindChat:
 		if len(req.Messages) == 0 {

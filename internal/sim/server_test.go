@@ -302,7 +302,8 @@ func TestModelsAndAdapters(t *testing.T) {
 			t.Errorf("model %s: status %d, want %d", model, resp.StatusCode, want)
 		}
 	}
-	// An adapter has its own cache; the salt (or prompt_cache_key) too.
+	// An adapter has its own cache; cache_salt too, but not
+	// prompt_cache_key (a routing hint, as in vLLM).
 	text := tokens("doc", 500)
 	hit := func(model, extra string) int {
 		resp := post(t, t.Context(), hs.URL+"/v1/completions", `{"model":"`+model+`","prompt":"`+text+`","max_tokens":1`+extra+`}`)
@@ -318,8 +319,9 @@ func TestModelsAndAdapters(t *testing.T) {
 		hit          bool
 	}{
 		{"base", "", false}, {"base", "", true}, {"a3", "", false}, {"a3", "", true},
-		{"base", `,"cache_salt":"t1"`, false}, {"base", `,"prompt_cache_key":"t1"`, true},
-		{"base", `,"prompt_cache_key":"t2"`, false}, {"base", `,"cache_salt":"t1","prompt_cache_key":"t2"`, true},
+		{"base", `,"cache_salt":"t1"`, false}, {"base", `,"cache_salt":"t1"`, true},
+		{"base", `,"prompt_cache_key":"t2"`, true}, {"base", `,"cache_salt":"t1","prompt_cache_key":"t2"`, true},
+		{"base", `,"cache_salt":"t2"`, false},
 	}
 	for i, st := range steps {
 		if got := hit(st.model, st.extra); (got > 0) != st.hit {
