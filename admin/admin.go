@@ -15,6 +15,7 @@ import (
 
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/auth"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/selector"
@@ -130,6 +131,15 @@ type Options struct {
 	Logger *slog.Logger
 	// Now is the clock for snapshot ages. Nil means time.Now.
 	Now func() time.Time
+	// Token, when set, is the bearer token (gRPC metadata "authorization:
+	// Bearer <token>") every mutating call needs, and every read unless
+	// OpenReads. Empty means no authentication: anyone who reaches the
+	// port may change routing, so set it wherever the admin listener is not
+	// loopback-only. The health service never needs it.
+	Token string
+	// OpenReads lets reads (GetFleet, GetRoutingConfig, ExplainRoute,
+	// ListAdapters, reflection) through without the token.
+	OpenReads bool
 	// ServerOptions are appended to the grpc.Server's options (TLS
 	// credentials, message sizes, ...).
 	ServerOptions []grpc.ServerOption
@@ -190,19 +200,23 @@ func NewServer(o Options) (*Server, error) {
 		return status.Error(codes.Internal, "admin: internal error")
 	})
 	// Order: metrics outermost so that they count the code a recovered panic
-	// turns into; recovery innermost.
-	opts := append([]grpc.ServerOption{
-		grpc.ChainUnaryInterceptor(
-			metrics.UnaryServerInterceptor(),
-			selector.UnaryServerInterceptor(logging.UnaryServerInterceptor(logger, logging.WithLogOnEvents(logging.FinishCall)), notHealth),
-			recovery.UnaryServerInterceptor(rec),
-		),
-		grpc.ChainStreamInterceptor(
-			metrics.StreamServerInterceptor(),
-			selector.StreamServerInterceptor(logging.StreamServerInterceptor(logger, logging.WithLogOnEvents(logging.FinishCall)), notHealth),
-			recovery.StreamServerInterceptor(rec),
-		),
-	}, o.ServerOptions...)
+	// (or a refused token) turns into; then the token check, so that a
+	// refused call runs nothing; recovery innermost.
+	unary := []grpc.UnaryServerInterceptor{metrics.UnaryServerInterceptor()}
+	stream := []grpc.StreamServerInterceptor{metrics.StreamServerInterceptor()}
+	if o.Token != "" {
+		az := authorizer{token: []byte(o.Token), openReads: o.OpenReads}
+		guarded := selector.MatchFunc(func(_ context.Context, c interceptors.CallMeta) bool { return !isHealth(c.FullMethod()) })
+		unary = append(unary, selector.UnaryServerInterceptor(auth.UnaryServerInterceptor(az.authorize), guarded))
+		stream = append(stream, selector.StreamServerInterceptor(auth.StreamServerInterceptor(az.authorize), guarded))
+	}
+	unary = append(unary,
+		selector.UnaryServerInterceptor(logging.UnaryServerInterceptor(logger, logging.WithLogOnEvents(logging.FinishCall)), notHealth),
+		recovery.UnaryServerInterceptor(rec))
+	stream = append(stream,
+		selector.StreamServerInterceptor(logging.StreamServerInterceptor(logger, logging.WithLogOnEvents(logging.FinishCall)), notHealth),
+		recovery.StreamServerInterceptor(rec))
+	opts := append([]grpc.ServerOption{grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...)}, o.ServerOptions...)
 	s.grpc = grpc.NewServer(opts...)
 	adminpb.RegisterAdminServer(s.grpc, s.svc)
 	s.health = health.NewServer()

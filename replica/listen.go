@@ -2,9 +2,13 @@ package replica
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"sync/atomic"
 	"time"
 )
@@ -178,3 +182,61 @@ func (g *guardWriter) FlushError() error {
 
 // Unwrap gives http.ResponseController the underlying writer.
 func (g *guardWriter) Unwrap() http.ResponseWriter { return g.ResponseWriter }
+
+// AdminSecurity secures the admin listener: TLS (and mTLS) for the port,
+// a bearer token for gRPC calls. The zero value is plaintext without
+// authentication, fit only for a loopback listener.
+type AdminSecurity struct {
+	// Token is the bearer token mutating gRPC calls need, and reads too
+	// unless OpenReads (--admin-token; prefer $PREFIXROUTER_ADMIN_TOKEN).
+	// Empty means no authentication.
+	Token string
+	// OpenReads lets gRPC reads through without the token
+	// (--admin-open-reads).
+	OpenReads bool
+	// TLSCert and TLSKey are the PEM certificate and key the admin port
+	// serves TLS with (--admin-tls-cert, --admin-tls-key): HTTP/1.1 and
+	// HTTP/2 by ALPN. Both or neither; empty means plaintext (h2c).
+	TLSCert, TLSKey string
+	// ClientCA, with TLS, is a PEM bundle of the CAs client certificates
+	// must chain to (--admin-client-ca): mTLS, a client without such a
+	// certificate is refused in the handshake.
+	ClientCA string
+}
+
+func (a AdminSecurity) validate(bad func(format string, args ...any)) {
+	if (a.TLSCert == "") != (a.TLSKey == "") {
+		bad("Admin.TLSCert (--admin-tls-cert) and Admin.TLSKey (--admin-tls-key) must be given together")
+	}
+	if a.ClientCA != "" && a.TLSCert == "" {
+		bad("Admin.ClientCA (--admin-client-ca) needs --admin-tls-cert and --admin-tls-key")
+	}
+	if a.OpenReads && a.Token == "" {
+		bad("Admin.OpenReads (--admin-open-reads) only means something with --admin-token")
+	}
+}
+
+// tlsConfig loads the admin port's TLS configuration, nil without TLS.
+func (a AdminSecurity) tlsConfig() (*tls.Config, error) {
+	if a.TLSCert == "" {
+		return nil, nil
+	}
+	pair, err := tls.LoadX509KeyPair(a.TLSCert, a.TLSKey)
+	if err != nil {
+		return nil, fmt.Errorf("replica: admin TLS certificate %s / key %s: %w", a.TLSCert, a.TLSKey, err)
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{pair}, NextProtos: []string{"h2", "http/1.1"}}
+	if a.ClientCA != "" {
+		pem, err := os.ReadFile(a.ClientCA)
+		if err != nil {
+			return nil, fmt.Errorf("replica: admin client CA: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("replica: admin client CA %s holds no PEM certificate", a.ClientCA)
+		}
+		tc.ClientCAs = pool
+		tc.ClientAuth = tls.RequireAndVerifyClientCert
+	}
+	return tc, nil
+}

@@ -86,6 +86,8 @@ type Options struct {
 	Membership membership.Options
 	// Router is the data plane's options tree.
 	Router router.Options
+	// Admin secures the admin listener (--admin-token, --admin-tls-*).
+	Admin AdminSecurity
 	// Limits bound every client connection of both listeners (see Limits;
 	// zero values mean the Default* limits).
 	Limits Limits
@@ -248,6 +250,7 @@ func (o Options) Validate() error {
 		}
 	}
 	o.Limits.validate(bad)
+	o.Admin.validate(bad)
 	if err := o.Router.Validate(); err != nil {
 		errs = append(errs, err)
 	}

@@ -115,6 +115,16 @@ var validateCases = []validateCase{
 	{"Limits.WriteIdleTimeout", validStatic, func(o *Options) { o.Limits.WriteIdleTimeout = -time.Second }, "--write-idle-timeout"},
 	{"Limits.MaxStreamDuration", validStatic, func(o *Options) { o.Limits.MaxStreamDuration = time.Hour }, ""},
 	{"Limits.MaxStreamDuration", validStatic, func(o *Options) { o.Limits.MaxStreamDuration = -time.Hour }, "--max-stream-duration"},
+	{"Admin.Token", validStatic, func(o *Options) { o.Admin.Token = "t" }, ""},
+	{"Admin.Token", validStatic, func(o *Options) { o.Admin.Token = "" }, ""},
+	{"Admin.OpenReads", validStatic, func(o *Options) { o.Admin.Token, o.Admin.OpenReads = "t", true }, ""},
+	{"Admin.OpenReads", validStatic, func(o *Options) { o.Admin.OpenReads = true }, "--admin-open-reads"},
+	{"Admin.TLSCert", validStatic, func(o *Options) { o.Admin.TLSCert, o.Admin.TLSKey = "c.pem", "k.pem" }, ""},
+	{"Admin.TLSCert", validStatic, func(o *Options) { o.Admin.TLSCert = "c.pem" }, "--admin-tls-key"},
+	{"Admin.TLSKey", validStatic, func(o *Options) { o.Admin.TLSKey = "k.pem" }, "--admin-tls-cert"},
+	{"Admin.TLSKey", validStatic, func(o *Options) { o.Admin.TLSKey = "" }, ""},
+	{"Admin.ClientCA", validStatic, func(o *Options) { o.Admin.TLSCert, o.Admin.TLSKey, o.Admin.ClientCA = "c", "k", "ca" }, ""},
+	{"Admin.ClientCA", validStatic, func(o *Options) { o.Admin.ClientCA = "ca.pem" }, "--admin-client-ca"},
 	{"StartupTimeout", validStatic, func(o *Options) { o.StartupTimeout = time.Second }, ""},
 	{"StartupTimeout", validStatic, func(o *Options) { o.StartupTimeout = -time.Second }, "--startup-timeout"},
 	{"DrainDelay", validStatic, func(o *Options) { o.DrainDelay = time.Second }, ""},
@@ -201,7 +211,7 @@ func settings(t reflect.Type, prefix string) []string {
 		}
 		path := prefix + f.Name
 		switch f.Type {
-		case reflect.TypeFor[router.Options](), reflect.TypeFor[overload.BreakerOptions](), reflect.TypeFor[Limits]():
+		case reflect.TypeFor[router.Options](), reflect.TypeFor[overload.BreakerOptions](), reflect.TypeFor[Limits](), reflect.TypeFor[AdminSecurity]():
 			out = append(out, settings(f.Type, path+".")...)
 		case reflect.TypeFor[membership.Options]():
 			out = append(out, path+".Layout", path+".TTL")

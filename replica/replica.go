@@ -7,6 +7,7 @@ package replica
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -154,7 +155,17 @@ func Start(ctx context.Context, opts Options) (*Replica, error) {
 		}
 	}
 
+	adminTLS, err := opts.Admin.tlsConfig()
+	if err != nil {
+		if r.reg != nil {
+			_ = r.reg.Close(ctx)
+		}
+		r.closeParts()
+		return nil, err
+	}
 	aopts := admin.Options{
+		Token:     opts.Admin.Token,
+		OpenReads: opts.Admin.OpenReads,
 		Snapshots: r.router,
 		Statuses:  r.router,
 		Explainer: explainer{r.router},
@@ -186,11 +197,15 @@ func Start(ctx context.Context, opts Options) (*Replica, error) {
 	adminMux.Handle("GET /metrics", promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{Registry: opts.Registry}))
 	adminMux.HandleFunc("GET /readyz", r.router.ServeReadyz)
 	adminMux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-	// One port for both: gRPC clients speak HTTP/2 with prior knowledge
-	// (h2c), curl and Prometheus HTTP/1.1.
+	// One port for both: gRPC clients speak HTTP/2 (with prior knowledge
+	// in plaintext, by ALPN over TLS), curl and Prometheus HTTP/1.1.
 	var protos http.Protocols
 	protos.SetHTTP1(true)
-	protos.SetUnencryptedHTTP2(true)
+	if adminTLS != nil {
+		protos.SetHTTP2(true)
+	} else {
+		protos.SetUnencryptedHTTP2(true)
+	}
 	grpcSrv := r.adminRPC.GRPC()
 	r.admin = &http.Server{
 		Handler: lim.guard(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
@@ -201,6 +216,7 @@ func Start(ctx context.Context, opts Options) (*Replica, error) {
 			adminMux.ServeHTTP(w, req)
 		})),
 		Protocols:         &protos,
+		TLSConfig:         adminTLS,
 		ReadHeaderTimeout: lim.ReadHeaderTimeout,
 		IdleTimeout:       lim.IdleTimeout,
 		MaxHeaderBytes:    lim.MaxHeaderBytes,
@@ -217,7 +233,14 @@ func Start(ctx context.Context, opts Options) (*Replica, error) {
 		}
 	}
 	r.serve(r.data, netutil.LimitListener(r.dataLn, lim.MaxConns))
-	r.serve(r.admin, netutil.LimitListener(r.adminLn, lim.MaxConns))
+	adminLn := netutil.LimitListener(r.adminLn, lim.MaxConns)
+	if adminTLS != nil {
+		adminLn = tls.NewListener(adminLn, r.admin.TLSConfig)
+	}
+	r.serve(r.admin, adminLn)
+	if opts.Admin.Token == "" && !isLoopback(r.adminLn.Addr()) {
+		r.log.Warn("the admin listener is not loopback-only and has no --admin-token: anyone who reaches it can change routing", "admin", r.AdminAddr())
+	}
 	r.log.Info("router replica serving", "id", opts.ID, "addr", r.Addr(), "admin", r.AdminAddr(), "ext_proc", r.ExtProcAddr(), "endpoint", opts.Router.DefaultEndpoint, "etcd", opts.Client != nil, "tracing", r.tracing != nil)
 	started = true
 	return r, nil
@@ -293,6 +316,12 @@ func (r *Replica) serve(srv *http.Server, ln net.Listener) {
 			r.log.Error("http server stopped", "addr", ln.Addr().String(), "err", err)
 		}
 	}()
+}
+
+// isLoopback reports whether a listener's address is a loopback one.
+func isLoopback(a net.Addr) bool {
+	ta, ok := a.(*net.TCPAddr)
+	return ok && ta.IP.IsLoopback()
 }
 
 // Addr is the data-plane address (host:port).

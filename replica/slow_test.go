@@ -65,7 +65,7 @@ func waitClosed(conn net.Conn, within time.Duration) error {
 // than 200 × 6 MiB while other clients are served, and be closed by the body
 // deadline.
 func TestSlowBodiesCutOff(t *testing.T) {
-	const n, bodyTimeout = 200, 2 * time.Second
+	const n, bodyTimeout = 200, 5 * time.Second
 	rep := startStatic(t, backends(t, 1), Limits{BodyReadTimeout: bodyTimeout})
 	before := HeapInUse()
 	goroutines := runtime.NumGoroutine()

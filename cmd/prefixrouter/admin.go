@@ -3,13 +3,18 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/prefixrouter/prefixrouter/admin"
@@ -31,6 +36,7 @@ func newAdminFleetCmd() *cobra.Command {
 		endpoint string
 		asJSON   bool
 		timeout  time.Duration
+		cred     adminCreds
 	)
 	c := &cobra.Command{
 		Use:   "fleet",
@@ -48,13 +54,20 @@ replica's view of it: healthy (active health checks), requests in flight, extern
 			if timeout <= 0 {
 				return usageErr("--timeout must be positive, got %v", timeout)
 			}
-			conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			tc, err := cred.transport()
+			if err != nil {
+				return err
+			}
+			conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(tc))
 			if err != nil {
 				return usageErr("--admin-addr %q: %w", addr, err)
 			}
 			defer conn.Close()
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
+			if cred.token != "" {
+				ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+cred.token)
+			}
 			resp, err := adminpb.NewAdminClient(conn).GetFleet(ctx, &adminpb.GetFleetRequest{Endpoint: endpoint})
 			if err != nil {
 				return fmt.Errorf("admin fleet: %s: %w", addr, err)
@@ -82,5 +95,44 @@ replica's view of it: healthy (active health checks), requests in flight, extern
 	f.StringVar(&endpoint, "endpoint", "", "only this endpoint (default: all)")
 	f.BoolVar(&asJSON, "json", false, "print JSON instead of a table")
 	f.DurationVar(&timeout, "timeout", 10*time.Second, "give up on the call after this long")
+	f.StringVar(&cred.token, "admin-token", "", "bearer token of the replica's --admin-token (prefer $PREFIXROUTER_ADMIN_TOKEN)")
+	f.StringVar(&cred.caCert, "admin-cacert", "", "PEM CA that signed the replica's --admin-tls-cert (enables TLS)")
+	f.StringVar(&cred.cert, "admin-cert", "", "PEM client certificate for a replica with --admin-client-ca")
+	f.StringVar(&cred.key, "admin-key", "", "PEM key of --admin-cert")
 	return c
+}
+
+// adminCreds are how a CLI command authenticates to a replica's admin port.
+type adminCreds struct {
+	token, caCert, cert, key string
+}
+
+// transport returns TLS credentials when a CA or client certificate is
+// given, plaintext otherwise.
+func (c adminCreds) transport() (credentials.TransportCredentials, error) {
+	if c.caCert == "" && c.cert == "" {
+		return insecure.NewCredentials(), nil
+	}
+	if (c.cert == "") != (c.key == "") {
+		return nil, usageErr("--admin-cert and --admin-key must be given together")
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if c.caCert != "" {
+		pem, err := os.ReadFile(c.caCert)
+		if err != nil {
+			return nil, usageErr("--admin-cacert: %w", err)
+		}
+		tc.RootCAs = x509.NewCertPool()
+		if !tc.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, usageErr("--admin-cacert %s holds no PEM certificate", c.caCert)
+		}
+	}
+	if c.cert != "" {
+		pair, err := tls.LoadX509KeyPair(c.cert, c.key)
+		if err != nil {
+			return nil, usageErr("--admin-cert/--admin-key: %w", err)
+		}
+		tc.Certificates = []tls.Certificate{pair}
+	}
+	return credentials.NewTLS(tc), nil
 }

@@ -75,6 +75,12 @@ share the fleet, and keeps routing on its last good snapshot while etcd is unrea
 	f.DurationVar(&r.AdapterWait, "adapter-wait", router.DefaultAdapterWait, "how long a request for a catalogued adapter not yet loaded waits for it (ModelNotReadyException beyond)")
 	f.IntVar(&r.AdapterWaitQueue, "adapter-wait-queue", router.DefaultAdapterWaitQueue, "requests that may wait for adapters at once (ModelNotReadyException beyond)")
 	f.DurationVar(&r.HealthCheckTimeout, "health-check-timeout", probe.DefaultHealthTimeout, "how long a health probe may take before it counts as failed")
+	a := &opts.Admin
+	f.StringVar(&a.Token, "admin-token", "", "bearer token the admin API's mutating gRPC calls need, and reads too unless --admin-open-reads (prefer $PREFIXROUTER_ADMIN_TOKEN to a flag; empty: no authentication)")
+	f.BoolVar(&a.OpenReads, "admin-open-reads", false, "with --admin-token, let gRPC reads (GetFleet, GetRoutingConfig, ExplainRoute, ListAdapters) through without it")
+	f.StringVar(&a.TLSCert, "admin-tls-cert", "", "PEM certificate the admin port serves TLS with (with --admin-tls-key)")
+	f.StringVar(&a.TLSKey, "admin-tls-key", "", "PEM key of --admin-tls-cert")
+	f.StringVar(&a.ClientCA, "admin-client-ca", "", "PEM CA bundle admin clients' certificates must chain to (mTLS; needs --admin-tls-cert)")
 	l := &opts.Limits
 	f.DurationVar(&l.ReadHeaderTimeout, "read-header-timeout", replica.DefaultReadHeaderTimeout, "close a connection that has not sent a request's headers within this long")
 	f.DurationVar(&l.BodyReadTimeout, "body-read-timeout", replica.DefaultBodyReadTimeout, "answer 400 and close a connection that has not sent a request's body within this long after its headers")
