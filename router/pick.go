@@ -13,6 +13,12 @@ import (
 // all but overloaded fleets, and ranking all n costs O(n) per candidate.
 const firstCandidates = 4
 
+// maxHotCandidates caps a hot key's k: ring.Candidates ranks up to 16 on the
+// stack in one pass, beyond which ranking costs O(n) per candidate (tens of
+// microseconds for 50 of 64). A key that needs more than 16 instances is
+// spread over 16 and the threshold and bounded loads spill the rest.
+const maxHotCandidates = 16
+
 // pick is an admitted choice: the instance, its ring index in the model's
 // set, the done callback that releases its slot, and the decision label.
 type pick struct {
@@ -147,9 +153,9 @@ func (r *Router) pickPrefix(ev *endpointView, set *lora.Set, key uint64, hc hotC
 	if r.balance > 0 {
 		bound = balanceBound(r.balance, ev.setLoad(set), n)
 	}
-	var buf [firstCandidates]int
+	var buf [maxHotCandidates]int
 	var why spill
-	k := min(hc.k, n)
+	k := min(hc.k, n, maxHotCandidates)
 	cands := set.Ring().Candidates(key, min(n, max(firstCandidates, k)), buf[:0])
 	if k > 1 {
 		// The chosen one goes first; the others keep their ring order, so

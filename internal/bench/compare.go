@@ -169,7 +169,11 @@ func (c *Comparison) WriteMarkdown(w io.Writer) error {
 		b.WriteString("Each cell: KV hit rate / largest instance's share of requests / Gini of the per-instance requests (0 = even).\n\n")
 		b.WriteString("| " + strings.Join(hdr, " | ") + " |\n|---" + strings.Repeat("|--:", len(hdr)-1) + "|\n")
 		for _, r := range rows {
-			b.WriteString("| " + mdEscape(strings.Join(r, " | ")) + " |\n")
+			cells := make([]string, len(r))
+			for i, c := range r {
+				cells[i] = mdEscape(c)
+			}
+			b.WriteString("| " + strings.Join(cells, " | ") + " |\n")
 		}
 	}
 	b.WriteString("\n## Per-instance share of requests\n\n")
