@@ -1,14 +1,18 @@
 package e2e
 
 import (
+	"context"
 	"errors"
+	"math"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/prefixrouter/prefixrouter/internal/bench"
 	"github.com/prefixrouter/prefixrouter/internal/sim"
 	"github.com/prefixrouter/prefixrouter/probe"
 	"github.com/prefixrouter/prefixrouter/replica"
@@ -138,6 +142,69 @@ func TestTenantCacheSalt(t *testing.T) {
 		}
 		if !salt && other == 0 {
 			t.Fatal("salt off: the other tenant hit nothing, so this test could not tell salting from no salting")
+		}
+	}
+}
+
+// TestRouterHitRateMatchesSimulator: over a bench run through the router,
+// the router's token counters (read from usage as responses stream past)
+// agree with the simulators' own prefix-cache counters within 1 %.
+func TestRouterHitRateMatchesSimulator(t *testing.T) {
+	f := startSims(t, 3, sim.Options{})
+	rep := startStatic(t, f.insts, nil)
+	var metricsURLs []string
+	for _, in := range f.insts {
+		metricsURLs = append(metricsURLs, in.Addr+"/metrics")
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	hc := &http.Client{Transport: &http.Transport{}}
+	defer hc.CloseIdleConnections()
+	for _, api := range []string{bench.APIOpenAI, bench.APIInvoke} {
+		res, err := bench.Run(ctx, bench.Options{
+			Targets: []string{rep.URL()}, MetricsURLs: metricsURLs, Preset: "bot", Requests: 150, Seed: 7,
+			Concurrency: 8, Model: sim.DefaultBaseModel, API: api, Tenants: 4, Client: hc, Endpoint: ep,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Succeeded != res.Requests {
+			t.Fatalf("%s: %d of %d requests succeeded", api, res.Succeeded, res.Requests)
+		}
+	}
+	var simHits, simQueries float64
+	for _, u := range metricsURLs {
+		m, err := probe.Scrape(ctx, hc, u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, err1 := m.Sum("vllm:prefix_cache_hits_total")
+		q, err2 := m.Sum("vllm:prefix_cache_queries_total")
+		if err := errors.Join(err1, err2); err != nil {
+			t.Fatal(err)
+		}
+		simHits, simQueries = simHits+h, simQueries+q
+	}
+	m, err := probe.Scrape(ctx, hc, "http://"+rep.AdminAddr()+"/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cached, err1 := m.Sum("prefixrouter_cached_prompt_tokens_total")
+	prompt, err2 := m.Sum("prefixrouter_prompt_tokens_total")
+	if err := errors.Join(err1, err2); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("router: %v cached of %v prompt tokens (%.1f %%); simulators: %v hits of %v queries (%.1f %%)",
+		cached, prompt, 100*cached/prompt, simHits, simQueries, 100*simHits/simQueries)
+	if simHits == 0 || math.Abs(cached-simHits) > 0.01*simHits || math.Abs(prompt-simQueries) > 0.01*simQueries {
+		t.Fatalf("router counters disagree with the simulators' by more than 1 %%")
+	}
+	for _, s := range m.Series("prefixrouter_cached_prompt_tokens_total") {
+		// The static fleet declares no model: the OpenAI runs' model reads
+		// "unlisted" (no client string becomes a label), the invoke runs
+		// name none.
+		if md := s.Labels["model"]; s.Labels["endpoint"] != ep || (md != "unlisted" && md != "") || s.Labels["instance"] == "" || s.Labels["decision"] == "" {
+			t.Fatalf("series labels %v", s.Labels)
 		}
 	}
 }

@@ -151,6 +151,19 @@ func (r *Router) models(w http.ResponseWriter, req *http.Request, endpoint strin
 	_ = json.NewEncoder(w).Encode(list)
 }
 
+// modelLabel is the model label of the usage metrics: a model the
+// endpoint's fleet records name, "" for none, "unlisted" for any other
+// (the label must not take arbitrary client strings).
+func modelLabel(ev *endpointView, model string) string {
+	if model == "" {
+		return ""
+	}
+	if _, ok := slices.BinarySearch(ev.table.Models(), model); ok {
+		return model
+	}
+	return "unlisted"
+}
+
 // noInstance is the rejection when lora has no instance for a model: a
 // named model whose instances are all draining, or a catalogued adapter
 // not loaded yet (the ext_proc front end does not wait for it), is not

@@ -31,6 +31,8 @@ type metrics struct {
 	retries        *prometheus.CounterVec
 	upstreamErrors *prometheus.CounterVec
 	keysMoved      *prometheus.HistogramVec
+	promptTokens   *prometheus.CounterVec
+	cachedTokens   *prometheus.CounterVec
 	adapterWaits   *prometheus.CounterVec
 	staleRetries   *prometheus.CounterVec
 	codes          [600]string // status code label values, to avoid Itoa per request
@@ -56,6 +58,16 @@ func newMetrics(reg prometheus.Registerer, r *Router) (*metrics, error) {
 			Help: "Upstream failures by kind: dial, timeout, status (5xx), body (stream broke off), other.",
 		}, []string{"endpoint", "kind"}),
 		keysMoved: newKeysMovedHistogram(),
+		// The KV hit rate the router sees: cached / prompt tokens, from the
+		// usage of the instances' answers (OpenAI's usage object).
+		promptTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prefixrouter_prompt_tokens_total",
+			Help: "Prompt tokens of answered requests, from the usage the instance reported (usage.prompt_tokens), by endpoint, model, instance and routing decision.",
+		}, []string{"endpoint", "model", "instance", "decision"}),
+		cachedTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prefixrouter_cached_prompt_tokens_total",
+			Help: "Prompt tokens served from the instance's prefix cache (usage.prompt_tokens_details.cached_tokens), by endpoint, model, instance and routing decision.",
+		}, []string{"endpoint", "model", "instance", "decision"}),
 		adapterWaits: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "prefixrouter_adapter_waits_total",
 			Help: "Requests that waited for an adapter to be loaded, by outcome: loaded, timeout, queue_full, client_gone.",
@@ -68,7 +80,7 @@ func newMetrics(reg prometheus.Registerer, r *Router) (*metrics, error) {
 	for i := range m.codes {
 		m.codes[i] = strconv.Itoa(i)
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.pickSeconds, m.retries, m.upstreamErrors, m.keysMoved, m.adapterWaits, m.staleRetries, stateCollector{r}} {
+	for _, c := range []prometheus.Collector{m.requests, m.pickSeconds, m.retries, m.upstreamErrors, m.keysMoved, m.promptTokens, m.cachedTokens, m.adapterWaits, m.staleRetries, stateCollector{r}} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

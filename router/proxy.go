@@ -58,10 +58,11 @@ type attempt struct {
 	refused    map[string]int64
 	staleTries int
 
-	status   int   // status sent to the client (upstream's or ours); 0 if none
-	upStatus int   // the upstream's status, which its breaker judges; 0 if none
-	err      error // transport error of the last try, if no response
-	bodyErr  error // upstream body read error while copying
+	usage    usageScanner // usage read from the response as it passes
+	status   int          // status sent to the client (upstream's or ours); 0 if none
+	upStatus int          // the upstream's status, which its breaker judges; 0 if none
+	err      error        // transport error of the last try, if no response
+	bodyErr  error        // upstream body read error while copying
 }
 
 // statusClientClosed is nginx's convention for the metrics of a request whose
@@ -183,6 +184,11 @@ func (a *attempt) finish(clientCtx context.Context, aborted bool) {
 		status = statusClientClosed
 	}
 	m.requests.WithLabelValues(a.endpoint, string(a.ev.strategy), a.cur.decision, m.code(status)).Inc()
+	if u := &a.usage; u.found && a.cur.iv != nil {
+		model := modelLabel(a.ev, a.model)
+		m.promptTokens.WithLabelValues(a.endpoint, model, a.cur.iv.inst.ID, a.cur.decision).Add(float64(u.prompt))
+		m.cachedTokens.WithLabelValues(a.endpoint, model, a.cur.iv.inst.ID, a.cur.decision).Add(float64(u.cached))
+	}
 	a.traceFinish(clientCtx)
 }
 
@@ -260,6 +266,9 @@ type trackedBody struct {
 
 func (b *trackedBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
+	if n > 0 {
+		b.a.usage.feed(p[:n])
+	}
 	if err != nil && err != io.EOF && b.a.bodyErr == nil {
 		b.a.bodyErr = err
 	}
