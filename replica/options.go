@@ -81,6 +81,13 @@ type Options struct {
 	// with its data there (--embedded-etcd), serving clients on
 	// EmbeddedEtcdClientURL (empty: membership.DefaultClientURL).
 	EmbeddedEtcdDir, EmbeddedEtcdClientURL string
+	// EmbeddedEtcdTLS serves the embedded etcd's clients over TLS
+	// (--embedded-etcd-cert, --embedded-etcd-key) and, with ClientCA,
+	// refuses clients without a certificate from it
+	// (--embedded-etcd-client-ca). This replica's own client then needs
+	// --etcd-cacert (and --etcd-cert/--etcd-key with ClientCA), like any
+	// other client. Empty means plaintext: for loopback only.
+	EmbeddedEtcdTLS EmbeddedEtcdTLS
 	// Membership is the etcd key layout (--etcd-prefix) and the lease TTL of
 	// this replica's registration (--ttl; zero: membership.DefaultTTL).
 	Membership membership.Options
@@ -217,6 +224,16 @@ func (o Options) Validate() error {
 		}
 		wrap("etcd", etcd.Validate())
 	}
+	if t := o.EmbeddedEtcdTLS; t != (EmbeddedEtcdTLS{}) {
+		switch {
+		case o.EmbeddedEtcdDir == "":
+			bad("EmbeddedEtcdTLS (--embedded-etcd-cert, --embedded-etcd-key, --embedded-etcd-client-ca) needs --embedded-etcd")
+		case t.Cert == "" || t.Key == "":
+			bad("--embedded-etcd-cert and --embedded-etcd-key must be given together")
+		case t.ClientCA != "" && o.Etcd.Cert == "":
+			bad("--embedded-etcd-client-ca refuses clients without a certificate: give this replica's own with --etcd-cert and --etcd-key")
+		}
+	}
 	if o.EmbeddedEtcdDir != "" && o.EmbeddedEtcdClientURL != "" {
 		wrap("embedded etcd client URL", membership.ClientOptions{Endpoints: []string{o.EmbeddedEtcdClientURL}}.Validate())
 	}
@@ -267,4 +284,11 @@ func defaultID() string {
 	var b [3]byte
 	_, _ = rand.Read(b[:])
 	return host + "-" + hex.EncodeToString(b[:])
+}
+
+// EmbeddedEtcdTLS is the client-side TLS of an embedded etcd: PEM files.
+type EmbeddedEtcdTLS struct {
+	Cert, Key string
+	// ClientCA turns on client-certificate authentication.
+	ClientCA string
 }

@@ -90,6 +90,16 @@ var validateCases = []validateCase{
 		o.EmbeddedEtcdDir, o.EmbeddedEtcdClientURL = "/tmp/etcd", "ftp://127.0.0.1:12379"
 	}, "scheme"},
 	{"EmbeddedEtcdClientURL", validEtcd, func(o *Options) { o.EmbeddedEtcdDir = "/tmp/etcd" }, ""},
+	{"EmbeddedEtcdTLS", validEtcd, func(o *Options) {
+		o.EmbeddedEtcdDir, o.EmbeddedEtcdTLS = "/tmp/etcd", EmbeddedEtcdTLS{Cert: "c", Key: "k", ClientCA: "ca"}
+		o.Etcd.Cert, o.Etcd.Key = "cc", "ck"
+	}, ""},
+	{"EmbeddedEtcdTLS", validEtcd, func(o *Options) { o.EmbeddedEtcdTLS = EmbeddedEtcdTLS{Cert: "c", Key: "k"} }, "needs --embedded-etcd"},
+	{"EmbeddedEtcdTLS", validEtcd, func(o *Options) { o.EmbeddedEtcdDir, o.EmbeddedEtcdTLS = "/tmp/etcd", EmbeddedEtcdTLS{Cert: "c"} }, "--embedded-etcd-key"},
+	{"EmbeddedEtcdTLS", validEtcd, func(o *Options) {
+		o.EmbeddedEtcdDir, o.EmbeddedEtcdTLS = "/tmp/etcd", EmbeddedEtcdTLS{Cert: "c", Key: "k", ClientCA: "ca"}
+	}, "--etcd-cert"},
+	{"EmbeddedEtcdTLS", validEtcd, func(o *Options) { o.EmbeddedEtcdTLS = EmbeddedEtcdTLS{} }, ""},
 	{"Membership.Layout", validEtcd, func(o *Options) { o.Membership.Layout.Prefix = "/pr/v1/" }, ""},
 	{"Membership.Layout", validEtcd, func(o *Options) { o.Membership.Layout.Prefix = "" }, ""},
 	{"Membership.TTL", validEtcd, func(o *Options) { o.Membership.TTL = 3 * time.Second }, ""},

@@ -6,6 +6,7 @@
 package replica
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -250,7 +251,11 @@ func Start(ctx context.Context, opts Options) (*Replica, error) {
 // gave a client; the replica closes what it started.
 func (r *Replica) connect() error {
 	if r.opts.EmbeddedEtcdDir != "" {
-		emb, err := membership.StartEmbedded(r.opts.EmbeddedEtcdDir, r.opts.EmbeddedEtcdClientURL)
+		var eopts []membership.EmbeddedOption
+		if t := r.opts.EmbeddedEtcdTLS; t.Cert != "" {
+			eopts = append(eopts, membership.WithClientTLS(t.Cert, t.Key, t.ClientCA, t.ClientCA != ""))
+		}
+		emb, err := membership.StartEmbedded(r.opts.EmbeddedEtcdDir, r.opts.EmbeddedEtcdClientURL, eopts...)
 		if err != nil {
 			return fmt.Errorf("replica: starting embedded etcd: %w", err)
 		}
@@ -265,6 +270,18 @@ func (r *Replica) connect() error {
 			return fmt.Errorf("replica: connecting to etcd %v: %w", r.opts.Etcd.Endpoints, err)
 		}
 		r.ownCli, r.opts.Client = cli, cli
+		if r.opts.Etcd.TLS() || r.opts.Etcd.Username != "" {
+			// Credentials are checked now, so that wrong ones fail
+			// start with their own message rather than as a missing
+			// first snapshot.
+			ctx, cancel := context.WithTimeout(context.Background(), cmp.Or(r.opts.Etcd.DialTimeout, membership.DefaultDialTimeout))
+			_, err := cli.Get(ctx, r.opts.Membership.Layout.Root(), clientv3.WithPrefix(), clientv3.WithCountOnly())
+			cancel()
+			if err != nil {
+				r.closeEtcd()
+				return fmt.Errorf("replica: etcd %v refused this replica's credentials or did not answer (check --etcd-cacert, --etcd-cert, --etcd-key, --etcd-username): %w", r.opts.Etcd.Endpoints, err)
+			}
+		}
 	}
 	return nil
 }
