@@ -51,6 +51,8 @@ type placer struct {
 	// Owned by run.
 	aboveSince, belowSince time.Time
 	hot                    bool
+	share                  map[string]float64 // adapter → moving average of its presence in the samples
+	hotAdapters            []string
 	lastSeen               map[string]time.Time // adapter → last scrape that showed it in use
 	failed                 map[string]time.Time // adapter → last failed load (back off)
 
@@ -64,7 +66,7 @@ func (a *agent) startPlacer(reg *membership.InstanceRegistration, static []strin
 	p := &placer{
 		a: a, reg: reg, static: static, clock: a.cfg.Clock,
 		snapCh: make(chan struct{}, 1), stale: make(chan struct{}, 1),
-		lastSeen: map[string]time.Time{}, failed: map[string]time.Time{},
+		lastSeen: map[string]time.Time{}, failed: map[string]time.Time{}, share: map[string]float64{},
 		cancel: cancel,
 	}
 	p.watcher = membership.StartWatcher(a.cfg.Client, membership.WatcherOptions{Options: a.cfg.Options}, func(*fleet.Snapshot) {
@@ -255,16 +257,19 @@ func (p *placer) observe(ctx context.Context) {
 		p.hotStep(busy, float64(threshold), now)
 	}
 	slots := 0
+	present := map[string]bool{}
 	for _, s := range m.Series(LoRAInfoMetric) {
 		for _, label := range []string{"running_lora_adapters", "waiting_lora_adapters"} {
 			for _, a := range strings.Split(s.Labels[label], ",") {
 				if a != "" {
 					p.lastSeen[a] = now
+					present[a] = true
 				}
 			}
 		}
 		slots, _ = strconv.Atoi(s.Labels["max_lora"])
 	}
+	p.hotAdapters = p.hotStepAdapters(present)
 	var active []string
 	for a, t := range p.lastSeen {
 		if now.Sub(t) <= p.a.cfg.ActiveWindow {
@@ -276,14 +281,14 @@ func (p *placer) observe(ctx context.Context) {
 	slices.Sort(active)
 	cur := p.reg.Instance()
 	setSlots := cur.MaxAdapters == 0 && slots > 0 && p.a.cfg.Instance.MaxAdapters == 0
-	if cur.Hot == p.hot && slices.Equal(cur.ActiveAdapters, active) && !setSlots {
+	if cur.Hot == p.hot && slices.Equal(cur.ActiveAdapters, active) && slices.Equal(cur.HotAdapters, p.hotAdapters) && !setSlots {
 		return
 	}
 	uctx, cancel := context.WithTimeout(ctx, DefaultRequestTimeout)
 	defer cancel()
-	hot := p.hot
+	hot, hotAdapters := p.hot, p.hotAdapters
 	err = p.reg.Update(uctx, func(in *fleet.Instance) {
-		in.Hot, in.ActiveAdapters = hot, active
+		in.Hot, in.ActiveAdapters, in.HotAdapters = hot, active, hotAdapters
 		if setSlots {
 			in.MaxAdapters = slots
 		}
@@ -315,6 +320,40 @@ func (p *placer) hotStep(busy, threshold float64, now time.Time) {
 	case p.hot && !p.belowSince.IsZero() && now.Sub(p.belowSince) >= p.a.cfg.HotWindow:
 		p.hot = false
 	}
+}
+
+// hotStepAdapters updates each adapter's share of the samples in which it
+// was in use (a moving average over about HotWindow) and returns, while the
+// instance is hot, the adapters that carry the load: in use in at least
+// three quarters of the recent samples, staying listed until they fall
+// below 40 % (hysteresis). An adapter with a request now and then is in
+// use in few samples, however long one request takes.
+func (p *placer) hotStepAdapters(present map[string]bool) []string {
+	// Weight of one sample: HotWindow spans about 1/alpha samples.
+	alpha := min(1, float64(p.a.cfg.LoadPollInterval)/float64(p.a.cfg.HotWindow))
+	for a := range present {
+		if _, ok := p.share[a]; !ok {
+			p.share[a] = 0
+		}
+	}
+	var out []string
+	for a, v := range p.share {
+		x := 0.0
+		if present[a] {
+			x = 1
+		}
+		v += alpha * (x - v)
+		if v < 0.01 {
+			delete(p.share, a)
+			continue
+		}
+		p.share[a] = v
+		if p.hot && (v >= 0.75 || (v >= 0.4 && slices.Contains(p.hotAdapters, a))) {
+			out = append(out, a)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // scale writes the growth and shrink decisions of lora.Decide. Every agent

@@ -154,9 +154,12 @@ type Instance struct {
 	// Hot is set by the agent while the server's requests in flight have
 	// stayed at or above the endpoint's concurrency threshold for its hot
 	// window, and cleared after they stayed below half of it as long
-	// (hysteresis); placement grows the sets of adapters whose members are
-	// all hot.
+	// (hysteresis).
 	Hot bool `json:"hot,omitempty"`
+	// HotAdapters are, while Hot, the adapters that carry the load: in use
+	// in most of the agent's recent samples (see agent.Options.HotWindow).
+	// Placement grows the set of an adapter that every member lists here.
+	HotAdapters []string `json:"hotAdapters,omitempty"`
 	// ActiveAdapters are the adapters that served a request within the
 	// agent's active window, sorted; an adapter that no member lists is
 	// cold and its set shrinks back to MinReplicas.

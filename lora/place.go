@@ -167,13 +167,15 @@ type Scale struct {
 // the others become no-ops. The rules, each with its hysteresis:
 //
 //   - Grow by one (up to MaxReplicas) when every member of the adapter's
-//     current set has it loaded and is Hot. Hot is set by each member's
-//     agent only after its load stayed at or above the endpoint's
-//     concurrency threshold for a whole window, and cleared only after it
-//     stayed below half of it as long.
+//     current set has it loaded, is Hot and lists it in HotAdapters. Hot
+//     is set by each member's agent only after its load stayed at or
+//     above the endpoint's concurrency threshold for a whole window, and
+//     cleared only after it stayed below half of it as long; HotAdapters
+//     names the adapters in use in most of its samples meanwhile, so that
+//     a quiet adapter sharing an instance with a hot one does not grow.
 //   - Shrink to MinReplicas when the adapter is cold: no instance lists it
 //     in ActiveAdapters (no request within the agents' active window) and
-//     no member is Hot.
+//     no member lists it hot.
 //   - No change within Cooldown of the last one.
 func Decide(ep *fleet.Endpoint, p *Placement, now time.Time, o ScaleOptions) []Scale {
 	if ep == nil {
@@ -202,9 +204,9 @@ func Decide(ep *fleet.Endpoint, p *Placement, now time.Time, o ScaleOptions) []S
 		allHot, anyHot := len(set) > 0, false
 		for _, id := range set {
 			in := byID[id]
-			hot := in != nil && in.Hot && in.HasAdapter(a.Name)
+			hot := in != nil && in.Hot && in.HasAdapter(a.Name) && slices.Contains(in.HotAdapters, a.Name)
 			allHot = allHot && hot
-			anyHot = anyHot || (in != nil && in.Hot)
+			anyHot = anyHot || hot
 		}
 		switch {
 		case allHot && k < a.Max() && len(set) == k:

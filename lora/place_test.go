@@ -144,7 +144,12 @@ func TestDecide(t *testing.T) {
 	now := time.Unix(1000, 0)
 	hot := func(ep *fleet.Endpoint, ids ...string) {
 		for i := range ep.Instances {
-			ep.Instances[i].Hot = slices.Contains(ids, ep.Instances[i].ID)
+			in := &ep.Instances[i]
+			in.Hot = slices.Contains(ids, in.ID)
+			in.HotAdapters = nil
+			if in.Hot {
+				in.HotAdapters = []string{"a"}
+			}
 		}
 	}
 	load := func(ep *fleet.Endpoint, p *Placement) {
@@ -170,6 +175,20 @@ func TestDecide(t *testing.T) {
 		hot(ep, p.Set("a")[0])
 		for i := range ep.Instances {
 			ep.Instances[i].ActiveAdapters = []string{"a"}
+		}
+		if got := Decide(ep, p, now, ScaleOptions{}); len(got) != 0 {
+			t.Fatalf("Decide = %+v", got)
+		}
+	})
+	t.Run("hot for another adapter: no growth", func(t *testing.T) {
+		ep := placeFleet(4, 0, fleet.Adapter{Name: "a", Source: "s", MaxReplicas: 3})
+		p := Place(ep)
+		load(ep, p)
+		hot(ep, p.Set("a")...)
+		for i := range ep.Instances {
+			if ep.Instances[i].Hot {
+				ep.Instances[i].HotAdapters = []string{"b"}
+			}
 		}
 		if got := Decide(ep, p, now, ScaleOptions{}); len(got) != 0 {
 			t.Fatalf("Decide = %+v", got)

@@ -32,13 +32,18 @@ var (
 // accept, if not nil, must also approve the set (the stale retry waits for
 // a set other than the one that refused). It returns that view.
 func (r *Router) waitLoaded(ctx context.Context, v *view, endpoint, model string, accept func(*endpointView, *lora.Set) bool) (*view, *endpointView, *lora.Set, error) {
+	return r.waitLoadedUntil(ctx, v, endpoint, model, accept, time.Now().Add(r.opts.AdapterWait))
+}
+
+// waitLoadedUntil is waitLoaded with the wait's deadline.
+func (r *Router) waitLoadedUntil(ctx context.Context, v *view, endpoint, model string, accept func(*endpointView, *lora.Set) bool, deadline time.Time) (*view, *endpointView, *lora.Set, error) {
 	if n := r.waiting.Add(1); n > int64(r.opts.AdapterWaitQueue) {
 		r.waiting.Add(-1)
 		r.metrics.adapterWaits.WithLabelValues(endpoint, "queue_full").Inc()
 		return nil, nil, nil, fmt.Errorf("%w (%d)", errWaitQueueFull, r.opts.AdapterWaitQueue)
 	}
 	defer r.waiting.Add(-1)
-	timer := time.NewTimer(r.opts.AdapterWait)
+	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
 	for {
 		select {

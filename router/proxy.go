@@ -14,6 +14,7 @@ import (
 	"net/http/httputil"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/prefixrouter/prefixrouter/lora"
 	"github.com/prefixrouter/prefixrouter/overload"
@@ -57,6 +58,7 @@ type attempt struct {
 	// until one did.
 	refused    map[string]int64
 	staleTries int
+	staleUntil time.Time // the first refusal plus AdapterWait
 
 	usage    usageScanner // usage read from the response as it passes
 	status   int          // status sent to the client (upstream's or ours); 0 if none
@@ -356,7 +358,11 @@ func (t retryTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 }
 
 // maxStaleRetries bounds the re-sends after "adapter not found" answers.
-const maxStaleRetries = 3
+// Each one after the members ran out waits for a record to change, and
+// all of them end at AdapterWait after the first refusal: a record that
+// changes for another reason (its load state) costs one more 404, not
+// the request.
+const maxStaleRetries = 16
 
 // staleRetry handles an "adapter not found" answer from a.cur: it reports
 // the instance stale, releases it without blame and admits another member
@@ -375,7 +381,10 @@ func (t retryTransport) staleRetry(ctx context.Context, a *attempt) error {
 		a.refused = map[string]int64{}
 	}
 	a.refused[id] = a.cur.iv.inst.Revision
-	if a.staleTries++; a.staleTries > maxStaleRetries {
+	if a.staleTries++; a.staleTries == 1 {
+		a.staleUntil = time.Now().Add(r.opts.AdapterWait)
+	}
+	if a.staleTries > maxStaleRetries {
 		return fmt.Errorf("%w: %q refused %d times", errAdapterGone, a.model, a.staleTries)
 	}
 	if next, ok := r.pick(a.ev, a.set, a.key, a.hot, a.replicas, a.tried); ok {
@@ -393,7 +402,7 @@ func (t retryTransport) staleRetry(ctx context.Context, a *attempt) error {
 		}
 		return false
 	}
-	v, ev, set, err := r.waitLoaded(ctx, a.view, a.endpoint, a.model, accept)
+	v, ev, set, err := r.waitLoadedUntil(ctx, a.view, a.endpoint, a.model, accept, a.staleUntil)
 	if err != nil {
 		return fmt.Errorf("%w: %q: %w", errAdapterGone, a.model, err)
 	}
