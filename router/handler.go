@@ -151,6 +151,27 @@ func (r *Router) models(w http.ResponseWriter, req *http.Request, endpoint strin
 	_ = json.NewEncoder(w).Encode(list)
 }
 
+// sessionPick admits the instance a session id names, and puts the
+// container's own id in the request for it. A session stays on its instance:
+// no threshold spill and no retry elsewhere (the session's state lives
+// there); only an open breaker refuses it (503).
+func (r *Router) sessionPick(ev *endpointView, h http.Header, sid string, kind apiKind) (pick, *reqError) {
+	id, inner, ok := parseSessionID(sid)
+	if !ok {
+		return pick{}, &reqError{http.StatusBadRequest, codeInvalidSession, "X-Amzn-SageMaker-Session-Id is not a session id this endpoint issued"}
+	}
+	iv := ev.instances[id]
+	if iv == nil || iv.target == nil || iv.inst.Draining {
+		return pick{}, &reqError{http.StatusBadRequest, codeInvalidSession, "the session's instance has left the endpoint: the session is closed"}
+	}
+	done, ok := iv.state.Acquire()
+	if !ok {
+		return pick{}, &reqError{http.StatusServiceUnavailable, codeNoInstance, "the session's instance is failing (its circuit breaker is open)"}
+	}
+	h.Set(HeaderSessionID, inner)
+	return pick{iv: iv, idx: -1, done: done, decision: DecisionSession}, nil
+}
+
 // modelLabel is the model label of the usage metrics: a model the
 // endpoint's fleet records name, "" for none, "unlisted" for any other
 // (the label must not take arbitrary client strings).
@@ -204,6 +225,9 @@ func parseRequest(kind apiKind, h http.Header, body []byte, prefixLen int) (rout
 			rr.tenant = vals[0]
 		}
 		rr.model = h.Get(HeaderTargetModel)
+		if ic := h.Get(HeaderInferenceComponent); ic != "" {
+			rr.model = ic // the component's set, exactly like an adapter's
+		}
 		rr.key = routingKey(rr.tenant, rr.model, invokePrefix(body, prefixLen))
 		return rr, nil
 	}
@@ -302,8 +326,29 @@ func (r *Router) serve(w http.ResponseWriter, req *http.Request, kind apiKind, u
 		}
 		return
 	}
+	var skip bitset
+	var p pick
+	var ok, pinned bool
+	if kind == kindInvoke {
+		if variant := req.Header.Get(HeaderTargetVariant); variant != "" {
+			if skip, ok = variantSkip(ev, set, variant); !ok {
+				r.reject(w, req, kind, endpoint, strategy, &reqError{http.StatusBadRequest, codeUnknownModel, fmt.Sprintf("endpoint %q has no production variant %q serving the request", endpoint, variant)})
+				return
+			}
+		}
+		if sid := req.Header.Get(HeaderSessionID); sid != "" && sid != NewSession {
+			var rerr *reqError
+			if p, rerr = r.sessionPick(ev, req.Header, sid, kind); rerr != nil {
+				r.reject(w, req, kind, endpoint, strategy, rerr)
+				return
+			}
+			ok, pinned = true, true
+		}
+	}
 	hc := newHotChoice(ev, set, rr.key, body)
-	p, ok := r.pick(ev, set, rr.key, hc, v.snap.Replicas, bitset{})
+	if !pinned {
+		p, ok = r.pick(ev, set, rr.key, hc, v.snap.Replicas, skip)
+	}
 	r.metrics.pickSeconds.WithLabelValues(strategy).Observe(time.Since(start).Seconds())
 	if !ok {
 		r.reject(w, req, kind, endpoint, strategy, &reqError{http.StatusServiceUnavailable, codeNoInstance, fmt.Sprintf("no instance of endpoint %q can take the request (all circuit breakers open)", endpoint)})
@@ -311,7 +356,7 @@ func (r *Router) serve(w http.ResponseWriter, req *http.Request, kind apiKind, u
 	}
 	a := &attempt{
 		r: r, kind: kind, endpoint: endpoint, ev: ev, set: set, key: rr.key, hot: hc, model: rr.model, view: v,
-		replicas: v.snap.Replicas, upstreamPath: upstreamPath, stream: stream, cur: p,
+		replicas: v.snap.Replicas, upstreamPath: upstreamPath, stream: stream, cur: p, tried: skip, pinned: pinned,
 	}
 	r.proxy.serve(w, req, body, a)
 }

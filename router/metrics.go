@@ -12,6 +12,7 @@ const (
 	DecisionSpill            = "spill"             // PREFIX_AWARE: a later candidate with room
 	DecisionFallback         = "fallback"          // PREFIX_AWARE: no candidate had room; least loaded
 	DecisionRandom           = "random"            // RANDOM
+	DecisionSession          = "session"           // a stateful session's instance (X-Amzn-SageMaker-Session-Id)
 	DecisionLeastOutstanding = "least_outstanding" // LEAST_OUTSTANDING_REQUESTS
 	decisionNone             = "none"              // rejected before a pick
 )

@@ -49,6 +49,7 @@ type attempt struct {
 	upstreamPath string
 	body         []byte // the request body, replayed on our own retries
 	stream       bool   // frame the answer as an AWS event stream (…/invocations-response-stream)
+	pinned       bool   // a session's request: its instance only, no retry elsewhere
 
 	cur     pick   // the admitted instance; cur.done nil once released
 	tried   bitset // set indexes already tried
@@ -206,6 +207,11 @@ func (p *proxy) modifyResponse(resp *http.Response) error {
 	if overload.IsFailure(overload.UpstreamStatus(resp.StatusCode)) {
 		p.r.metrics.upstreamErrors.WithLabelValues(a.endpoint, errKindStatus).Inc()
 	}
+	if a.kind == kindInvoke {
+		resp.Header.Set(HeaderInvokedVariant, variantOf(a.cur.iv))
+		rewriteSessionHeader(resp.Header, HeaderNewSessionID, a.cur.iv.inst.ID)
+		rewriteSessionHeader(resp.Header, HeaderClosedSessionID, a.cur.iv.inst.ID)
+	}
 	body := &trackedBody{ReadCloser: resp.Body, a: a}
 	resp.Body = body
 	switch {
@@ -318,7 +324,7 @@ func (t retryTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 	for {
 		resp, err := t.p.base.RoundTrip(out)
 		if err == nil {
-			if !a.staleAdapter(resp) {
+			if a.pinned || !a.staleAdapter(resp) {
 				return resp, nil
 			}
 			// The instance refused the adapter: it saw the request but
@@ -338,7 +344,7 @@ func (t retryTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 		}
 		kind := errorKind(err)
 		m.upstreamErrors.WithLabelValues(a.endpoint, kind).Inc()
-		if kind != errKindDial || a.retries >= MaxRetries {
+		if kind != errKindDial || a.retries >= MaxRetries || a.pinned {
 			return nil, err
 		}
 		a.cur.done(err)

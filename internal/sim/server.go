@@ -131,6 +131,7 @@ type Server struct {
 	// adapters is the loaded adapter set.
 	adapters *adapters
 	reqs     atomic.Uint64
+	sessions sync.Map // open stateful sessions' ids
 
 	in        chan engineMsg
 	quit      chan struct{}
@@ -184,7 +185,47 @@ func New(cfg Options) (*Server, error) {
 // Every response carries X-Instance-Id.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Instance-Id", s.cfg.ID)
+	// A SageMaker container may answer custom attributes; the simulator
+	// echoes the request's, so that tests see them pass both ways.
+	if ca := r.Header.Get(headerCustomAttributes); ca != "" {
+		w.Header().Set(headerCustomAttributes, ca)
+	}
 	s.mux.ServeHTTP(w, r)
+}
+
+// SageMaker's headers the simulator honours.
+const (
+	headerCustomAttributes = "X-Amzn-SageMaker-Custom-Attributes"
+	headerSessionID        = "X-Amzn-SageMaker-Session-Id"
+	headerNewSessionID     = "X-Amzn-SageMaker-New-Session-Id"
+	headerClosedSessionID  = "X-Amzn-SageMaker-Closed-Session-Id"
+	sessionTTL             = 20 * time.Minute
+)
+
+// session plays a SageMaker container with stateful sessions: the session
+// id NEW_SESSION opens one (answered in X-Amzn-SageMaker-New-Session-Id with
+// its expiry), a body with "requestType":"CLOSE" closes the one named (in
+// X-Amzn-SageMaker-Closed-Session-Id), and an id this server did not issue,
+// or closed, is refused with 400. It reports false when it answered.
+func (s *Server) session(w http.ResponseWriter, r *http.Request, closing bool) bool {
+	sid := r.Header.Get(headerSessionID)
+	switch {
+	case sid == "":
+	case sid == "NEW_SESSION":
+		id := fmt.Sprintf("%s-session-%d", s.cfg.ID, s.reqs.Add(1))
+		s.sessions.Store(id, true)
+		w.Header().Set(headerNewSessionID, id+"; Expires="+time.Now().Add(sessionTTL).UTC().Format(time.RFC3339))
+	default:
+		if _, ok := s.sessions.Load(sid); !ok {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("session %q is not open on instance %s", sid, s.cfg.ID))
+			return false
+		}
+		if closing {
+			s.sessions.Delete(sid)
+			w.Header().Set(headerClosedSessionID, sid)
+		}
+	}
+	return true
 }
 
 // Close stops the engine and waits for it. Requests in flight get 503.
@@ -295,6 +336,8 @@ type apiRequest struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
 	CacheSalt string `json:"cache_salt"`
+	// RequestType "CLOSE" closes the stateful session the request names.
+	RequestType string `json:"requestType"`
 }
 
 type tgiParameters struct {
@@ -360,18 +403,20 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 
 // job is one parsed inference request.
 type job struct {
-	kind     kind
-	model    string
-	adapter  string
-	salt     string
-	prompts  []string
-	max      int
-	stream   bool
-	usage    bool // stream_options.include_usage
-	seqs     []*seq
-	notify   chan struct{}
-	id       string
-	received time.Time
+	kind    kind
+	model   string
+	adapter string
+	salt    string
+	// closeSession: the body asks to close its stateful session.
+	closeSession bool
+	prompts      []string
+	max          int
+	stream       bool
+	usage        bool // stream_options.include_usage
+	seqs         []*seq
+	notify       chan struct{}
+	id           string
+	received     time.Time
 }
 
 // parse reads the request. Once it has acquired an adapter it returns the
@@ -414,6 +459,7 @@ func (s *Server) parse(r *http.Request, k kind) (*job, *apiError) {
 	// prompt_cache_key is a routing hint, so two tenants on one instance
 	// share blocks unless the router salts (--tenant-cache-salt).
 	j.salt = req.CacheSalt
+	j.closeSession = req.RequestType == "CLOSE"
 	switch k {
 	case kindChat:
 		if len(req.Messages) == 0 {
@@ -470,6 +516,9 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, k kind) {
 	}
 	if aerr != nil {
 		writeError(w, aerr.status, aerr.msg)
+		return
+	}
+	if !s.session(w, r, j.closeSession) {
 		return
 	}
 	select {

@@ -1,0 +1,101 @@
+package router
+
+import (
+	"encoding/base64"
+	"net/http"
+	"strings"
+
+	"github.com/prefixrouter/prefixrouter/lora"
+)
+
+// SageMaker Runtime's request and response headers beyond the tenant and
+// target model (issue 8). X-Amzn-SageMaker-Custom-Attributes needs no code:
+// the proxy passes it both ways like any end-to-end header.
+const (
+	// HeaderInferenceComponent names an inference component: its instances
+	// (those whose record names it as their model or an adapter) form the
+	// sticky set, exactly like an adapter's.
+	HeaderInferenceComponent = "X-Amzn-Sagemaker-Inference-Component"
+	// HeaderTargetVariant restricts the request to the instances of one
+	// production variant (an instance's label "variant"; DefaultVariant
+	// when it has none).
+	HeaderTargetVariant = "X-Amzn-Sagemaker-Target-Variant"
+	// HeaderInvokedVariant names the variant that answered.
+	HeaderInvokedVariant = "X-Amzn-Invoked-Production-Variant"
+	// Stateful sessions: the request's session id (NewSession to open
+	// one), and the container's answers opening or closing one.
+	HeaderSessionID       = "X-Amzn-Sagemaker-Session-Id"
+	HeaderNewSessionID    = "X-Amzn-Sagemaker-New-Session-Id"
+	HeaderClosedSessionID = "X-Amzn-Sagemaker-Closed-Session-Id"
+	// NewSession is the session id that asks the container for a session.
+	NewSession = "NEW_SESSION"
+	// DefaultVariant is SageMaker's variant name of an endpoint created
+	// with one variant.
+	DefaultVariant = "AllTraffic"
+	// VariantLabel is the instance label naming its production variant.
+	VariantLabel = "variant"
+)
+
+// Sessions carry their instance in the id the client sees: the router
+// answers the container's session id s from instance i as
+// base64url(i) + "." + s, and routes a request with that id to i and sends
+// s on. Every replica reads the same instance from the id, so a session
+// stays on its instance whichever replica a request reaches, with no state
+// shared between replicas (or kept in one).
+var sessionEncoding = base64.RawURLEncoding
+
+// clientSessionID is the id the client sees for the container's id sid on
+// instance id.
+func clientSessionID(instance, sid string) string {
+	return sessionEncoding.EncodeToString([]byte(instance)) + "." + sid
+}
+
+// parseSessionID splits a client session id into the instance and the
+// container's id.
+func parseSessionID(v string) (instance, sid string, ok bool) {
+	enc, sid, ok := strings.Cut(v, ".")
+	if !ok || sid == "" {
+		return "", "", false
+	}
+	b, err := sessionEncoding.DecodeString(enc)
+	if err != nil || len(b) == 0 {
+		return "", "", false
+	}
+	return string(b), sid, true
+}
+
+// rewriteSessionHeader turns the container's session id at the start of
+// header h (SageMaker's "<id>; Expires=<time>" for a new session) into the
+// client's.
+func rewriteSessionHeader(hdr http.Header, h, instance string) {
+	v := hdr.Get(h)
+	if v == "" {
+		return
+	}
+	sid, rest, _ := strings.Cut(v, ";")
+	if rest != "" {
+		rest = ";" + rest
+	}
+	hdr.Set(h, clientSessionID(instance, strings.TrimSpace(sid))+rest)
+}
+
+// variantOf is the production variant of an instance.
+func variantOf(iv *instanceView) string {
+	if v := iv.inst.Labels[VariantLabel]; v != "" {
+		return v
+	}
+	return DefaultVariant
+}
+
+// variantSkip marks the set indexes of instances outside variant; ok is
+// false when no instance of the set is in it.
+func variantSkip(ev *endpointView, set *lora.Set, variant string) (skip bitset, ok bool) {
+	for i := 0; i < set.Len(); i++ {
+		if iv := ev.instance(set, i); iv == nil || variantOf(iv) != variant {
+			skip.set(i)
+		} else {
+			ok = true
+		}
+	}
+	return skip, ok
+}
