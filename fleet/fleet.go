@@ -76,6 +76,18 @@ type RoutingConfig struct {
 	// never share cached KV blocks, even on one instance. False (the zero
 	// value) leaves request bodies as they are.
 	TenantCacheSalt bool `json:"TenantCacheSalt,omitempty"`
+	// ProductionVariants (SageMaker's endpoint-config shape) split the
+	// endpoint's traffic between variants by weight when a request names
+	// no X-Amzn-SageMaker-Target-Variant. An instance belongs to the
+	// variant its label "variant" names ("AllTraffic" without one). Empty
+	// (the zero value) means no split: every instance serves every request.
+	ProductionVariants []ProductionVariant `json:"ProductionVariants,omitempty"`
+}
+
+// ProductionVariant is one variant's share of an endpoint's traffic.
+type ProductionVariant struct {
+	VariantName          string  `json:"VariantName"`
+	InitialVariantWeight float64 `json:"InitialVariantWeight"`
 }
 
 // DefaultRoutingConfig is the configuration of an endpoint that has none.
@@ -95,6 +107,21 @@ func (c RoutingConfig) Validate() error {
 	if c.RoutingStrategy != "" && !c.RoutingStrategy.Valid() {
 		return fmt.Errorf("%w: RoutingStrategy %q is not one of RANDOM, LEAST_OUTSTANDING_REQUESTS, PREFIX_AWARE", ErrInvalidConfig, c.RoutingStrategy)
 	}
+	seen := map[string]bool{}
+	total := 0.0
+	for _, v := range c.ProductionVariants {
+		if v.VariantName == "" || len(v.VariantName) > 63 || seen[v.VariantName] {
+			return fmt.Errorf("%w: ProductionVariants: VariantName %q must be 1..63 characters and unique", ErrInvalidConfig, v.VariantName)
+		}
+		seen[v.VariantName] = true
+		if !(v.InitialVariantWeight >= 0 && v.InitialVariantWeight <= 1e6) {
+			return fmt.Errorf("%w: ProductionVariants: InitialVariantWeight %v of %q must be in 0..1e6", ErrInvalidConfig, v.InitialVariantWeight, v.VariantName)
+		}
+		total += v.InitialVariantWeight
+	}
+	if len(c.ProductionVariants) > 0 && total <= 0 {
+		return fmt.Errorf("%w: ProductionVariants: the weights sum to 0", ErrInvalidConfig)
+	}
 	if p := c.PrefixAwareRoutingConfig; p != nil {
 		if p.PrefixLength != 0 && (p.PrefixLength < MinPrefixLength || p.PrefixLength > MaxPrefixLength) {
 			return fmt.Errorf("%w: PrefixLength %d is outside %d..%d", ErrInvalidConfig, p.PrefixLength, MinPrefixLength, MaxPrefixLength)
@@ -111,6 +138,7 @@ func (c RoutingConfig) Validate() error {
 func (c RoutingConfig) WithDefaults() RoutingConfig {
 	out := DefaultRoutingConfig()
 	out.TenantCacheSalt = c.TenantCacheSalt
+	out.ProductionVariants = c.ProductionVariants
 	if c.RoutingStrategy != "" {
 		out.RoutingStrategy = c.RoutingStrategy
 	}

@@ -68,6 +68,10 @@ func TestParseRoutingConfig(t *testing.T) {
 		{`{"RoutingStrategy":"RANDOM"}`, true, fleet.Random},
 		{`{"RoutingStrategy":"LEAST_OUTSTANDING_REQUESTS"}`, true, fleet.LeastOutstanding},
 		{`{"RoutingStrategy":"PREFIX_AWARE","TenantCacheSalt":true}`, true, fleet.PrefixAware},
+		{`{"RoutingStrategy":"RANDOM","ProductionVariants":[{"VariantName":"a","InitialVariantWeight":1},{"VariantName":"b","InitialVariantWeight":0}]}`, true, fleet.Random},
+		{`{"RoutingStrategy":"RANDOM","ProductionVariants":[{"VariantName":"a","InitialVariantWeight":1},{"VariantName":"a","InitialVariantWeight":1}]}`, false, ""},
+		{`{"RoutingStrategy":"RANDOM","ProductionVariants":[{"VariantName":"a","InitialVariantWeight":-1}]}`, false, ""},
+		{`{"RoutingStrategy":"RANDOM","ProductionVariants":[{"VariantName":"a","InitialVariantWeight":0}]}`, false, ""},
 		{`{}`, false, ""}, // RoutingStrategy is required, as in SageMaker
 		{`{"RoutingStrategy":""}`, false, ""},
 		{`{"PrefixAwareRoutingConfig":{"PrefixLength":4096}}`, false, ""},

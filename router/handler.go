@@ -335,6 +335,12 @@ func (r *Router) serve(w http.ResponseWriter, req *http.Request, kind apiKind, u
 				r.reject(w, req, kind, endpoint, strategy, &reqError{http.StatusBadRequest, codeUnknownModel, fmt.Sprintf("endpoint %q has no production variant %q serving the request", endpoint, variant)})
 				return
 			}
+		} else if variant := ev.weightedVariant(rr.key); variant != "" {
+			// The weights' choice; a variant with no instance of the
+			// set leaves the whole set.
+			if s, ok := variantSkip(ev, set, variant); ok {
+				skip = s
+			}
 		}
 		if sid := req.Header.Get(HeaderSessionID); sid != "" && sid != NewSession {
 			var rerr *reqError

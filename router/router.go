@@ -76,6 +76,10 @@ type endpointView struct {
 	prefixLen int
 	threshold int
 	salt      bool // TenantCacheSalt
+	// variants and cumWeight: the ProductionVariants split, weights
+	// cumulated in order; nil without one.
+	variants  []string
+	cumWeight []float64
 	// setStates caches, per model set (*lora.Set), the states of its
 	// instances in set order ([]*overload.State), so that the balance bound
 	// sums loads without a map lookup per instance. Filled on first use;
@@ -205,6 +209,12 @@ func (r *Router) Update(s *fleet.Snapshot) {
 			prefixLen: cfg.PrefixLength(),
 			threshold: cfg.ConcurrencyThreshold(),
 			salt:      cfg.TenantCacheSalt,
+		}
+		total := 0.0
+		for _, pv := range cfg.ProductionVariants {
+			total += pv.InitialVariantWeight
+			ev.variants = append(ev.variants, pv.VariantName)
+			ev.cumWeight = append(ev.cumWeight, total)
 		}
 		if cfg.RoutingStrategy == fleet.PrefixAware && cfg.HotKeyReplication() {
 			ev.hot = r.hot[name]

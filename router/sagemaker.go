@@ -99,3 +99,24 @@ func variantSkip(ev *endpointView, set *lora.Set, variant string) (skip bitset, 
 	}
 	return skip, ok
 }
+
+// weightedVariant chooses the production variant of a request that names
+// none, by the endpoint's weights. The choice is a function of the routing
+// key (not a coin flip), so every replica sends a key to the same variant
+// and a prefix stays warm in one variant's caches; over many keys the
+// shares follow the weights. "" when the endpoint has no split.
+func (ev *endpointView) weightedVariant(key uint64) string {
+	n := len(ev.cumWeight)
+	if n == 0 {
+		return ""
+	}
+	// Re-mix the key: its low bits also place it on the ring.
+	x := key * 0x9E3779B97F4A7C15
+	u := float64(x>>11) / (1 << 53) * ev.cumWeight[n-1]
+	for i, c := range ev.cumWeight {
+		if u < c {
+			return ev.variants[i]
+		}
+	}
+	return ev.variants[n-1]
+}

@@ -15,6 +15,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -235,7 +236,7 @@ func Start(ctx context.Context, cfg Options) (f *Fleet, err error) {
 	if f.client, err = f.newClient(); err != nil {
 		return nil, err
 	}
-	if cfg.Routing != (fleet.RoutingConfig{}) {
+	if !reflect.DeepEqual(cfg.Routing, fleet.RoutingConfig{}) {
 		if err = membership.PutConfig(ctx, f.client, membership.Layout{}, cfg.Endpoint, cfg.Routing); err != nil {
 			return nil, err
 		}
