@@ -12,6 +12,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/prefixrouter/prefixrouter/agent"
 	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/internal/localfleet"
 	"github.com/prefixrouter/prefixrouter/internal/sim"
@@ -46,6 +47,10 @@ var scenarioDocs = []struct{ name, doc string }{
 	{FailingInstance, "one instance answers 500: its breaker opens, traffic spills to the next candidates; clear the fault: the breaker closes after its open timeout and a probe"},
 	{RollingRestart, "stop (gracefully) and re-add every instance in turn under load: no request fails"},
 	{HungInstance, "freeze one instance (connections accepted, nothing answers; still registered): active health checks mark it down on every replica within 2 probes, new requests avoid it, only requests already sent to it wait; unfreeze: it is marked up and they complete"},
+	{AdapterJoin, "an adapter is loaded on one more instance (its set grows by one): at most 1.05 × 1/(|set|+1) of its keys move, none of other adapters, no request fails"},
+	{AdapterUnload, "an adapter is unloaded from one member (its set shrinks by one): only that member's keys move, none of other adapters, no request fails"},
+	{AdapterHot, "one adapter gets sustained load above the threshold: the agents grow its set by the next rendezvous choice; movement as for a join, no request fails"},
+	{AdapterCrash, "the only instance holding an adapter crashes: after its lease expires the adapter is placed and loaded elsewhere; adapters not on it neither move nor fail"},
 }
 
 // Scenarios returns the scenario names in the order Run runs them; see
@@ -207,6 +212,9 @@ func Run(ctx context.Context, cfg Options) (*Report, error) {
 			HealthCheckInterval: healthCheckInterval,
 			HealthCheckTimeout:  healthCheckTimeout,
 		}},
+		// Placement on, with quick windows for the adapter scenarios (no
+		// effect before they catalogue adapters).
+		Agent: agent.Options{PlaceAdapters: true, LoadPollInterval: agentLoadPoll, HotWindow: agentHotWindow, ScaleCooldown: agentScaleCooling},
 		// Drain quickly: the load's requests last milliseconds.
 		DrainTimeout: 10 * time.Second,
 		Logger:       cfg.Logger,

@@ -279,3 +279,39 @@ func TestReport(t *testing.T) {
 		t.Error("report has failed checks")
 	}
 }
+
+func TestAdapterScenarios(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a fleet with placement and load")
+	}
+	scenarios := []string{AdapterJoin, AdapterUnload, AdapterHot, AdapterCrash}
+	var progress bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	rep, err := Run(ctx, Options{
+		Instances: 5, Replicas: 2, Keys: 8000, TimeScale: 20, LoadRate: 40,
+		TTL: 2 * time.Second, LoadWindow: 500 * time.Millisecond, Seed: 7, Scenarios: scenarios, Progress: &progress,
+	})
+	t.Log("\n" + progress.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var md bytes.Buffer
+	if err := rep.WriteMarkdown(&md); err != nil {
+		t.Fatal(err)
+	}
+	t.Log("\n" + md.String())
+	if len(rep.Results) != len(scenarios) {
+		t.Fatalf("%d results, want %d", len(rep.Results), len(scenarios))
+	}
+	for _, res := range rep.Results {
+		if res.Adapter == nil {
+			t.Errorf("%s: no adapter movement measured", res.Scenario)
+		}
+		for _, c := range res.Checks {
+			if !c.Pass {
+				t.Errorf("%s: %s: %s", res.Scenario, c.Name, c.Detail)
+			}
+		}
+	}
+}

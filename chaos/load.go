@@ -60,6 +60,12 @@ type load struct {
 }
 
 func startLoad(urls []string, rate float64, seed int64) *load {
+	return startLoadModels(urls, rate, seed, nil)
+}
+
+// startLoadModels is startLoad with the requests spread over models (the
+// base model when empty).
+func startLoadModels(urls []string, rate float64, seed int64, models []string) *load {
 	l := &load{
 		urls: urls, rate: rate,
 		client: &http.Client{Timeout: loadTimeout, Transport: &http.Transport{
@@ -71,7 +77,11 @@ func startLoad(urls []string, rate float64, seed int64) *load {
 		// Short distinct prompts: spread over every instance by their keys.
 		text := fmt.Sprintf("chaos load %d/%d: summarize the status of shard %d in one sentence.", seed, i, i*7919)
 		stream := i%2 == 0
-		l.bodies = append(l.bodies, chatBody(text, loadOutputTokens, stream))
+		body := chatBody(text, loadOutputTokens, stream)
+		if len(models) > 0 {
+			body = chatBodyModel(models[i%len(models)], text, loadOutputTokens, stream)
+		}
+		l.bodies = append(l.bodies, body)
 		l.streams = append(l.streams, stream)
 	}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -19,6 +19,11 @@ const chatPath = "/v1/chat/completions"
 
 // newProbes builds k OpenAI chat bodies with distinct random texts.
 func newProbes(k int, seed int64) [][]byte {
+	return newModelProbes(sim.DefaultBaseModel, k, seed)
+}
+
+// newModelProbes is newProbes for requests naming model.
+func newModelProbes(model string, k int, seed int64) [][]byte {
 	const alphabet = "abcdefghijklmnopqrstuvwxyz      .,"
 	rng := rand.New(rand.NewPCG(uint64(seed), 0x70726f6265))
 	out := make([][]byte, k)
@@ -29,14 +34,18 @@ func newProbes(k int, seed int64) [][]byte {
 		for j := n; j < len(text); j++ {
 			text[j] = alphabet[rng.IntN(len(alphabet))]
 		}
-		out[i] = chatBody(string(text), 8, false)
+		out[i] = chatBodyModel(model, string(text), 8, false)
 	}
 	return out
 }
 
 func chatBody(text string, maxTokens int, stream bool) []byte {
+	return chatBodyModel(sim.DefaultBaseModel, text, maxTokens, stream)
+}
+
+func chatBodyModel(model, text string, maxTokens int, stream bool) []byte {
 	b, _ := json.Marshal(map[string]any{
-		"model":      sim.DefaultBaseModel,
+		"model":      model,
 		"messages":   []map[string]string{{"role": "user", "content": text}},
 		"max_tokens": maxTokens,
 		"stream":     stream,

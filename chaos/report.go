@@ -142,6 +142,10 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 			fmt.Fprintf(&b, "- movement: %d of %d keys moved (%s); ideal %s, nominal %s (σ %s); collateral %d; agreement before %s, after %s\n",
 				m.Moved, m.Keys, pct(m.MovedFraction), pct(m.Ideal), pct(m.Nominal), pct(m.Sigma), m.Collateral, pct(m.AgreementBefore), pct(m.AgreementAfter))
 		}
+		if m := res.Adapter; m != nil {
+			fmt.Fprintf(&b, "- adapter %s: set %v → %v; %d of %d of its keys moved (%s, bound %s); %d of %d keys of other adapters moved; agreement %s\n",
+				m.Adapter, m.SetBefore, m.SetAfter, m.Moved, m.Keys, pct(m.MovedFraction), pct(m.Bound), m.OtherMoved, m.OtherKeys, pct(m.AgreementAfter))
+		}
 		if l := res.Load; l != nil {
 			fmt.Fprintf(&b, "- load: %d requests in %.1f s, %d ok (%d spilled), %d failed (%d in flight at a crash, %d other), %d ticks skipped%s\n",
 				l.Sent, l.Seconds, l.OK, l.Spilled, l.Failed, l.FailedInFlight, l.FailedOther, l.Skipped, kinds(l.ByKind))
@@ -197,6 +201,9 @@ func (res *Result) summary() string {
 	s := fmt.Sprintf("%s: %s; convergence %s", res.Scenario, res.Event, ms(res.Convergence))
 	if m := res.Movement; m != nil {
 		s += fmt.Sprintf("; moved %s (ideal %s), collateral %d, agreement %s", pct(m.MovedFraction), pct(m.Ideal), m.Collateral, pct(m.AgreementAfter))
+	}
+	if m := res.Adapter; m != nil {
+		s += fmt.Sprintf("; %s %v→%v moved %s (bound %s), others moved %d", m.Adapter, m.SetBefore, m.SetAfter, pct(m.MovedFraction), pct(m.Bound), m.OtherMoved)
 	}
 	if l := res.Load; l != nil {
 		s += fmt.Sprintf("; %d requests, %d failed (%d in flight at a crash)", l.Sent, l.Failed, l.FailedInFlight)

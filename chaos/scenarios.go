@@ -35,13 +35,14 @@ type Result struct {
 	// until every replica's snapshot shows it; for a crash it is the detection time (≈ TTL). Removed is, for a
 	// graceful stop, the time until the key is gone (Convergence is the
 	// time until every replica sees it draining and routes around it).
-	Convergence time.Duration `json:"convergence_ns"`
-	Removed     time.Duration `json:"removed_ns,omitempty"`
-	Movement    *Movement     `json:"movement,omitempty"`
-	Load        *Load         `json:"load,omitempty"`
-	Outage      *Outage       `json:"outage,omitempty"`
-	Breaker     *Breaker      `json:"breaker,omitempty"`
-	Hang        *Hang         `json:"hang,omitempty"`
+	Convergence time.Duration    `json:"convergence_ns"`
+	Removed     time.Duration    `json:"removed_ns,omitempty"`
+	Movement    *Movement        `json:"movement,omitempty"`
+	Load        *Load            `json:"load,omitempty"`
+	Outage      *Outage          `json:"outage,omitempty"`
+	Breaker     *Breaker         `json:"breaker,omitempty"`
+	Hang        *Hang            `json:"hang,omitempty"`
+	Adapter     *AdapterMovement `json:"adapter,omitempty"`
 	// Checks are the properties the scenario promises.
 	Checks []Check `json:"checks"`
 	// Err is set when the scenario could not complete.
@@ -143,6 +144,9 @@ type suite struct {
 	f      *localfleet.Fleet
 	probes [][]byte
 	rng    *rand.Rand
+	// adapterProbes are each chaos adapter's probe bodies; nil until the
+	// first adapter scenario catalogued the adapters.
+	adapterProbes map[string][][]byte
 }
 
 func (s *suite) run(ctx context.Context, name string) *Result {
@@ -163,6 +167,14 @@ func (s *suite) run(ctx context.Context, name string) *Result {
 		err = s.rollingRestart(ctx, res)
 	case HungInstance:
 		err = s.hungInstance(ctx, res)
+	case AdapterJoin:
+		err = s.adapterJoin(ctx, res)
+	case AdapterUnload:
+		err = s.adapterUnload(ctx, res)
+	case AdapterHot:
+		err = s.adapterHot(ctx, res)
+	case AdapterCrash:
+		err = s.adapterCrash(ctx, res)
 	}
 	res.InstancesAfter = len(s.f.IDs())
 	if err != nil {
