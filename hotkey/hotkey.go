@@ -136,12 +136,26 @@ func tag(key uint64) uint64 {
 	return t
 }
 
-// index is the counter of row i for tag t (double hashing over the two
-// halves of the tag, which is already a hash).
-func index(t uint64, i int) uint32 {
-	lo, hi := uint32(t>>8), uint32(t>>32)|1
+// mix scrambles a tag (splitmix64's finalizer), so that counters and table
+// slots depend on every bit of it: keys that differ only in a few bits
+// (tests, or a weak hash upstream) must not share all their counters.
+func mix(t uint64) uint64 {
+	t ^= t >> 30
+	t *= 0xbf58476d1ce4e5b9
+	t ^= t >> 27
+	t *= 0x94d049bb133111eb
+	return t ^ t>>31
+}
+
+// index is the counter of row i for a mixed tag h (double hashing over its
+// two halves).
+func index(h uint64, i int) uint32 {
+	lo, hi := uint32(h), uint32(h>>32)|1
 	return (lo + uint32(i)*hi) % width
 }
+
+// slot is where t's probe window starts in the table.
+func slot(h uint64) int { return int(h>>40) % tableSize }
 
 // Observe counts one request of key and returns its replication factor in
 // a set of n instances. One in HalfLife calls also halves every count (about
@@ -151,9 +165,10 @@ func (s *Sketch) Observe(key uint64, n int) int {
 		s.decay()
 	}
 	t := tag(key)
+	h := mix(t)
 	est := uint32(math.MaxUint32)
 	for i := range depth {
-		est = min(est, s.counts[i][index(t, i)].Add(1))
+		est = min(est, s.counts[i][index(h, i)].Add(1))
 	}
 	mass := s.mass.Add(1)
 	return s.decide(t, float64(est), float64(mass), n, true)
@@ -167,9 +182,10 @@ func (s *Sketch) K(key uint64, n int) int {
 }
 
 func (s *Sketch) estimate(t uint64) uint32 {
+	h := mix(t)
 	est := uint32(math.MaxUint32)
 	for i := range depth {
-		est = min(est, s.counts[i][index(t, i)].Load())
+		est = min(est, s.counts[i][index(h, i)].Load())
 	}
 	return est
 }
@@ -231,7 +247,7 @@ func (s *Sketch) want(est, mass float64, n int, perInstance float64) int {
 func (s *Sketch) decide(t uint64, est, mass float64, n int, update bool) int {
 	up := s.want(est, mass, n, 1+s.hysteresis)
 	down := s.want(est, mass, n, 1-s.hysteresis)
-	start := int(t>>8) % tableSize
+	start := slot(mix(t))
 	for p := range probe {
 		slot := &s.table[(start+p)%tableSize]
 		v := slot.Load()

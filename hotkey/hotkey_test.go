@@ -157,8 +157,14 @@ func TestUniformStaysCold(t *testing.T) {
 func TestTableChurn(t *testing.T) {
 	s, _ := New(Options{HalfLife: 1024})
 	rng := rand.New(rand.NewPCG(7, 8))
-	for phase := range 4 * probe {
-		key := uint64(phase+1)<<32 | 77<<8 // same table window, distinct tags
+	// Keys whose probe windows start at the same slot, distinct tags.
+	var keys []uint64
+	for k := uint64(1); len(keys) < 4*probe; k++ {
+		if key := k << 8; slot(mix(tag(key))) == 77 {
+			keys = append(keys, key)
+		}
+	}
+	for phase, key := range keys {
 		k := 0
 		for range 600 {
 			if rng.IntN(2) == 0 {
