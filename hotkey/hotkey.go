@@ -159,7 +159,7 @@ func slot(h uint64) int { return int(h>>40) % tableSize }
 
 // Observe counts one request of key and returns its replication factor in
 // a set of n instances. One in HalfLife calls also halves every count (about
-// 8,000 atomic operations, some microseconds, on the calling request).
+// 8,000 atomic operations, some 20 µs, on the calling request).
 func (s *Sketch) Observe(key uint64, n int) int {
 	if s.seen.Add(1)%s.halfLife == 0 {
 		s.decay()

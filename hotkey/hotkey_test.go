@@ -181,7 +181,7 @@ func TestTableChurn(t *testing.T) {
 
 // TestConcurrent runs observers in parallel (for -race). Requests counted
 // while a halving runs make shares err (low: the min over rows takes the
-// row halved last); a halving takes about 10 µs (BenchmarkDecay), but
+// row halved last); a halving takes about 20 µs (BenchmarkDecay), but
 // milliseconds under the race detector, during which the other goroutines
 // count thousands of requests, so the bounds here are loose; the precise
 // checks are the sequential tests.

@@ -68,8 +68,9 @@ func BenchmarkPick(b *testing.B) {
 
 // BenchmarkPickHotKeys is the cost of popularity-aware replication on the
 // pick alone (no body to parse): keys of a Zipf(1) stream over 200
-// documents, whose top keys the sketch replicates (k up to 2 of 4, 3 of 16,
-// 11 of 64 instances), against the same pick with replication off
+// documents, whose top keys the sketch replicates (none at 4 instances; k = 3
+// and 2 for the top two at 16; the top nine, k up to 10, at 64), against the
+// same pick with replication off
 // (issue 10: ≤ 1.5×).
 func BenchmarkPickHotKeys(b *testing.B) {
 	const docs, stream = 200, 1 << 12
