@@ -5,14 +5,21 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sony/gobreaker/v2"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/overload"
 )
 
 // TestHeaderHygiene covers issue 12 finding 9 over real HTTP: forwarded
@@ -141,5 +148,98 @@ func TestIdempotencyKeyNotReplayed(t *testing.T) {
 	}
 	if n := received.Load(); n != 2 {
 		t.Fatalf("upstream received %d requests, want 2 (no replay)", n)
+	}
+}
+
+// TestUpstreamFailuresWarnRateLimited: upstream failures are logged at warn
+// (they were debug only), at most a few lines however many fail.
+func TestUpstreamFailuresWarnRateLimited(t *testing.T) {
+	var buf lockedBuffer
+	r, err := New(Options{DefaultEndpoint: "ep", Logger: slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	r.Update(fleet.NewSnapshot([]fleet.Endpoint{{Name: "ep", Instances: []fleet.Instance{{ID: "gone", Addr: "http://" + deadAddr(t)}}}}, 0, 1, time.Now()))
+	srv := httptest.NewServer(r)
+	defer srv.Close()
+	for range 50 {
+		resp, err := srv.Client().Post(srv.URL+"/invocations", "application/json", strings.NewReader("x"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	lines := strings.Count(buf.String(), "router: upstream failed")
+	if lines < 1 || lines > 6 || !strings.Contains(buf.String(), "level=WARN") || !strings.Contains(buf.String(), "instance=gone") {
+		t.Fatalf("%d warn lines for 50 failures:\n%s", lines, buf.String())
+	}
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestFirstByteTimeoutTripsBreaker: an instance that answers its health
+// check but hangs on generations (before its headers, or after them with no
+// body) has its calls cut after FirstByteTimeout, and the failures open its
+// breaker; its slot is released each time.
+func TestFirstByteTimeoutTripsBreaker(t *testing.T) {
+	for _, afterHeaders := range []bool{false, true} {
+		t.Run(fmt.Sprintf("after headers %v", afterHeaders), func(t *testing.T) {
+			b := newBackend(t, "hung")
+			b.handler = func(w http.ResponseWriter, r *http.Request) {
+				// Read the body, so that the server notices the router
+				// hanging up.
+				_, _ = io.Copy(io.Discard, r.Body)
+				if afterHeaders {
+					w.Header().Set("Content-Type", "text/event-stream")
+					w.WriteHeader(200)
+					http.NewResponseController(w).Flush()
+				}
+				<-r.Context().Done()
+			}
+			reg := prometheus.NewRegistry()
+			r, err := New(Options{DefaultEndpoint: "ep", Logger: slog.New(slog.DiscardHandler), Registry: reg, FirstByteTimeout: 100 * time.Millisecond, Breaker: overload.BreakerOptions{ConsecutiveFailures: 2, OpenTimeout: time.Hour}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r.Close()
+			r.Update(fleet.NewSnapshot([]fleet.Endpoint{{Name: "ep", Instances: []fleet.Instance{{ID: "hung", Addr: b.srv.URL}}}}, 0, 1, time.Now()))
+			srv := httptest.NewServer(r)
+			defer srv.Close()
+			for i := range 2 {
+				start := time.Now()
+				resp, err := srv.Client().Post(srv.URL+"/invocations", "application/json", strings.NewReader("x"))
+				if err == nil {
+					_, err = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if !afterHeaders && resp.StatusCode < 500 && resp.StatusCode != http.StatusFailedDependency {
+						t.Fatalf("call %d: status %d", i, resp.StatusCode)
+					}
+				}
+				if took := time.Since(start); took > 5*time.Second {
+					t.Fatalf("call %d took %v: not cut", i, took)
+				}
+			}
+			st, _ := r.Status("ep", "hung")
+			if st.Breaker != gobreaker.StateOpen || st.InFlight != 0 {
+				t.Fatalf("after two cut calls: breaker %v, in flight %d; want open, 0", st.Breaker, st.InFlight)
+			}
+		})
 	}
 }

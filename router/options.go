@@ -72,6 +72,13 @@ type Options struct {
 	// deployments whose clients must not learn the fleet's layout. False
 	// (the default) shows them.
 	HideInstanceID bool
+	// FirstByteTimeout bounds the wait for the first byte of an instance's
+	// response body (--upstream-first-byte-timeout): beyond it the call is
+	// cut and counts against the instance's breaker, so an instance whose
+	// health check answers while its generations hang is taken out. Like
+	// UpstreamHeaderTimeout it must exceed the longest non-streamed
+	// generation (its body comes at the end). Zero means off.
+	FirstByteTimeout time.Duration
 	// Breaker configures every instance's circuit breaker (--breaker-*).
 	Breaker overload.BreakerOptions
 	// LoadPollInterval > 0 starts a poller that scrapes each instance's
@@ -225,6 +232,7 @@ func (o Options) Validate() error {
 		v    time.Duration
 	}{
 		{"UpstreamHeaderTimeout (--upstream-header-timeout)", o.UpstreamHeaderTimeout},
+		{"FirstByteTimeout (--upstream-first-byte-timeout)", o.FirstByteTimeout},
 		{"LoadPollInterval (--load-poll-interval)", o.LoadPollInterval},
 		{"HealthCheckInterval (--health-check-interval)", o.HealthCheckInterval},
 		{"HealthCheckTimeout (--health-check-timeout)", o.HealthCheckTimeout},

@@ -14,7 +14,10 @@ import (
 	"net/http/httputil"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"golang.org/x/time/rate"
 
 	"github.com/prefixrouter/prefixrouter/lora"
 	"github.com/prefixrouter/prefixrouter/overload"
@@ -28,6 +31,12 @@ type proxy struct {
 	r    *Router
 	rp   *httputil.ReverseProxy
 	base http.RoundTripper
+
+	// failLog rate-limits the warning per upstream failure (issue 12: they
+	// were logged at debug only, so a failing fleet was silent); failures
+	// counts those since the last line, which reports them.
+	failLog  rate.Sometimes
+	failures atomic.Int64
 }
 
 type attemptKey struct{}
@@ -48,8 +57,11 @@ type attempt struct {
 	replicas     int
 	upstreamPath string
 	body         []byte // the request body, replayed on our own retries
-	stream       bool   // frame the answer as an AWS event stream (…/invocations-response-stream)
-	pinned       bool   // a session's request: its instance only, no retry elsewhere
+	clientCtx    context.Context
+	upCtx        context.Context // the upstream call's; its cause tells a first-byte timeout
+	firstByte    *time.Timer     // fires the first-byte timeout; nil when off or stopped
+	stream       bool            // frame the answer as an AWS event stream (…/invocations-response-stream)
+	pinned       bool            // a session's request: its instance only, no retry elsewhere
 
 	cur     pick   // the admitted instance; cur.done nil once released
 	tried   bitset // set indexes already tried
@@ -80,7 +92,7 @@ func (bytesPool) Get() []byte  { return *bufferPool.Get().(*[]byte) }
 func (bytesPool) Put(b []byte) { bufferPool.Put(&b) }
 
 func newProxy(r *Router, base http.RoundTripper) *proxy {
-	p := &proxy{r: r, base: base}
+	p := &proxy{r: r, base: base, failLog: rate.Sometimes{First: 5, Interval: 10 * time.Second}}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			// Append the client to X-Forwarded-For as a proxy in a chain
@@ -144,7 +156,19 @@ func (p *proxy) serve(w http.ResponseWriter, req *http.Request, body []byte, a *
 	req.TransferEncoding = nil
 	a.body = body
 	clientCtx := req.Context()
-	req = req.WithContext(context.WithValue(clientCtx, attemptKey{}, a))
+	a.clientCtx = clientCtx
+	upCtx := context.WithValue(clientCtx, attemptKey{}, a)
+	if d := p.r.opts.FirstByteTimeout; d > 0 {
+		// An instance whose health check answers while its generations
+		// hang must trip its breaker (issue 12): no first body byte
+		// within d cancels the call, and the outcome counts against it.
+		var cancel context.CancelCauseFunc
+		upCtx, cancel = context.WithCancelCause(upCtx)
+		defer cancel(nil)
+		a.firstByte = time.AfterFunc(d, func() { cancel(errFirstByte) })
+	}
+	a.upCtx = upCtx
+	req = req.WithContext(upCtx)
 	defer func() {
 		// ReverseProxy panics with http.ErrAbortHandler when a streamed copy
 		// fails; release the slot and report the outcome before re-panicking.
@@ -162,8 +186,12 @@ func (p *proxy) serve(w http.ResponseWriter, req *http.Request, body []byte, a *
 func (a *attempt) finish(clientCtx context.Context, aborted bool) {
 	m := a.r.metrics
 	clientGone := clientCtx.Err() != nil
+	a.stopFirstByte()
 	var outcome error
 	switch {
+	case !clientGone && a.timedOut():
+		outcome = errFirstByte
+		m.upstreamErrors.WithLabelValues(a.endpoint, errKindTimeout).Inc()
 	case clientGone:
 		outcome = clientCtx.Err() // context.Canceled: not the instance's fault
 	case a.err != nil:
@@ -274,6 +302,9 @@ type trackedBody struct {
 
 func (b *trackedBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
+	if n > 0 || err != nil {
+		b.a.stopFirstByte()
+	}
 	if n > 0 {
 		b.a.usage.feed(p[:n])
 	}
@@ -286,8 +317,11 @@ func (b *trackedBody) Read(p []byte) (int, error) {
 // errorHandler runs when no try produced a response.
 func (p *proxy) errorHandler(w http.ResponseWriter, req *http.Request, err error) {
 	a := attemptFrom(req.Context())
+	if a.timedOut() {
+		err = errFirstByte
+	}
 	a.err = err
-	if errors.Is(err, context.Canceled) && req.Context().Err() != nil {
+	if errors.Is(err, context.Canceled) && a.clientCtx.Err() != nil {
 		return // the client went away: nobody to answer
 	}
 	if a.cur.iv != nil {
@@ -307,10 +341,42 @@ func (p *proxy) errorHandler(w http.ResponseWriter, req *http.Request, err error
 	if unreachable {
 		code = codeUnreachable
 	}
-	p.r.log.Debug("router: upstream failed", "endpoint", a.endpoint, "retries", a.retries, "err", err)
+	p.warnFailure(a, err)
 	// The client learns what happened, never where: the error's text
 	// names the instance's address.
 	writeError(w, a.kind, a.status, code, fmt.Sprintf("no instance answered after %d retries: %s", a.retries, publicError(err)))
+}
+
+// errFirstByte is the outcome of a call cut by Options.FirstByteTimeout. It
+// wraps context.DeadlineExceeded, so it counts against the instance.
+var errFirstByte = fmt.Errorf("router: no first byte from the instance within the first-byte timeout: %w", context.DeadlineExceeded)
+
+// stopFirstByte disarms the first-byte timer once a byte (or the end)
+// arrived.
+func (a *attempt) stopFirstByte() {
+	if a.firstByte != nil {
+		a.firstByte.Stop()
+		a.firstByte = nil
+	}
+}
+
+// timedOut reports whether the first-byte timeout cut the call.
+func (a *attempt) timedOut() bool {
+	return a.upCtx != nil && context.Cause(a.upCtx) == errFirstByte
+}
+
+// warnFailure logs an upstream failure at warn, at most a few lines per
+// interval; each line counts the failures it stands for. Only the failure
+// path pays for the limiter's lock.
+func (p *proxy) warnFailure(a *attempt, err error) {
+	p.failures.Add(1)
+	p.failLog.Do(func() {
+		id := ""
+		if a.cur.iv != nil {
+			id = a.cur.iv.inst.ID
+		}
+		p.r.log.Warn("router: upstream failed", "endpoint", a.endpoint, "instance", id, "retries", a.retries, "err", err, "failures_since_last_line", p.failures.Swap(0))
+	})
 }
 
 // retryTransport sends to the attempt's instance and, when the instance

@@ -64,6 +64,7 @@ share the fleet, and keeps routing on its last good snapshot while etcd is unrea
 	f.StringVar(&opts.EmbeddedEtcdTLS.Key, "embedded-etcd-key", "", "PEM key of --embedded-etcd-cert")
 	f.StringVar(&opts.EmbeddedEtcdTLS.ClientCA, "embedded-etcd-client-ca", "", "PEM CA the embedded etcd's clients must present a certificate from (client-cert auth); this replica's own goes in --etcd-cert/--etcd-key")
 	f.StringVar(&opts.EmbeddedEtcdClientURL, "embedded-etcd-client-url", membership.DefaultClientURL, "client URL the embedded etcd serves on")
+	f.DurationVar(&r.FirstByteTimeout, "upstream-first-byte-timeout", 0, "cut a call whose instance sends no byte of its response body within this long, counting against its circuit breaker: catches instances whose health check answers while generations hang (0: off; allow for the longest non-streamed generation)")
 	f.BoolVar(&r.HideInstanceID, "hide-instance-id", false, "leave X-Prefixrouter-Instance out of responses and instance ids out of error messages")
 	f.StringVar(&r.CacheSaltKey, "cache-salt-key", "", "secret key of the tenant cache salt (--tenant-cache-salt), the same on every replica, at least 16 bytes; empty: a built-in key, which keeps tenants apart but lets whoever knows a tenant id compute its salt")
 	f.Int64Var(&r.MaxBodyBytes, "max-body-bytes", router.DefaultMaxBodyBytes, "largest request body accepted (413 beyond)")
