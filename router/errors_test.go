@@ -43,7 +43,7 @@ func checkError(t *testing.T, res result, openAI bool, status int, code string) 
 	if err := json.Unmarshal(res.body, &e); err != nil || e.ErrorCode == "" || e.Message == "" || e.LowerMessage != e.Message {
 		t.Fatalf("SageMaker error body %s (%v)", res.body, err)
 	}
-	want := map[int]string{400: "ValidationError", 413: "ValidationError", 424: "ModelError", 429: "ModelNotReadyException", 503: "ServiceUnavailable", 530: "InternalDependencyException"}[status]
+	want := map[int]string{500: "InternalFailure", 400: "ValidationError", 413: "ValidationError", 424: "ModelError", 429: "ModelNotReadyException", 503: "ServiceUnavailable", 530: "InternalDependencyException"}[status]
 	if e.ErrorCode != want || res.header.Get("X-Amzn-ErrorType") != want {
 		t.Fatalf("ErrorCode %q, X-Amzn-ErrorType %q, want %q", e.ErrorCode, res.header.Get("X-Amzn-ErrorType"), want)
 	}

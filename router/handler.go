@@ -9,6 +9,7 @@ import (
 	"io"
 	"maps"
 	"net/http"
+	"runtime/debug"
 	"slices"
 	"sync"
 	"time"
@@ -280,6 +281,19 @@ func (r *Router) reject(w http.ResponseWriter, req *http.Request, kind apiKind, 
 // serve routes one data-plane request.
 // stream frames the answer as an AWS event stream.
 func (r *Router) serve(w http.ResponseWriter, req *http.Request, kind apiKind, upstreamPath, endpoint string, stream bool) {
+	proxied := false
+	defer func() {
+		// A bug before the proxy wrote anything answers SageMaker's
+		// InternalFailure (500) instead of a dropped connection; once the
+		// proxy runs, panics go on (ErrAbortHandler ends a broken stream).
+		if p := recover(); p != nil {
+			if proxied {
+				panic(p)
+			}
+			r.log.Error("router: internal failure", "endpoint", endpoint, "panic", p, "stack", string(debug.Stack()))
+			r.reject(w, req, kind, "unknown", "", &reqError{http.StatusInternalServerError, codeInternal, "internal failure of the router"})
+		}
+	}()
 	v := r.view.Load()
 	if v == nil {
 		r.reject(w, req, kind, "unknown", "", &reqError{statusNotLoaded(kind), codeNotLoaded, "no fleet snapshot loaded yet"})
@@ -364,5 +378,6 @@ func (r *Router) serve(w http.ResponseWriter, req *http.Request, kind apiKind, u
 		r: r, kind: kind, endpoint: endpoint, ev: ev, set: set, key: rr.key, hot: hc, model: rr.model, view: v,
 		replicas: v.snap.Replicas, upstreamPath: upstreamPath, stream: stream, cur: p, tried: skip, pinned: pinned,
 	}
+	proxied = true
 	r.proxy.serve(w, req, body, a)
 }

@@ -70,3 +70,12 @@ func TestProductionVariantWeights(t *testing.T) {
 		}
 	}
 }
+
+// TestInternalFailure: a router bug before the proxy answers 500
+// InternalFailure rather than dropping the connection.
+func TestInternalFailure(t *testing.T) {
+	h := newHarness(t, hopts{cfg: fleet.RoutingConfig{RoutingStrategy: fleet.Random}}, threeBackends(t)...)
+	h.r.rand = func(int) int { panic("a bug") }
+	checkError(t, h.mustDo("/invocations", "x", nil), false, 500, codeInternal)
+	checkError(t, h.mustDo("/v1/completions", `{"prompt":"x"}`, nil), true, 500, codeInternal)
+}
