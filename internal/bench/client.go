@@ -54,14 +54,17 @@ type chatBody struct {
 	MaxTokens      int            `json:"max_tokens"`
 	IgnoreEOS      bool           `json:"ignore_eos"`
 	PromptCacheKey string         `json:"prompt_cache_key,omitempty"`
+	CacheSalt      string         `json:"cache_salt,omitempty"`
 }
 
 // Body returns the JSON body of r: an OpenAI streaming chat completion
 // asking for the usage chunk. model is the base model's name (omitted when
 // empty); an adapter replaces it. The tenant goes out as prompt_cache_key
-// in both API modes: the model server salts its cache with it (as the
-// simulator does), which is what the oracle assumes; the invoke mode adds
-// the SageMaker header for the router.
+// (the router's tenant id) and as vLLM's cache_salt in both API modes, so
+// the model server keeps tenants' caches apart, which is what the oracle
+// assumes (a router with --tenant-cache-salt replaces the salt with its own
+// per-tenant one, which keeps them apart too); the invoke mode adds the
+// SageMaker header for the router.
 func (r Request) Body(model string) ([]byte, error) {
 	b := chatBody{
 		Model:          model,
@@ -70,6 +73,7 @@ func (r Request) Body(model string) ([]byte, error) {
 		MaxTokens:      r.MaxTokens,
 		IgnoreEOS:      true,
 		PromptCacheKey: r.Tenant,
+		CacheSalt:      r.Tenant,
 	}
 	if r.Adapter != "" {
 		b.Model = r.Adapter
