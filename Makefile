@@ -5,7 +5,7 @@ BIN     ?= bin/prefixrouter
 # The full test run must stay under 15 minutes on a 2-core machine.
 TEST_TIMEOUT ?= 14m
 
-.PHONY: all build test test-short vet bench demo chaos chaos-long clean
+.PHONY: all build test test-short vet bench demo chaos chaos-long matrix clean
 
 all: build
 
@@ -37,6 +37,11 @@ chaos:
 
 chaos-long:
 	$(GO) run ./cmd/prefixrouter chaos --long
+
+# The seed's 16 configurations (model/adapters × invoke/OpenAI × shared-8k/
+# sharegpt-like × streamed/not), PREFIX_AWARE against RANDOM: one table.
+matrix:
+	$(GO) run ./cmd/prefixrouter matrix
 
 clean:
 	rm -rf bin demo-report chaos-report

@@ -9,7 +9,7 @@ import (
 
 // commands lists the subcommands of the binary.
 func commands() []*cobra.Command {
-	cmds := []*cobra.Command{newServeCmd(), newRegisterCmd(), newConfigCmd(), newAdapterCmd(), newAdminCmd(), newModelsimCmd(), newBenchCmd(), newDemoCmd(), newChaosCmd()}
+	cmds := []*cobra.Command{newServeCmd(), newRegisterCmd(), newConfigCmd(), newAdapterCmd(), newAdminCmd(), newModelsimCmd(), newBenchCmd(), newDemoCmd(), newChaosCmd(), newMatrixCmd()}
 	for _, c := range cmds {
 		annotateEnv(c)
 	}

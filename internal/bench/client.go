@@ -65,15 +65,21 @@ type chatBody struct {
 // assumes (a router with --tenant-cache-salt replaces the salt with its own
 // per-tenant one, which keeps them apart too); the invoke mode adds the
 // SageMaker header for the router.
-func (r Request) Body(model string) ([]byte, error) {
+func (r Request) Body(model string) ([]byte, error) { return r.body(model, true) }
+
+// body is Body, streamed or not (a non-streamed answer carries its usage
+// in the one JSON object; its TTFT is its end-to-end time).
+func (r Request) body(model string, stream bool) ([]byte, error) {
 	b := chatBody{
 		Model:          model,
-		Stream:         true,
-		StreamOptions:  &streamOptions{IncludeUsage: true},
+		Stream:         stream,
 		MaxTokens:      r.MaxTokens,
 		IgnoreEOS:      true,
 		PromptCacheKey: r.Tenant,
 		CacheSalt:      r.Tenant,
+	}
+	if stream {
+		b.StreamOptions = &streamOptions{IncludeUsage: true}
 	}
 	if r.Adapter != "" {
 		b.Model = r.Adapter

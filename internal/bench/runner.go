@@ -103,6 +103,9 @@ type Options struct {
 	// too, so keep TimeScale modest. The client-delayed threshold (10 ms)
 	// stays in wall time: it measures the client, not the servers.
 	TimeScale float64
+	// NoStream asks for non-streamed answers ("stream": false): one JSON
+	// object, whose TTFT is its end-to-end time. Zero: streamed (SSE).
+	NoStream bool
 	// Label names the run in reports (e.g. the routing strategy).
 	Label string
 	// Client is the HTTP client (nil: a fresh one, closed after the run).
@@ -401,7 +404,7 @@ func (r *runner) phase(ctx context.Context, n int, dur time.Duration, measured b
 
 func (r *runner) send(ctx context.Context, target string, req Request, due time.Time, measured bool, oracleCached, oraclePrompt int) {
 	r.sent.Add(1)
-	body, err := req.Body(r.cfg.Model)
+	body, err := req.body(r.cfg.Model, !r.cfg.NoStream)
 	var o outcome
 	if err != nil {
 		o.errKind, o.errMsg, o.sent = ErrKindTransport, err.Error(), time.Now()
