@@ -16,6 +16,7 @@ type Metrics struct {
 	relists    *prometheus.CounterVec
 	published  prometheus.Counter
 	regrants   prometheus.Counter
+	held       *prometheus.GaugeVec
 	lastSyncNs atomic.Int64 // unix nanoseconds of the last sync; 0 = never
 	now        func() time.Time
 }
@@ -27,6 +28,7 @@ type Metrics struct {
 //	prefixrouter_membership_relists_total{reason="start|compacted|watch_closed|watch_error"}
 //	prefixrouter_membership_snapshots_published_total
 //	prefixrouter_membership_lease_regrants_total
+//	prefixrouter_membership_vanish_guard_held_instances{endpoint}
 //	prefixrouter_membership_last_sync_timestamp_seconds
 //	prefixrouter_snapshot_age_seconds
 //
@@ -50,6 +52,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "prefixrouter_membership_lease_regrants_total",
 			Help: "Leases granted again after the previous one was lost (expired, revoked or unreachable).",
 		}),
+		held: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "prefixrouter_membership_vanish_guard_held_instances",
+			Help: "Instances whose keys vanished with more than half of their endpoint's within one TTL and that the watcher keeps routing to for the grace period.",
+		}, []string{"endpoint"}),
 		now: time.Now,
 	}
 	lastSync := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -70,7 +76,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		return m.now().Sub(time.Unix(0, ns)).Seconds()
 	})
 	if reg != nil {
-		reg.MustRegister(m.invalid, m.relists, m.published, m.regrants, lastSync, age)
+		reg.MustRegister(m.invalid, m.relists, m.published, m.regrants, m.held, lastSync, age)
 	}
 	return m
 }
@@ -102,5 +108,11 @@ func (m *Metrics) leaseRegranted() {
 func (m *Metrics) synced(t time.Time) {
 	if m != nil {
 		m.lastSyncNs.Store(t.UnixNano())
+	}
+}
+
+func (m *Metrics) vanishHeld(endpoint string, n int) {
+	if m != nil {
+		m.held.WithLabelValues(endpoint).Set(float64(n))
 	}
 }

@@ -39,6 +39,15 @@ type WatcherOptions struct {
 	// clockwork.FakeClock to age a snapshot without waiting. Retries of a
 	// failed list wait on the real clock: they pace network calls.
 	Clock clockwork.Clock
+	// VanishGrace guards against the fleet vanishing when agents lose etcd
+	// (their leases expire although the model servers are fine): when more
+	// than half of an endpoint's instances disappear within one TTL, the
+	// disappeared ones stay in the snapshots for VanishGrace, and
+	// prefixrouter_membership_vanish_guard_held_instances says so. Instances that
+	// were draining when they left are never held (they left on purpose),
+	// and at least two must vanish. Zero (the default) means off: a
+	// crashed fleet then leaves the snapshot after one TTL, as before.
+	VanishGrace time.Duration
 	// Upstreams are the addresses instance records may point at
 	// (--allowed-upstreams); records outside are ignored, logged and
 	// counted (kind="upstream"). The zero value allows
@@ -70,6 +79,13 @@ type Watcher struct {
 	clock    clockwork.Clock
 	defCfg   fleet.RoutingConfig
 	allowed  fleet.Upstreams
+	grace    time.Duration // 0: the vanish guard is off
+	window   time.Duration // one TTL
+
+	// Owned by the run goroutine: instances whose keys were deleted while
+	// serving, and until when each endpoint's vanish guard holds them.
+	vanished   map[string]map[string]vanishedInstance
+	guardUntil map[string]time.Time
 
 	snap     atomic.Pointer[fleet.Snapshot]
 	lastSync atomic.Int64 // unix nanoseconds; 0 = never
@@ -96,13 +112,19 @@ func StartWatcher(cli *clientv3.Client, opts WatcherOptions, onSnapshot func(*fl
 		clock:    opts.Clock,
 		defCfg:   opts.DefaultConfig.WithDefaults(),
 		allowed:  opts.Upstreams,
-		synced:   make(chan struct{}),
-		ctx:      ctx,
-		cancel:   cancel,
+		grace:    opts.VanishGrace,
+		window:   opts.ttl(),
+
+		vanished:   map[string]map[string]vanishedInstance{},
+		guardUntil: map[string]time.Time{},
+		synced:     make(chan struct{}),
+		ctx:        ctx,
+		cancel:     cancel,
 	}
 	if w.progress <= 0 {
 		w.progress = DefaultProgressInterval
 	}
+
 	if w.clock == nil {
 		w.clock = clockwork.NewRealClock()
 	}
@@ -231,6 +253,9 @@ func (w *Watcher) watch(st *state) string {
 			// Same ctx as the watch, so the request goes on its stream.
 			// Errors mean the stream is down; the age then grows.
 			_ = w.cli.RequestProgress(ctx)
+			if w.pruneVanished() {
+				w.emit(st)
+			}
 		case resp, ok := <-wch:
 			if !ok {
 				if w.ctx.Err() != nil {
@@ -263,6 +288,7 @@ func (w *Watcher) watch(st *state) string {
 				case mvccpb.PUT:
 					w.applyPut(st, st, key, ev.Kv.Value, ev.Kv.ModRevision)
 				case mvccpb.DELETE:
+					w.noteVanished(st, key)
 					applyDelete(st, w.layout, key)
 				}
 			}
@@ -342,6 +368,7 @@ func (w *Watcher) applyPut(st, prev *state, key string, value []byte, modRev int
 		}
 		in.Revision = modRev
 		m[id] = in
+		delete(w.vanished[ep], id) // back: no longer held
 	}
 }
 
@@ -413,6 +440,9 @@ func (w *Watcher) emit(st *state) {
 			names[ep] = struct{}{}
 		}
 	}
+	for ep := range w.guardUntil {
+		names[ep] = struct{}{}
+	}
 	for ep := range st.configs {
 		names[ep] = struct{}{}
 	}
@@ -429,6 +459,11 @@ func (w *Watcher) emit(st *state) {
 		for _, in := range st.instances[ep] {
 			insts = append(insts, cloneInstance(in))
 		}
+		held := w.held(st, ep)
+		for _, in := range held {
+			insts = append(insts, cloneInstance(in))
+		}
+		w.metrics.vanishHeld(ep, len(held))
 		ads := make([]fleet.Adapter, 0, len(st.adapters[ep]))
 		for name, a := range st.adapters[ep] {
 			st.placement[ep][name].apply(&a)
@@ -444,4 +479,86 @@ func (w *Watcher) emit(st *state) {
 	if w.publish != nil {
 		w.publish(s)
 	}
+}
+
+// vanishedInstance is an instance whose key was deleted while it served.
+type vanishedInstance struct {
+	in fleet.Instance
+	at time.Time
+}
+
+// noteVanished records an instance whose key is being deleted (before
+// applyDelete) and turns the endpoint's guard on when more than half of its
+// instances vanished within one TTL: the signature of agents losing etcd,
+// not of model servers failing one by one. Owner goroutine only.
+func (w *Watcher) noteVanished(st *state, key string) {
+	kind, ep, id := w.layout.parseKey(key)
+	if w.grace <= 0 || kind != kindInstance {
+		return
+	}
+	in, ok := st.instances[ep][id]
+	if !ok || in.Draining {
+		return
+	}
+	now := w.clock.Now()
+	m := w.vanished[ep]
+	if m == nil {
+		m = map[string]vanishedInstance{}
+		w.vanished[ep] = m
+	}
+	m[id] = vanishedInstance{in: in, at: now}
+	recent := 0
+	for _, v := range m {
+		if now.Sub(v.at) <= w.window {
+			recent++
+		}
+	}
+	live := len(st.instances[ep]) - 1 // this one is leaving
+	if recent >= 2 && 2*recent > live+recent && !now.Before(w.guardUntil[ep]) {
+		w.guardUntil[ep] = now.Add(w.grace)
+		w.log.Warn("membership: more than half of an endpoint's instances vanished within one TTL; routing to them for the grace period (agents may have lost etcd)",
+			"endpoint", ep, "vanished", recent, "remaining", live, "grace", w.grace)
+	}
+}
+
+// held returns the vanished instances the endpoint's guard keeps now.
+func (w *Watcher) held(st *state, ep string) []fleet.Instance {
+	until, ok := w.guardUntil[ep]
+	if !ok || !w.clock.Now().Before(until) {
+		return nil
+	}
+	var out []fleet.Instance
+	for id, v := range w.vanished[ep] {
+		if _, live := st.instances[ep][id]; !live {
+			out = append(out, v.in)
+		}
+	}
+	return out
+}
+
+// pruneVanished forgets vanished instances older than a TTL and the grace
+// period, and ends expired guards. It reports whether a guard ended, so the
+// snapshot must be published without its instances.
+func (w *Watcher) pruneVanished() bool {
+	now := w.clock.Now()
+	ended := false
+	for ep, until := range w.guardUntil {
+		if !now.Before(until) {
+			delete(w.guardUntil, ep)
+			w.metrics.vanishHeld(ep, 0)
+			ended = true
+		}
+	}
+	keep := max(w.window, w.grace)
+	for ep, m := range w.vanished {
+		for id, v := range m {
+			if now.Sub(v.at) > keep {
+				delete(m, id)
+			}
+		}
+		if len(m) == 0 {
+			delete(w.vanished, ep)
+		}
+	}
+	return ended
 }

@@ -93,6 +93,11 @@ type Options struct {
 	Membership membership.Options
 	// Router is the data plane's options tree.
 	Router router.Options
+	// VanishGrace turns on the guard against the fleet vanishing when
+	// agents lose etcd (--vanish-grace; see membership.WatcherOptions):
+	// when more than half of an endpoint's instances vanish within one
+	// TTL they stay routable this long. Zero means off.
+	VanishGrace time.Duration
 	// Admin secures the admin listener (--admin-token, --admin-tls-*).
 	Admin AdminSecurity
 	// Limits bound every client connection of both listeners (see Limits;
@@ -261,6 +266,7 @@ func (o Options) Validate() error {
 		{"StartupTimeout (--startup-timeout)", o.StartupTimeout},
 		{"ShutdownTimeout (--shutdown-timeout)", o.ShutdownTimeout},
 		{"DrainDelay (--drain-delay)", o.DrainDelay},
+		{"VanishGrace (--vanish-grace)", o.VanishGrace},
 	} {
 		if d.v < 0 {
 			bad("%s %v is negative", d.name, d.v)
