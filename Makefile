@@ -5,7 +5,7 @@ BIN     ?= bin/prefixrouter
 # The full test run must stay under 15 minutes on a 2-core machine.
 TEST_TIMEOUT ?= 14m
 
-.PHONY: all build test test-short vet bench demo chaos chaos-long matrix clean
+.PHONY: all build test test-short vet bench fuzz demo chaos chaos-long matrix clean
 
 all: build
 
@@ -25,6 +25,20 @@ test-short:
 # Micro-benchmarks of the hot path (ring lookup, key extraction, the whole pick).
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 5 ./ring ./lora ./overload ./router
+
+# Every parser that reads untrusted input, fuzzed FUZZTIME each (issue 12;
+# results in docs/security.md). Seeds are the f.Add calls; a crasher lands in
+# the package's testdata/fuzz and then runs in every `make test`.
+FUZZTIME ?= 60s
+FUZZ_TARGETS = ./router:FuzzParseOpenAI ./router:FuzzInvokeKey ./router:FuzzParseStaticInstances \
+	./membership:FuzzParseRoutingConfig ./membership:FuzzParseInstance \
+	./probe:FuzzParseMetrics ./probe:FuzzParseModels
+fuzz:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; fn=$${t##*:}; \
+		echo "== $$fn ($$pkg, $(FUZZTIME))"; \
+		$(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) -parallel 1 $$pkg; \
+	done
 
 # The main job: embedded etcd, 7 simulated model servers, 2 router replicas,
 # three workloads under three strategies; prints the comparison and writes a report.

@@ -1,6 +1,7 @@
 package probe
 
 import (
+	"bytes"
 	"context"
 	"net/http"
 	"net/http/httptest"
@@ -50,4 +51,26 @@ func TestFetchModels(t *testing.T) {
 	if _, err := FetchModels(context.Background(), srv.Client(), srv.URL+"/models"); err == nil || !strings.Contains(err.Error(), "404") {
 		t.Fatalf("404: err = %v", err)
 	}
+}
+
+// FuzzParseModels: an instance's /v1/models answer never panics the agent,
+// and the adapters it yields are sorted, distinct and named.
+func FuzzParseModels(f *testing.F) {
+	for _, s := range []string{
+		`{"data":[{"id":"base","parent":null},{"id":"lora-x","parent":"base"}]}`,
+		`{"data":[]}`, `{"data":[{"id":""},{"id":"a","parent":""}]}`, `{}`, `[]`, `{"data":[{"id":"x","parent":"b"},{"id":"x","parent":"b"}]}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		m, err := ParseModels(bytes.NewReader(data))
+		if err != nil {
+			return
+		}
+		for i, a := range m.Adapters {
+			if a == "" || (i > 0 && m.Adapters[i-1] >= a) {
+				t.Fatalf("adapters %q not sorted, distinct and named", m.Adapters)
+			}
+		}
+	})
 }

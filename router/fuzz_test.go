@@ -3,6 +3,7 @@ package router
 import (
 	"bytes"
 	"encoding/json"
+	"net/http"
 	"testing"
 	"unicode/utf8"
 )
@@ -118,6 +119,64 @@ func FuzzParseOpenAI(f *testing.F) {
 					t.Fatalf("valid chat body rejected: %v", err)
 				}
 			}
+		}
+	})
+}
+
+// FuzzInvokeKey: the invoke path's key (tenant header, target model, first
+// PrefixLength bytes of the raw body) never panics, rejects exactly the
+// tenant ids outside 1..64 printable ASCII, and depends only on the prefix.
+func FuzzInvokeKey(f *testing.F) {
+	f.Add([]byte("hello world"), "tenant-a", "lora-x", 4)
+	f.Add([]byte{}, "", "", 1)
+	f.Add([]byte("\xff\xfe\x00"), "a\x01b", "m", 1024)
+	f.Fuzz(func(t *testing.T, body []byte, tenant, model string, n int) {
+		n = n%4096 + 1
+		if n < 1 {
+			n = -n + 1
+		}
+		h := http.Header{}
+		if tenant != "" {
+			h[HeaderTenant] = []string{tenant}
+		}
+		if model != "" {
+			h.Set(HeaderTargetModel, model)
+		}
+		rr, rerr := parseRequest(kindInvoke, h, body, n)
+		if (rerr != nil) != (tenant != "" && !validTenant(tenant)) {
+			t.Fatalf("tenant %q: error %v", tenant, rerr)
+		}
+		if rerr != nil {
+			return
+		}
+		more := append(append([]byte(nil), body...), "tail"...)
+		rr2, _ := parseRequest(kindInvoke, h, more, n)
+		if (len(body) >= n) != (rr.key == rr2.key) {
+			t.Fatalf("key depends on bytes past the prefix (len %d, n %d)", len(body), n)
+		}
+	})
+}
+
+// FuzzParseStaticInstances: the --static-instances flag never panics, and
+// what it accepts validates.
+func FuzzParseStaticInstances(f *testing.F) {
+	for _, s := range []string{"a=http://127.0.0.1:1,b=http://127.0.0.1:2", "a=http://x;adapters=l1+l2", ",,", "a", "a=b=c", "a=http://x;weird"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		insts, err := ParseStaticInstances(s)
+		if err != nil {
+			return
+		}
+		seen := map[string]bool{}
+		for _, in := range insts {
+			if err := in.Validate(); err != nil {
+				t.Fatalf("accepted an invalid instance %+v: %v", in, err)
+			}
+			if seen[in.ID] {
+				t.Fatalf("accepted duplicate id %q", in.ID)
+			}
+			seen[in.ID] = true
 		}
 	})
 }

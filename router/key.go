@@ -101,7 +101,10 @@ func (h *prefixHasher) text(raw []byte) error {
 				return nil // budget spent
 			}
 		}
-		if k < 0 {
+		if k < 0 || h.left <= 0 {
+			// The budget can end exactly before an escape: it must
+			// not take one more code point than the plain text would
+			// (found by FuzzParseOpenAI's canonical-form oracle).
 			return nil
 		}
 		r, size, err := unescape(raw[k:])
