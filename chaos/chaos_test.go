@@ -149,7 +149,7 @@ func TestScenarios(t *testing.T) {
 		// machine: 1 s leases failed rolling-restart; with a 100 ms open
 		// timeout 2 runs of 3 failed checks (rolling-restart, etcd-outage
 		// agreement, failing-instance, hung-instance) that pass with 1 s.
-		TTL: 2 * time.Second, LoadWindow: 500 * time.Millisecond, OutageWindow: 3 * time.Second,
+		TTL: 2 * time.Second, LoadWindow: 500 * time.Millisecond, OutageWindow: 1500 * time.Millisecond, // under the 2 s TTL: the outage itself expires no lease, whatever the load on the machine
 		BreakerOpenTimeout: time.Second, Seed: 7, Scenarios: scenarios, Progress: &progress,
 	})
 	t.Log("\n" + progress.String())

@@ -99,26 +99,41 @@ func TestAdminFleetAgainstReplica(t *testing.T) {
 		t.Errorf("down = %+v, want %+v", got["down"], want)
 	}
 
-	out, stderr, code := runCLI(t, "admin", "fleet", "--admin-addr", rep.AdminAddr())
-	if code != 0 {
-		t.Fatalf("admin fleet exited %d: %s", code, stderr)
-	}
-	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if len(lines) != 4 || !strings.HasPrefix(lines[0], "revision=0 replicas=1 snapshot_age=") ||
-		strings.Join(strings.Fields(lines[1]), " ") != "ENDPOINT ID ADDR DRAINING HEALTHY IN_FLIGHT EXTERNAL_LOAD BREAKER" {
-		t.Fatalf("table:\n%s", out)
-	}
-	for _, want := range []string{
-		"chat down " + downAddr + " false false 0 unknown closed",
-		"chat loaded " + loadedAddr + " false true 0 7 closed",
-	} {
-		found := false
-		for _, l := range lines[2:] {
-			found = found || strings.Join(strings.Fields(l), " ") == want
+	// The load poll runs every 10 ms with a 10 ms timeout, so one slow scrape
+	// on a loaded machine reads as unknown until the next: retry the CLI
+	// until both rows show, within a deadline.
+	var out string
+	rowsOK := func() bool {
+		o, stderr, code := runCLI(t, "admin", "fleet", "--admin-addr", rep.AdminAddr())
+		if code != 0 {
+			t.Fatalf("admin fleet exited %d: %s", code, stderr)
 		}
-		if !found {
-			t.Errorf("no row %q in\n%s", want, out)
+		out = o
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		if len(lines) != 4 || !strings.HasPrefix(lines[0], "revision=0 replicas=1 snapshot_age=") ||
+			strings.Join(strings.Fields(lines[1]), " ") != "ENDPOINT ID ADDR DRAINING HEALTHY IN_FLIGHT EXTERNAL_LOAD BREAKER" {
+			t.Fatalf("table:\n%s", out)
 		}
+		for _, want := range []string{
+			"chat down " + downAddr + " false false 0 unknown closed",
+			"chat loaded " + loadedAddr + " false true 0 7 closed",
+		} {
+			found := false
+			for _, l := range lines[2:] {
+				found = found || strings.Join(strings.Fields(l), " ") == want
+			}
+			if !found {
+				return false
+			}
+		}
+		return true
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !rowsOK() {
+		if time.Now().After(deadline) {
+			t.Fatalf("admin fleet never showed down (unhealthy, load unknown) and loaded (healthy, load 7):\n%s", out)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 
 	// No address is a usage error; an unknown endpoint is the server's
