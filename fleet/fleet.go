@@ -414,3 +414,20 @@ func (ep *Endpoint) Adapter(name string) (Adapter, bool) {
 	}
 	return Adapter{}, false
 }
+
+// Duration names a duration setting for NonNegative.
+type Duration struct {
+	Name  string // the setting and its flag, e.g. "IdleTimeout (--idle-timeout)"
+	Value time.Duration
+}
+
+// NonNegative reports every negative duration through bad, the one check
+// the options trees share (zero means a default or off; below zero is a
+// mistake).
+func NonNegative(bad func(format string, args ...any), ds ...Duration) {
+	for _, d := range ds {
+		if d.Value < 0 {
+			bad("%s %v is negative", d.Name, d.Value)
+		}
+	}
+}

@@ -11,6 +11,8 @@ import (
 	"os"
 	"sync/atomic"
 	"time"
+
+	"github.com/prefixrouter/prefixrouter/fleet"
 )
 
 // Defaults of the listener limits (issue 12): every connection is bounded in
@@ -76,20 +78,13 @@ func (l Limits) withDefaults() Limits {
 
 // validate appends one error per negative setting.
 func (l Limits) validate(bad func(format string, args ...any)) {
-	for _, d := range []struct {
-		name string
-		v    time.Duration
-	}{
-		{"Limits.ReadHeaderTimeout (--read-header-timeout)", l.ReadHeaderTimeout},
-		{"Limits.BodyReadTimeout (--body-read-timeout)", l.BodyReadTimeout},
-		{"Limits.IdleTimeout (--idle-timeout)", l.IdleTimeout},
-		{"Limits.WriteIdleTimeout (--write-idle-timeout)", l.WriteIdleTimeout},
-		{"Limits.MaxStreamDuration (--max-stream-duration)", l.MaxStreamDuration},
-	} {
-		if d.v < 0 {
-			bad("%s %v is negative", d.name, d.v)
-		}
-	}
+	fleet.NonNegative(bad,
+		fleet.Duration{Name: "Limits.ReadHeaderTimeout (--read-header-timeout)", Value: l.ReadHeaderTimeout},
+		fleet.Duration{Name: "Limits.BodyReadTimeout (--body-read-timeout)", Value: l.BodyReadTimeout},
+		fleet.Duration{Name: "Limits.IdleTimeout (--idle-timeout)", Value: l.IdleTimeout},
+		fleet.Duration{Name: "Limits.WriteIdleTimeout (--write-idle-timeout)", Value: l.WriteIdleTimeout},
+		fleet.Duration{Name: "Limits.MaxStreamDuration (--max-stream-duration)", Value: l.MaxStreamDuration},
+	)
 	if l.MaxHeaderBytes < 0 {
 		bad("Limits.MaxHeaderBytes (--max-header-bytes) %d is negative", l.MaxHeaderBytes)
 	}

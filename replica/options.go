@@ -259,19 +259,12 @@ func (o Options) Validate() error {
 	if o.Membership.TTL < 0 {
 		bad("Membership.TTL (--ttl) %v is negative", o.Membership.TTL)
 	}
-	for _, d := range []struct {
-		name string
-		v    time.Duration
-	}{
-		{"StartupTimeout (--startup-timeout)", o.StartupTimeout},
-		{"ShutdownTimeout (--shutdown-timeout)", o.ShutdownTimeout},
-		{"DrainDelay (--drain-delay)", o.DrainDelay},
-		{"VanishGrace (--vanish-grace)", o.VanishGrace},
-	} {
-		if d.v < 0 {
-			bad("%s %v is negative", d.name, d.v)
-		}
-	}
+	fleet.NonNegative(bad,
+		fleet.Duration{Name: "StartupTimeout (--startup-timeout)", Value: o.StartupTimeout},
+		fleet.Duration{Name: "ShutdownTimeout (--shutdown-timeout)", Value: o.ShutdownTimeout},
+		fleet.Duration{Name: "DrainDelay (--drain-delay)", Value: o.DrainDelay},
+		fleet.Duration{Name: "VanishGrace (--vanish-grace)", Value: o.VanishGrace},
+	)
 	o.Limits.validate(bad)
 	o.Admin.validate(bad)
 	if err := o.Router.Validate(); err != nil {

@@ -227,22 +227,15 @@ func (o Options) Validate() error {
 	if err := (hotkey.Options{Threshold: o.HotKeyThreshold}).Validate(); err != nil {
 		bad("HotKeyThreshold (--hot-key-threshold) %v must be 0 (default) or in (0, 16]", o.HotKeyThreshold)
 	}
-	for _, d := range []struct {
-		name string
-		v    time.Duration
-	}{
-		{"UpstreamHeaderTimeout (--upstream-header-timeout)", o.UpstreamHeaderTimeout},
-		{"FirstByteTimeout (--upstream-first-byte-timeout)", o.FirstByteTimeout},
-		{"LoadPollInterval (--load-poll-interval)", o.LoadPollInterval},
-		{"HealthCheckInterval (--health-check-interval)", o.HealthCheckInterval},
-		{"HealthCheckTimeout (--health-check-timeout)", o.HealthCheckTimeout},
-		{"StaleAfter", o.StaleAfter},
-		{"AdapterWait (--adapter-wait)", o.AdapterWait},
-	} {
-		if d.v < 0 {
-			bad("%s %v is negative", d.name, d.v)
-		}
-	}
+	fleet.NonNegative(bad,
+		fleet.Duration{Name: "UpstreamHeaderTimeout (--upstream-header-timeout)", Value: o.UpstreamHeaderTimeout},
+		fleet.Duration{Name: "FirstByteTimeout (--upstream-first-byte-timeout)", Value: o.FirstByteTimeout},
+		fleet.Duration{Name: "LoadPollInterval (--load-poll-interval)", Value: o.LoadPollInterval},
+		fleet.Duration{Name: "HealthCheckInterval (--health-check-interval)", Value: o.HealthCheckInterval},
+		fleet.Duration{Name: "HealthCheckTimeout (--health-check-timeout)", Value: o.HealthCheckTimeout},
+		fleet.Duration{Name: "StaleAfter", Value: o.StaleAfter},
+		fleet.Duration{Name: "AdapterWait (--adapter-wait)", Value: o.AdapterWait},
+	)
 	if o.AdapterWaitQueue < 0 {
 		bad("AdapterWaitQueue (--adapter-wait-queue) %d is negative", o.AdapterWaitQueue)
 	}
