@@ -168,69 +168,40 @@ func parseOpenAI(body []byte, chat bool, prefixLen int) (openAIRequest, error) {
 	if s.peek() != '{' {
 		return out, s.errorf("the body must be a JSON object")
 	}
-	s.i++
-	if s.peek() == '}' {
-		s.i++
-	} else {
-		for {
-			name, err := s.str()
+	err := s.object(func(name []byte) error {
+		switch {
+		case string(name) == "model":
+			raw, err := s.str()
 			if err != nil {
-				return out, err
+				return fmt.Errorf("%w: model must be a string", err)
 			}
-			if err := s.expect(':'); err != nil {
-				return out, err
+			out.model, err = unquote(raw)
+			return err
+		case string(name) == "prompt_cache_key":
+			if s.peek() == 'n' {
+				out.tenant, out.hasTenant = "", false
+				return s.literal("null")
 			}
-			name = decoded(name)
-			switch {
-			case string(name) == "model":
-				raw, err := s.str()
-				if err != nil {
-					return out, fmt.Errorf("%w: model must be a string", err)
-				}
-				if out.model, err = unquote(raw); err != nil {
-					return out, err
-				}
-			case string(name) == "prompt_cache_key":
-				if s.peek() == 'n' {
-					if err := s.literal("null"); err != nil {
-						return out, err
-					}
-					out.tenant, out.hasTenant = "", false
-					break
-				}
-				raw, err := s.str()
-				if err != nil {
-					return out, fmt.Errorf("%w: prompt_cache_key must be a string", err)
-				}
-				if out.tenant, err = unquote(raw); err != nil {
-					return out, err
-				}
-				out.hasTenant = true
-			case chat && string(name) == "messages":
-				h.reset(prefixLen) // a repeated key replaces the earlier one, as in encoding/json
-				if err := messages(&s, &h); err != nil {
-					return out, err
-				}
-				out.hasMessages = true
-			case !chat && string(name) == "prompt":
-				h.reset(prefixLen)
-				if err := prompt(&s, &h); err != nil {
-					return out, err
-				}
-				out.hasMessages = true
-			default:
-				if err := s.skip(1); err != nil {
-					return out, err
-				}
-			}
-			done, err := s.next('}')
+			raw, err := s.str()
 			if err != nil {
-				return out, err
+				return fmt.Errorf("%w: prompt_cache_key must be a string", err)
 			}
-			if done {
-				break
-			}
+			out.tenant, err = unquote(raw)
+			out.hasTenant = err == nil
+			return err
+		case chat && string(name) == "messages":
+			h.reset(prefixLen) // a repeated key replaces the earlier one, as in encoding/json
+			out.hasMessages = true
+			return messages(&s, &h)
+		case !chat && string(name) == "prompt":
+			h.reset(prefixLen)
+			out.hasMessages = true
+			return prompt(&s, &h)
 		}
+		return s.skip(1)
+	})
+	if err != nil {
+		return out, err
 	}
 	if err := s.end(); err != nil {
 		return out, err
@@ -257,52 +228,30 @@ func messages(s *scanner, h *prefixHasher) error {
 		if s.peek() != '{' {
 			return s.errorf("each message must be an object")
 		}
-		s.i++
 		var role []byte
 		cStart, cEnd := -1, -1
-		if s.peek() == '}' {
-			s.i++
-		} else {
-			for {
-				name, err := s.str()
-				if err != nil {
-					return err
+		err := s.object(func(name []byte) error {
+			switch string(name) {
+			case "role":
+				// A repeated member replaces the earlier one, as in every
+				// JSON decoder the model server may use.
+				role = nil
+				if s.peek() != '"' {
+					return s.skip(2) // not a role; the model server will judge
 				}
-				if err := s.expect(':'); err != nil {
-					return err
-				}
-				switch string(decoded(name)) {
-				case "role":
-					// A repeated member replaces the earlier one, as
-					// in every JSON decoder the model server may use.
-					role = nil
-					if s.peek() != '"' {
-						err = s.skip(2) // not a role; the model server will judge
-					} else if role, err = s.str(); err == nil {
-						role = decoded(role)
-					}
-					if err != nil {
-						return err
-					}
-				case "content":
-					cStart = s.i
-					if err := s.skip(2); err != nil {
-						return err
-					}
-					cEnd = s.i
-				default:
-					if err := s.skip(2); err != nil {
-						return err
-					}
-				}
-				done, err := s.next('}')
-				if err != nil {
-					return err
-				}
-				if done {
-					break
-				}
+				raw, err := s.str()
+				role = decoded(raw)
+				return err
+			case "content":
+				cStart = s.i
+				err := s.skip(2)
+				cEnd = s.i
+				return err
 			}
+			return s.skip(2)
+		})
+		if err != nil {
+			return err
 		}
 		// Role and content may come in either order: hash once the message
 		// is complete, and only while the budget lasts.
@@ -347,49 +296,31 @@ func content(s *scanner, h *prefixHasher) error {
 		if s.peek() == '{' {
 			var typ, text []byte
 			hasText := false
-			s.i++
-			if s.peek() == '}' {
-				s.i++
-			} else {
-				for {
-					name, err := s.str()
-					if err != nil {
-						return err
+			// A repeated member replaces the earlier one.
+			err := s.object(func(name []byte) error {
+				switch string(name) {
+				case "type":
+					typ = nil
+					if s.peek() != '"' {
+						return s.skip(4)
 					}
-					if err := s.expect(':'); err != nil {
-						return err
+					raw, err := s.str()
+					typ = decoded(raw)
+					return err
+				case "text":
+					text, hasText = nil, false
+					if s.peek() != '"' {
+						return s.skip(4)
 					}
-					// A repeated member replaces the earlier one.
-					switch string(decoded(name)) {
-					case "type":
-						typ = nil
-						if s.peek() != '"' {
-							err = s.skip(4)
-						} else if typ, err = s.str(); err == nil {
-							typ = decoded(typ)
-						}
-					case "text":
-						text, hasText = nil, false
-						if s.peek() != '"' {
-							err = s.skip(4)
-						} else {
-							text, err = s.str()
-							hasText = err == nil
-						}
-					default:
-						err = s.skip(4)
-					}
-					if err != nil {
-						return err
-					}
-					done, err := s.next('}')
-					if err != nil {
-						return err
-					}
-					if done {
-						break
-					}
+					var err error
+					text, err = s.str()
+					hasText = err == nil
+					return err
 				}
+				return s.skip(4)
+			})
+			if err != nil {
+				return err
 			}
 			if hasText && string(typ) == "text" {
 				if parts > 0 {

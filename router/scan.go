@@ -166,6 +166,36 @@ func (s *scanner) next(closing byte) (done bool, err error) {
 	return false, s.errorf("want ',' or %q", closing)
 }
 
+// object walks the JSON object at the scanner, calling member with each
+// member's name (escapes decoded, so "m\u006fdel" is "model", as the model
+// server's decoder reads it) and the scanner at its value; member must
+// consume the value. A repeated name is passed again: callers let the later
+// member replace the earlier one, as every JSON decoder does.
+func (s *scanner) object(member func(name []byte) error) error {
+	if err := s.expect('{'); err != nil {
+		return err
+	}
+	if s.peek() == '}' {
+		s.i++
+		return nil
+	}
+	for {
+		name, err := s.str()
+		if err != nil {
+			return err
+		}
+		if err := s.expect(':'); err != nil {
+			return err
+		}
+		if err := member(decoded(name)); err != nil {
+			return err
+		}
+		if done, err := s.next('}'); done || err != nil {
+			return err
+		}
+	}
+}
+
 func (s *scanner) literal(word string) error {
 	if !bytes.HasPrefix(s.b[s.i:], []byte(word)) {
 		return s.errorf("bad literal")

@@ -133,7 +133,7 @@ func (u *usageScanner) capture(p []byte) []byte {
 // (0 when absent or null) from a usage object.
 func parseUsage(b []byte) (prompt, cached int64, ok bool) {
 	s := scanner{b: b}
-	err := object(&s, func(name []byte) error {
+	err := s.object(func(name []byte) error {
 		switch string(name) {
 		case "prompt_tokens":
 			v, err := intValue(&s)
@@ -143,7 +143,7 @@ func parseUsage(b []byte) (prompt, cached int64, ok bool) {
 			if s.peek() != '{' {
 				return s.skip(1)
 			}
-			return object(&s, func(name []byte) error {
+			return s.object(func(name []byte) error {
 				if string(name) == "cached_tokens" {
 					v, err := intValue(&s)
 					cached = v
@@ -158,33 +158,6 @@ func parseUsage(b []byte) (prompt, cached int64, ok bool) {
 		return 0, 0, false
 	}
 	return prompt, cached, ok
-}
-
-// object walks a JSON object, calling member for each member name with the
-// scanner at its value; member must consume the value.
-func object(s *scanner, member func(name []byte) error) error {
-	if err := s.expect('{'); err != nil {
-		return err
-	}
-	if s.peek() == '}' {
-		s.i++
-		return nil
-	}
-	for {
-		name, err := s.str()
-		if err != nil {
-			return err
-		}
-		if err := s.expect(':'); err != nil {
-			return err
-		}
-		if err := member(name); err != nil {
-			return err
-		}
-		if done, err := s.next('}'); done || err != nil {
-			return err
-		}
-	}
 }
 
 // intValue reads an integer, or null as 0.
