@@ -27,104 +27,70 @@ and unload it elsewhere. See docs/adapters.md.`,
 }
 
 func newAdapterAddCmd() *cobra.Command {
-	var (
-		ef       etcdFlags
-		endpoint string
-		a        fleet.Adapter
-	)
-	c := &cobra.Command{
-		Use:   "add",
-		Short: "Add an adapter to the catalogue, or change its source or replica range",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := a.Validate(); err != nil {
-				return usageErr("%w", err)
-			}
-			return withEndpointEtcd(cmd, &ef, endpoint, func(ctx context.Context, cli *clientv3.Client) error {
-				if err := membership.PutAdapter(ctx, cli, ef.layout, endpoint, a); err != nil {
-					return fmt.Errorf("adapter add: %w", err)
-				}
-				return printJSON(cmd.OutOrStdout(), adapterJSON(a))
-			})
-		},
-	}
+	c := newEndpointCmd("add", "Add an adapter to the catalogue, or change its source or replica range", "endpoint whose catalogue to change")
+	var a fleet.Adapter
 	f := c.Flags()
-	ef.register(f)
-	f.StringVar(&endpoint, "endpoint", "default", "endpoint whose catalogue to change")
 	f.StringVar(&a.Name, "name", "", "adapter name: what requests name as model (required)")
 	f.StringVar(&a.Source, "source", "", "what the model server loads it from (vLLM's lora_path) (required)")
 	f.IntVar(&a.MinReplicas, "min-replicas", fleet.DefaultMinReplicas, "instances that hold the adapter when it is cold")
 	f.IntVar(&a.MaxReplicas, "max-replicas", fleet.DefaultMaxReplicas, "instances it may grow to under sustained load")
-	return c
+	c.RunE = func(cmd *cobra.Command, _ []string) error {
+		if err := a.Validate(); err != nil {
+			return usageErr("%w", err)
+		}
+		return c.etcd(cmd, func(ctx context.Context, cli *clientv3.Client) error {
+			if err := membership.PutAdapter(ctx, cli, c.ef.layout, c.endpoint, a); err != nil {
+				return fmt.Errorf("adapter add: %w", err)
+			}
+			return printJSON(cmd.OutOrStdout(), adapterJSON(a))
+		})
+	}
+	return c.Command
 }
 
 func newAdapterRemoveCmd() *cobra.Command {
-	var (
-		ef       etcdFlags
-		endpoint string
-		name     string
-	)
-	c := &cobra.Command{
-		Use:   "remove",
-		Short: "Remove an adapter from the catalogue (agents unload it)",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := (fleet.Adapter{Name: name, Source: "-"}).Validate(); err != nil {
-				return usageErr("--name: %w", err)
+	c := newEndpointCmd("remove", "Remove an adapter from the catalogue (agents unload it)", "endpoint whose catalogue to change")
+	name := c.Flags().String("name", "", "adapter name (required)")
+	c.RunE = func(cmd *cobra.Command, _ []string) error {
+		if err := (fleet.Adapter{Name: *name, Source: "-"}).Validate(); err != nil {
+			return usageErr("--name: %w", err)
+		}
+		return c.etcd(cmd, func(ctx context.Context, cli *clientv3.Client) error {
+			if err := membership.DeleteAdapter(ctx, cli, c.ef.layout, c.endpoint, *name); err != nil {
+				return fmt.Errorf("adapter remove: %w", err)
 			}
-			return withEndpointEtcd(cmd, &ef, endpoint, func(ctx context.Context, cli *clientv3.Client) error {
-				if err := membership.DeleteAdapter(ctx, cli, ef.layout, endpoint, name); err != nil {
-					return fmt.Errorf("adapter remove: %w", err)
-				}
-				fmt.Fprintf(cmd.OutOrStdout(), "removed %s\n", name)
-				return nil
-			})
-		},
+			fmt.Fprintf(cmd.OutOrStdout(), "removed %s\n", *name)
+			return nil
+		})
 	}
-	f := c.Flags()
-	ef.register(f)
-	f.StringVar(&endpoint, "endpoint", "default", "endpoint whose catalogue to change")
-	f.StringVar(&name, "name", "", "adapter name (required)")
-	return c
+	return c.Command
 }
 
 func newAdapterListCmd() *cobra.Command {
-	var (
-		ef       etcdFlags
-		endpoint string
-		asJSON   bool
-	)
-	c := &cobra.Command{
-		Use:   "list",
-		Short: "Print the catalogue with each adapter's current target size",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return withEndpointEtcd(cmd, &ef, endpoint, func(ctx context.Context, cli *clientv3.Client) error {
-				ads, err := membership.ListAdapters(ctx, cli, ef.layout, endpoint)
-				if err != nil {
-					return fmt.Errorf("adapter list: %w", err)
+	c := newEndpointCmd("list", "Print the catalogue with each adapter's current target size", "endpoint whose catalogue to print")
+	asJSON := c.Flags().Bool("json", false, "print JSON instead of a table")
+	c.RunE = func(cmd *cobra.Command, _ []string) error {
+		return c.etcd(cmd, func(ctx context.Context, cli *clientv3.Client) error {
+			ads, err := membership.ListAdapters(ctx, cli, c.ef.layout, c.endpoint)
+			if err != nil {
+				return fmt.Errorf("adapter list: %w", err)
+			}
+			if *asJSON {
+				out := make([]adapterOut, len(ads))
+				for i, a := range ads {
+					out[i] = adapterJSON(a)
 				}
-				if asJSON {
-					out := make([]adapterOut, len(ads))
-					for i, a := range ads {
-						out[i] = adapterJSON(a)
-					}
-					return printJSON(cmd.OutOrStdout(), out)
-				}
-				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "NAME\tSOURCE\tMIN\tMAX\tTARGET")
-				for _, a := range ads {
-					fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\n", a.Name, a.Source, a.Min(), a.Max(), a.Target())
-				}
-				return tw.Flush()
-			})
-		},
+				return printJSON(cmd.OutOrStdout(), out)
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tSOURCE\tMIN\tMAX\tTARGET")
+			for _, a := range ads {
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\n", a.Name, a.Source, a.Min(), a.Max(), a.Target())
+			}
+			return tw.Flush()
+		})
 	}
-	f := c.Flags()
-	ef.register(f)
-	f.StringVar(&endpoint, "endpoint", "default", "endpoint whose catalogue to print")
-	f.BoolVar(&asJSON, "json", false, "print JSON instead of a table")
-	return c
+	return c.Command
 }
 
 // adapterOut is the JSON the adapter commands print.

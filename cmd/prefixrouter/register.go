@@ -118,22 +118,6 @@ instance.`,
 	return c
 }
 
-// withEndpointEtcd validates the endpoint name, connects to etcd and runs
-// one bounded call.
-func withEndpointEtcd(cmd *cobra.Command, ef *etcdFlags, endpoint string, call func(context.Context, *clientv3.Client) error) error {
-	if err := membership.ValidateName("endpoint", endpoint); err != nil {
-		return usageErr("--endpoint: %w", err)
-	}
-	cli, err := ef.client()
-	if err != nil {
-		return err
-	}
-	defer cli.Close()
-	ctx, cancel := contextTimeout(cmd, ef.cfg.DialTimeout)
-	defer cancel()
-	return call(ctx, cli)
-}
-
 func newConfigCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "config",
@@ -144,73 +128,52 @@ func newConfigCmd() *cobra.Command {
 }
 
 func newConfigSetCmd() *cobra.Command {
-	var (
-		ef       etcdFlags
-		rc       fleet.RoutingConfig
-		endpoint string
-		raw      string
-	)
-	c := &cobra.Command{
-		Use:   "set",
-		Short: "Validate and write an endpoint's routing config",
-		Long: `config set writes <prefix>/endpoints/<endpoint>/config in SageMaker's RoutingConfig shape,
+	c := newEndpointCmd("set", "Validate and write an endpoint's routing config", "endpoint whose config to set")
+	c.Long = `config set writes <prefix>/endpoints/<endpoint>/config in SageMaker's RoutingConfig shape,
 e.g. {"RoutingStrategy":"PREFIX_AWARE","PrefixAwareRoutingConfig":{"PrefixLength":4096,
 "ConcurrencyThreshold":10}}. Every router replica applies it within about a second, without
-a restart. An invalid value is refused with exit code 2 and nothing is written.`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if raw != "" {
-				for _, name := range []string{"strategy", "prefix-length", "concurrency-threshold"} {
-					if cmd.Flags().Changed(name) {
-						return usageErr("--routing-config excludes --%s", name)
-					}
-				}
-				var err error
-				if rc, err = membership.ParseRoutingConfig([]byte(raw)); err != nil {
-					return usageErr("--routing-config: %w", err)
-				}
-			} else if err := rc.Validate(); err != nil {
-				return usageErr("%w", err)
-			}
-			return withEndpointEtcd(cmd, &ef, endpoint, func(ctx context.Context, cli *clientv3.Client) error {
-				if err := membership.PutConfig(ctx, cli, ef.layout, endpoint, rc); err != nil {
-					return fmt.Errorf("config set: %w", err)
-				}
-				return printJSON(cmd.OutOrStdout(), rc.WithDefaults())
-			})
-		},
-	}
+a restart. An invalid value is refused with exit code 2 and nothing is written.`
+	var rc fleet.RoutingConfig
 	f := c.Flags()
-	ef.register(f)
 	bindRouting(f, &rc)
-	f.StringVar(&endpoint, "endpoint", "default", "endpoint whose config to set")
-	f.StringVar(&raw, "routing-config", "", "the whole RoutingConfig as JSON (instead of the three flags)")
-	return c
+	raw := f.String("routing-config", "", "the whole RoutingConfig as JSON (instead of the three flags)")
+	c.RunE = func(cmd *cobra.Command, _ []string) error {
+		if *raw != "" {
+			for _, name := range []string{"strategy", "prefix-length", "concurrency-threshold"} {
+				if f.Changed(name) {
+					return usageErr("--routing-config excludes --%s", name)
+				}
+			}
+			var err error
+			if rc, err = membership.ParseRoutingConfig([]byte(*raw)); err != nil {
+				return usageErr("--routing-config: %w", err)
+			}
+		} else if err := rc.Validate(); err != nil {
+			return usageErr("%w", err)
+		}
+		return c.etcd(cmd, func(ctx context.Context, cli *clientv3.Client) error {
+			if err := membership.PutConfig(ctx, cli, c.ef.layout, c.endpoint, rc); err != nil {
+				return fmt.Errorf("config set: %w", err)
+			}
+			return printJSON(cmd.OutOrStdout(), rc.WithDefaults())
+		})
+	}
+	return c.Command
 }
 
 func newConfigGetCmd() *cobra.Command {
-	var (
-		ef       etcdFlags
-		endpoint string
-	)
-	c := &cobra.Command{
-		Use:   "get",
-		Short: "Print an endpoint's routing config (the default when none is set)",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return withEndpointEtcd(cmd, &ef, endpoint, func(ctx context.Context, cli *clientv3.Client) error {
-				rc, set, err := membership.GetConfig(ctx, cli, ef.layout, endpoint)
-				if err != nil {
-					return fmt.Errorf("config get: %w", err)
-				}
-				if !set {
-					fmt.Fprintf(cmd.ErrOrStderr(), "no config set for endpoint %q; routers use the default:\n", endpoint)
-				}
-				return printJSON(cmd.OutOrStdout(), rc)
-			})
-		},
+	c := newEndpointCmd("get", "Print an endpoint's routing config (the default when none is set)", "endpoint whose config to print")
+	c.RunE = func(cmd *cobra.Command, _ []string) error {
+		return c.etcd(cmd, func(ctx context.Context, cli *clientv3.Client) error {
+			rc, set, err := membership.GetConfig(ctx, cli, c.ef.layout, c.endpoint)
+			if err != nil {
+				return fmt.Errorf("config get: %w", err)
+			}
+			if !set {
+				fmt.Fprintf(cmd.ErrOrStderr(), "no config set for endpoint %q; routers use the default:\n", c.endpoint)
+			}
+			return printJSON(cmd.OutOrStdout(), rc)
+		})
 	}
-	ef.register(c.Flags())
-	c.Flags().StringVar(&endpoint, "endpoint", "default", "endpoint whose config to print")
-	return c
+	return c.Command
 }
