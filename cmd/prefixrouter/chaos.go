@@ -66,11 +66,10 @@ Exits 1 when a check fails. --long runs more cycles and longer windows (a 30 s e
 		},
 	}
 	f := c.Flags()
-	f.IntVar(&cfg.Instances, "instances", 7, "simulated model servers at the start")
-	f.IntVar(&cfg.Replicas, "replicas", 2, "router replicas")
+	cfg.Instances, cfg.Replicas, cfg.TimeScale = 7, 2, 20
+	bindSimulatedFleet(f, &cfg.Instances, &cfg.Replicas, &cfg.TimeScale)
 	f.IntVar(&cfg.Keys, "keys", 10000, "probe keys compared before and after each event")
 	f.Float64Var(&cfg.LoadRate, "rate", 40, "background load, requests/s over all replicas")
-	f.Float64Var(&cfg.TimeScale, "time-scale", 20, "simulated servers run this many times faster than real time")
 	f.BoolVar(&cfg.Long, "long", false, "more cycles and longer windows (soak)")
 	f.Int64Var(&cfg.Seed, "seed", 1, "seed of the probe texts and of the victims")
 	f.StringSliceVar(&cfg.Scenarios, "scenario", nil, "scenarios to run (default: all)")

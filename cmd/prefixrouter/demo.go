@@ -67,11 +67,9 @@ The model servers are simulated: no GPU is used, and the figures are the simulat
 		},
 	}
 	f := c.Flags()
-	f.IntVar(&cfg.Instances, "instances", cfg.Instances, "simulated model servers")
-	f.IntVar(&cfg.Replicas, "replicas", cfg.Replicas, "router replicas")
+	bindSimulatedFleet(f, &cfg.Instances, &cfg.Replicas, &cfg.TimeScale)
 	f.StringVar(&cfg.Profile, "profile", cfg.Profile, "simulator cost-model profile")
 	f.IntVar(&cfg.KVCapacityTokens, "kv-capacity-tokens", cfg.KVCapacityTokens, "KV cache capacity of each simulated instance, in tokens")
-	f.Float64Var(&cfg.TimeScale, "time-scale", cfg.TimeScale, "run the simulated servers this many times faster than real time (figures stay in simulated time)")
 	f.Float64Var(&cfg.BalanceFactor, "balance-factor", cfg.BalanceFactor, "bounded-load factor of the router replicas under PREFIX_AWARE (0: off)")
 	f.StringSliceVar(&workloads, "workload", nil, "run only these workload presets (default: all of the demo's; another preset runs at 7 req/s, 200 warm-up + 600 measured requests)")
 	f.StringSliceVar(&strategies, "strategy", nil, "run only these strategies (default: RANDOM, LEAST_OUTSTANDING_REQUESTS, PREFIX_AWARE)")

@@ -107,3 +107,12 @@ func bindLogLevel(fs *pflag.FlagSet, l *slog.Level, def slog.Level, usage string
 func newLogger(l slog.Level) *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l}))
 }
+
+// bindSimulatedFleet binds the flags that size an in-process fleet of
+// simulated model servers (demo, chaos, matrix); the defaults are the values
+// already in the fields.
+func bindSimulatedFleet(f *pflag.FlagSet, instances, replicas *int, timeScale *float64) {
+	f.IntVar(instances, "instances", *instances, "simulated model servers (at the start)")
+	f.IntVar(replicas, "replicas", *replicas, "router replicas")
+	f.Float64Var(timeScale, "time-scale", *timeScale, "the simulated servers run this many times faster than real time (figures stay in simulated time)")
+}

@@ -54,12 +54,11 @@ exits 1 unless every request of every run succeeded. The servers are simulated.`
 		},
 	}
 	f := c.Flags()
-	f.IntVar(&o.Instances, "instances", 4, "simulated model servers")
-	f.IntVar(&o.Replicas, "replicas", 1, "router replicas")
+	o.Instances, o.Replicas, o.TimeScale = 4, 1, 20
+	bindSimulatedFleet(f, &o.Instances, &o.Replicas, &o.TimeScale)
 	f.IntVar(&o.Requests, "requests", 40, "measured requests per run")
 	f.IntVar(&o.Warmup, "warmup", 8, "warm-up requests per run")
 	f.IntVar(&o.Concurrency, "concurrency", 8, "requests in flight per run")
-	f.Float64Var(&o.TimeScale, "time-scale", 20, "simulated servers run this many times faster than real time")
 	f.StringVar(&out, "out", "", "write the table to this file instead of stdout")
 	bindLogLevel(f, &logLevel, slog.LevelWarn, "log level")
 	return c
