@@ -100,6 +100,12 @@ type Options struct {
 	VanishGrace time.Duration
 	// Admin secures the admin listener (--admin-token, --admin-tls-*).
 	Admin AdminSecurity
+	// Pprof serves Go's net/http/pprof under /debug/pprof/ on the admin
+	// listener (--pprof), for CPU and allocation profiles of a running
+	// replica (docs/benchmarks.md, issue 9). False means off: profiles show
+	// the process's internals and cost CPU while they run, and the admin
+	// token guards only the gRPC API.
+	Pprof bool
 	// Limits bound every client connection of both listeners (see Limits;
 	// zero values mean the Default* limits).
 	Limits Limits

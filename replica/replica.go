@@ -198,6 +198,9 @@ func Start(ctx context.Context, opts Options) (*Replica, error) {
 	adminMux.Handle("GET /metrics", promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{Registry: opts.Registry}))
 	adminMux.HandleFunc("GET /readyz", r.router.ServeReadyz)
 	adminMux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	if opts.Pprof {
+		handlePprof(adminMux)
+	}
 	// One port for both: gRPC clients speak HTTP/2 (with prior knowledge
 	// in plaintext, by ALPN over TLS), curl and Prometheus HTTP/1.1.
 	var protos http.Protocols

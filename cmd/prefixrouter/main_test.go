@@ -33,7 +33,7 @@ func TestHelpListsEnvironment(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("serve --help exited %d", code)
 	}
-	for _, want := range []string{"--static-instances", "$PREFIXROUTER_STATIC_INSTANCES", "--embedded-etcd", "--concurrency-threshold"} {
+	for _, want := range []string{"--static-instances", "$PREFIXROUTER_STATIC_INSTANCES", "--embedded-etcd", "--concurrency-threshold", "--pprof", "$PREFIXROUTER_PPROF"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("serve --help lacks %q", want)
 		}

@@ -85,6 +85,7 @@ share the fleet, and keeps routing on its last good snapshot while etcd is unrea
 	f.StringVar(&a.TLSCert, "admin-tls-cert", "", "PEM certificate the admin port serves TLS with (with --admin-tls-key)")
 	f.StringVar(&a.TLSKey, "admin-tls-key", "", "PEM key of --admin-tls-cert")
 	f.StringVar(&a.ClientCA, "admin-client-ca", "", "PEM CA bundle admin clients' certificates must chain to (mTLS; needs --admin-tls-cert)")
+	f.BoolVar(&opts.Pprof, "pprof", false, "serve Go's profiles (net/http/pprof) under /debug/pprof/ on the admin listener; keep that listener private")
 	l := &opts.Limits
 	f.DurationVar(&l.ReadHeaderTimeout, "read-header-timeout", replica.DefaultReadHeaderTimeout, "close a connection that has not sent a request's headers within this long")
 	f.DurationVar(&l.BodyReadTimeout, "body-read-timeout", replica.DefaultBodyReadTimeout, "answer 400 and close a connection that has not sent a request's body within this long after its headers")
