@@ -343,33 +343,33 @@ func TestSetRoutingConfig(t *testing.T) {
 		msg    string
 		want   *adminpb.RoutingConfig
 	}{
-		{name: "prefix aware", req: &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Strategy: "PREFIX_AWARE", PrefixLength: 8192, ConcurrencyThreshold: 20},
+		{name: "prefix aware", req: &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Config: &adminpb.RoutingConfig{Strategy: "PREFIX_AWARE", PrefixLength: 8192, ConcurrencyThreshold: 20}},
 			want: &adminpb.RoutingConfig{Strategy: "PREFIX_AWARE", PrefixLength: 8192, ConcurrencyThreshold: 20}},
-		{name: "zeros mean defaults", req: &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Strategy: "RANDOM"},
+		{name: "zeros mean defaults", req: &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Config: &adminpb.RoutingConfig{Strategy: "RANDOM"}},
 			want: &adminpb.RoutingConfig{Strategy: "RANDOM", PrefixLength: 4096, ConcurrencyThreshold: 10}},
-		{name: "endpoint without instances yet", req: &adminpb.SetRoutingConfigRequest{Endpoint: "later", Strategy: "LEAST_OUTSTANDING_REQUESTS"},
+		{name: "endpoint without instances yet", req: &adminpb.SetRoutingConfigRequest{Endpoint: "later", Config: &adminpb.RoutingConfig{Strategy: "LEAST_OUTSTANDING_REQUESTS"}},
 			want: &adminpb.RoutingConfig{Strategy: "LEAST_OUTSTANDING_REQUESTS", PrefixLength: 4096, ConcurrencyThreshold: 10}},
-		{name: "bad strategy", req: &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Strategy: "ROUND_ROBIN"},
+		{name: "bad strategy", req: &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Config: &adminpb.RoutingConfig{Strategy: "ROUND_ROBIN"}},
 			code: codes.InvalidArgument, msg: `RoutingStrategy "ROUND_ROBIN" is not one of`},
-		{name: "lowercase strategy", req: &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Strategy: "prefix_aware"},
+		{name: "lowercase strategy", req: &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Config: &adminpb.RoutingConfig{Strategy: "prefix_aware"}},
 			code: codes.InvalidArgument, msg: "RoutingStrategy"},
-		{name: "prefix length 100", req: &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Strategy: "PREFIX_AWARE", PrefixLength: 100},
+		{name: "prefix length 100", req: &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Config: &adminpb.RoutingConfig{Strategy: "PREFIX_AWARE", PrefixLength: 100}},
 			code: codes.InvalidArgument, msg: "PrefixLength 100 is outside 1024..65536"},
-		{name: "prefix length too long", req: &adminpb.SetRoutingConfigRequest{Endpoint: "chat", PrefixLength: 65537},
+		{name: "prefix length too long", req: &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Config: &adminpb.RoutingConfig{PrefixLength: 65537}},
 			code: codes.InvalidArgument, msg: "PrefixLength 65537"},
-		{name: "negative threshold", req: &adminpb.SetRoutingConfigRequest{Endpoint: "chat", ConcurrencyThreshold: -1},
+		{name: "negative threshold", req: &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Config: &adminpb.RoutingConfig{ConcurrencyThreshold: -1}},
 			code: codes.InvalidArgument, msg: "ConcurrencyThreshold -1 is outside 1..1024"},
-		{name: "threshold 2000", req: &adminpb.SetRoutingConfigRequest{Endpoint: "chat", ConcurrencyThreshold: 2000},
+		{name: "threshold 2000", req: &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Config: &adminpb.RoutingConfig{ConcurrencyThreshold: 2000}},
 			code: codes.InvalidArgument, msg: "ConcurrencyThreshold 2000"},
-		{name: "bad endpoint", req: &adminpb.SetRoutingConfigRequest{Endpoint: "has space", Strategy: "RANDOM"},
+		{name: "bad endpoint", req: &adminpb.SetRoutingConfigRequest{Endpoint: "has space", Config: &adminpb.RoutingConfig{Strategy: "RANDOM"}},
 			code: codes.InvalidArgument, msg: "endpoint name"},
-		{name: "static fleet", static: true, req: &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Strategy: "RANDOM"},
+		{name: "static fleet", static: true, req: &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Config: &adminpb.RoutingConfig{Strategy: "RANDOM"}},
 			code: codes.Unavailable, msg: "without etcd"},
-		{name: "invalid before unavailable", static: true, req: &adminpb.SetRoutingConfigRequest{Endpoint: "chat", PrefixLength: 100},
+		{name: "invalid before unavailable", static: true, req: &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Config: &adminpb.RoutingConfig{PrefixLength: 100}},
 			code: codes.InvalidArgument, msg: "PrefixLength 100"},
-		{name: "etcd down", putErr: errors.New("context deadline exceeded from etcd"), req: &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Strategy: "RANDOM"},
+		{name: "etcd down", putErr: errors.New("context deadline exceeded from etcd"), req: &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Config: &adminpb.RoutingConfig{Strategy: "RANDOM"}},
 			code: codes.Unavailable, msg: "write routing config"},
-		{name: "store rejects", putErr: fmt.Errorf("%w: by store", fleet.ErrInvalidConfig), req: &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Strategy: "RANDOM"},
+		{name: "store rejects", putErr: fmt.Errorf("%w: by store", fleet.ErrInvalidConfig), req: &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Config: &adminpb.RoutingConfig{Strategy: "RANDOM"}},
 			code: codes.InvalidArgument, msg: "by store"},
 	}
 	for _, tt := range tests {
@@ -569,7 +569,7 @@ func TestMetrics(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	_, err := h.client.SetRoutingConfig(ctx(t), &adminpb.SetRoutingConfigRequest{Endpoint: "chat", PrefixLength: 100})
+	_, err := h.client.SetRoutingConfig(ctx(t), &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Config: &adminpb.RoutingConfig{PrefixLength: 100}})
 	wantCode(t, err, codes.InvalidArgument, "PrefixLength")
 	if got := handled(t, h.reg, "SetRoutingConfig", "InvalidArgument"); got != 1 {
 		t.Errorf("handled{SetRoutingConfig,InvalidArgument} = %v, want 1", got)

@@ -60,7 +60,7 @@ func TestAdminToken(t *testing.T) {
 				if md != nil {
 					c = metadata.NewOutgoingContext(c, md)
 				}
-				_, err := h.client.SetRoutingConfig(c, &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Strategy: "RANDOM"})
+				_, err := h.client.SetRoutingConfig(c, &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Config: &adminpb.RoutingConfig{Strategy: "RANDOM"}})
 				return err
 			}
 			for _, md := range []metadata.MD{nil, withToken("wrong"), metadata.Pairs("authorization", "Basic "+token)} {

@@ -54,7 +54,7 @@ func ExampleNewServer() {
 	}
 	fmt.Println(got.Config.Strategy, got.Config.PrefixLength, got.Config.ConcurrencyThreshold, got.Stored)
 
-	_, err = c.SetRoutingConfig(ctx, &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Strategy: "RANDOM"})
+	_, err = c.SetRoutingConfig(ctx, &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Config: &adminpb.RoutingConfig{Strategy: "RANDOM"}})
 	fmt.Println(status.Code(err))
 	// Output:
 	// PREFIX_AWARE 4096 10 false

@@ -111,6 +111,18 @@ func configToPB(c fleet.RoutingConfig) *adminpb.RoutingConfig {
 	}
 }
 
+// configFromPB is configToPB's inverse, before defaults: zero fields (and a
+// nil config) stay zero, so Validate and WithDefaults judge them.
+func configFromPB(c *adminpb.RoutingConfig) fleet.RoutingConfig {
+	return fleet.RoutingConfig{
+		RoutingStrategy: fleet.Strategy(c.GetStrategy()),
+		PrefixAwareRoutingConfig: &fleet.PrefixAwareConfig{
+			PrefixLength:         int(c.GetPrefixLength()),
+			ConcurrencyThreshold: int(c.GetConcurrencyThreshold()),
+		},
+	}
+}
+
 func (s *service) GetRoutingConfig(ctx context.Context, req *adminpb.GetRoutingConfigRequest) (*adminpb.GetRoutingConfigResponse, error) {
 	if err := validateEndpoint(req.GetEndpoint()); err != nil {
 		return nil, err
@@ -148,13 +160,7 @@ func (s *service) SetRoutingConfig(ctx context.Context, req *adminpb.SetRoutingC
 	if err := validateEndpoint(req.GetEndpoint()); err != nil {
 		return nil, err
 	}
-	c := fleet.RoutingConfig{
-		RoutingStrategy: fleet.Strategy(req.GetStrategy()),
-		PrefixAwareRoutingConfig: &fleet.PrefixAwareConfig{
-			PrefixLength:         int(req.GetPrefixLength()),
-			ConcurrencyThreshold: int(req.GetConcurrencyThreshold()),
-		},
-	}
+	c := configFromPB(req.GetConfig())
 	if err := c.Validate(); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}

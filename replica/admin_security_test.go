@@ -78,7 +78,7 @@ func TestAdminTLSAndToken(t *testing.T) {
 	if _, err := good.GetFleet(ctx, &adminpb.GetFleetRequest{}); status.Code(err) != codes.Unauthenticated {
 		t.Errorf("GetFleet without a token = %v, want Unauthenticated", err)
 	}
-	if _, err := good.SetRoutingConfig(ctx, &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Strategy: "RANDOM"}); status.Code(err) != codes.Unauthenticated {
+	if _, err := good.SetRoutingConfig(ctx, &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Config: &adminpb.RoutingConfig{Strategy: "RANDOM"}}); status.Code(err) != codes.Unauthenticated {
 		t.Errorf("SetRoutingConfig without a token = %v, want Unauthenticated", err)
 	}
 	if resp, err := good.GetFleet(withToken, &adminpb.GetFleetRequest{}); err != nil || len(resp.GetEndpoints()) != 1 {

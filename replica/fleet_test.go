@@ -173,7 +173,7 @@ func TestAdminAPIWithEtcd(t *testing.T) {
 			return rep.Router().Snapshot().Endpoint("chat").Config.WithDefaults().RoutingStrategy
 		}
 		for _, s := range []fleet.Strategy{fleet.Random, fleet.LeastOutstanding, fleet.PrefixAware} {
-			resp, err := ac.SetRoutingConfig(ctx, &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Strategy: string(s)})
+			resp, err := ac.SetRoutingConfig(ctx, &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Config: &adminpb.RoutingConfig{Strategy: string(s)}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -187,8 +187,8 @@ func TestAdminAPIWithEtcd(t *testing.T) {
 			}
 		}
 		for _, bad := range []*adminpb.SetRoutingConfigRequest{
-			{Endpoint: "chat", Strategy: "ROUND_ROBIN"},
-			{Endpoint: "chat", PrefixLength: 100},
+			{Endpoint: "chat", Config: &adminpb.RoutingConfig{Strategy: "ROUND_ROBIN"}},
+			{Endpoint: "chat", Config: &adminpb.RoutingConfig{PrefixLength: 100}},
 		} {
 			if _, err := ac.SetRoutingConfig(ctx, bad); status.Code(err) != codes.InvalidArgument {
 				t.Fatalf("%v: %v, want InvalidArgument", bad, err)

@@ -72,7 +72,7 @@ func TestStaticFleetAdmin(t *testing.T) {
 	}
 	ac, conn := dialAdmin(t, rep)
 
-	if _, err := ac.SetRoutingConfig(ctx, &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Strategy: "RANDOM"}); status.Code(err) != codes.Unavailable {
+	if _, err := ac.SetRoutingConfig(ctx, &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Config: &adminpb.RoutingConfig{Strategy: "RANDOM"}}); status.Code(err) != codes.Unavailable {
 		t.Fatalf("SetRoutingConfig on a static fleet: %v, want Unavailable", err)
 	}
 	if _, err := ac.ListAdapters(ctx, &adminpb.ListAdaptersRequest{Endpoint: "chat"}); status.Code(err) != codes.Unavailable {

@@ -981,13 +981,12 @@ func (x *GetRoutingConfigResponse) GetApplied() *RoutingConfig {
 }
 
 type SetRoutingConfigRequest struct {
-	state                protoimpl.MessageState `protogen:"open.v1"`
-	Endpoint             string                 `protobuf:"bytes,1,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
-	Strategy             string                 `protobuf:"bytes,2,opt,name=strategy,proto3" json:"strategy,omitempty"`
-	PrefixLength         int32                  `protobuf:"varint,3,opt,name=prefix_length,json=prefixLength,proto3" json:"prefix_length,omitempty"`
-	ConcurrencyThreshold int32                  `protobuf:"varint,4,opt,name=concurrency_threshold,json=concurrencyThreshold,proto3" json:"concurrency_threshold,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Endpoint string                 `protobuf:"bytes,1,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	// The whole configuration; absent or zero fields mean their defaults.
+	Config        *RoutingConfig `protobuf:"bytes,5,opt,name=config,proto3" json:"config,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SetRoutingConfigRequest) Reset() {
@@ -1027,25 +1026,11 @@ func (x *SetRoutingConfigRequest) GetEndpoint() string {
 	return ""
 }
 
-func (x *SetRoutingConfigRequest) GetStrategy() string {
+func (x *SetRoutingConfigRequest) GetConfig() *RoutingConfig {
 	if x != nil {
-		return x.Strategy
+		return x.Config
 	}
-	return ""
-}
-
-func (x *SetRoutingConfigRequest) GetPrefixLength() int32 {
-	if x != nil {
-		return x.PrefixLength
-	}
-	return 0
-}
-
-func (x *SetRoutingConfigRequest) GetConcurrencyThreshold() int32 {
-	if x != nil {
-		return x.ConcurrencyThreshold
-	}
-	return 0
+	return nil
 }
 
 type SetRoutingConfigResponse struct {
@@ -1384,12 +1369,10 @@ const file_prefixrouter_admin_v1_admin_proto_rawDesc = "" +
 	"\x18GetRoutingConfigResponse\x12<\n" +
 	"\x06config\x18\x01 \x01(\v2$.prefixrouter.admin.v1.RoutingConfigR\x06config\x12\x16\n" +
 	"\x06stored\x18\x02 \x01(\bR\x06stored\x12>\n" +
-	"\aapplied\x18\x03 \x01(\v2$.prefixrouter.admin.v1.RoutingConfigR\aapplied\"\xab\x01\n" +
+	"\aapplied\x18\x03 \x01(\v2$.prefixrouter.admin.v1.RoutingConfigR\aapplied\"\xb5\x01\n" +
 	"\x17SetRoutingConfigRequest\x12\x1a\n" +
-	"\bendpoint\x18\x01 \x01(\tR\bendpoint\x12\x1a\n" +
-	"\bstrategy\x18\x02 \x01(\tR\bstrategy\x12#\n" +
-	"\rprefix_length\x18\x03 \x01(\x05R\fprefixLength\x123\n" +
-	"\x15concurrency_threshold\x18\x04 \x01(\x05R\x14concurrencyThreshold\"X\n" +
+	"\bendpoint\x18\x01 \x01(\tR\bendpoint\x12<\n" +
+	"\x06config\x18\x05 \x01(\v2$.prefixrouter.admin.v1.RoutingConfigR\x06configJ\x04\b\x02\x10\x03J\x04\b\x03\x10\x04J\x04\b\x04\x10\x05R\bstrategyR\rprefix_lengthR\x15concurrency_threshold\"X\n" +
 	"\x18SetRoutingConfigResponse\x12<\n" +
 	"\x06config\x18\x01 \x01(\v2$.prefixrouter.admin.v1.RoutingConfigR\x06config\"\x94\x02\n" +
 	"\x13ExplainRouteRequest\x12\x1a\n" +
@@ -1485,27 +1468,28 @@ var file_prefixrouter_admin_v1_admin_proto_depIdxs = []int32{
 	0,  // 11: prefixrouter.admin.v1.InstanceState.breaker:type_name -> prefixrouter.admin.v1.BreakerState
 	8,  // 12: prefixrouter.admin.v1.GetRoutingConfigResponse.config:type_name -> prefixrouter.admin.v1.RoutingConfig
 	8,  // 13: prefixrouter.admin.v1.GetRoutingConfigResponse.applied:type_name -> prefixrouter.admin.v1.RoutingConfig
-	8,  // 14: prefixrouter.admin.v1.SetRoutingConfigResponse.config:type_name -> prefixrouter.admin.v1.RoutingConfig
-	21, // 15: prefixrouter.admin.v1.ExplainRouteRequest.headers:type_name -> prefixrouter.admin.v1.ExplainRouteRequest.HeadersEntry
-	9,  // 16: prefixrouter.admin.v1.Admin.GetFleet:input_type -> prefixrouter.admin.v1.GetFleetRequest
-	14, // 17: prefixrouter.admin.v1.Admin.GetRoutingConfig:input_type -> prefixrouter.admin.v1.GetRoutingConfigRequest
-	16, // 18: prefixrouter.admin.v1.Admin.SetRoutingConfig:input_type -> prefixrouter.admin.v1.SetRoutingConfigRequest
-	18, // 19: prefixrouter.admin.v1.Admin.ExplainRoute:input_type -> prefixrouter.admin.v1.ExplainRouteRequest
-	2,  // 20: prefixrouter.admin.v1.Admin.ListAdapters:input_type -> prefixrouter.admin.v1.ListAdaptersRequest
-	4,  // 21: prefixrouter.admin.v1.Admin.PutAdapter:input_type -> prefixrouter.admin.v1.PutAdapterRequest
-	6,  // 22: prefixrouter.admin.v1.Admin.DeleteAdapter:input_type -> prefixrouter.admin.v1.DeleteAdapterRequest
-	10, // 23: prefixrouter.admin.v1.Admin.GetFleet:output_type -> prefixrouter.admin.v1.GetFleetResponse
-	15, // 24: prefixrouter.admin.v1.Admin.GetRoutingConfig:output_type -> prefixrouter.admin.v1.GetRoutingConfigResponse
-	17, // 25: prefixrouter.admin.v1.Admin.SetRoutingConfig:output_type -> prefixrouter.admin.v1.SetRoutingConfigResponse
-	19, // 26: prefixrouter.admin.v1.Admin.ExplainRoute:output_type -> prefixrouter.admin.v1.ExplainRouteResponse
-	3,  // 27: prefixrouter.admin.v1.Admin.ListAdapters:output_type -> prefixrouter.admin.v1.ListAdaptersResponse
-	5,  // 28: prefixrouter.admin.v1.Admin.PutAdapter:output_type -> prefixrouter.admin.v1.PutAdapterResponse
-	7,  // 29: prefixrouter.admin.v1.Admin.DeleteAdapter:output_type -> prefixrouter.admin.v1.DeleteAdapterResponse
-	23, // [23:30] is the sub-list for method output_type
-	16, // [16:23] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	8,  // 14: prefixrouter.admin.v1.SetRoutingConfigRequest.config:type_name -> prefixrouter.admin.v1.RoutingConfig
+	8,  // 15: prefixrouter.admin.v1.SetRoutingConfigResponse.config:type_name -> prefixrouter.admin.v1.RoutingConfig
+	21, // 16: prefixrouter.admin.v1.ExplainRouteRequest.headers:type_name -> prefixrouter.admin.v1.ExplainRouteRequest.HeadersEntry
+	9,  // 17: prefixrouter.admin.v1.Admin.GetFleet:input_type -> prefixrouter.admin.v1.GetFleetRequest
+	14, // 18: prefixrouter.admin.v1.Admin.GetRoutingConfig:input_type -> prefixrouter.admin.v1.GetRoutingConfigRequest
+	16, // 19: prefixrouter.admin.v1.Admin.SetRoutingConfig:input_type -> prefixrouter.admin.v1.SetRoutingConfigRequest
+	18, // 20: prefixrouter.admin.v1.Admin.ExplainRoute:input_type -> prefixrouter.admin.v1.ExplainRouteRequest
+	2,  // 21: prefixrouter.admin.v1.Admin.ListAdapters:input_type -> prefixrouter.admin.v1.ListAdaptersRequest
+	4,  // 22: prefixrouter.admin.v1.Admin.PutAdapter:input_type -> prefixrouter.admin.v1.PutAdapterRequest
+	6,  // 23: prefixrouter.admin.v1.Admin.DeleteAdapter:input_type -> prefixrouter.admin.v1.DeleteAdapterRequest
+	10, // 24: prefixrouter.admin.v1.Admin.GetFleet:output_type -> prefixrouter.admin.v1.GetFleetResponse
+	15, // 25: prefixrouter.admin.v1.Admin.GetRoutingConfig:output_type -> prefixrouter.admin.v1.GetRoutingConfigResponse
+	17, // 26: prefixrouter.admin.v1.Admin.SetRoutingConfig:output_type -> prefixrouter.admin.v1.SetRoutingConfigResponse
+	19, // 27: prefixrouter.admin.v1.Admin.ExplainRoute:output_type -> prefixrouter.admin.v1.ExplainRouteResponse
+	3,  // 28: prefixrouter.admin.v1.Admin.ListAdapters:output_type -> prefixrouter.admin.v1.ListAdaptersResponse
+	5,  // 29: prefixrouter.admin.v1.Admin.PutAdapter:output_type -> prefixrouter.admin.v1.PutAdapterResponse
+	7,  // 30: prefixrouter.admin.v1.Admin.DeleteAdapter:output_type -> prefixrouter.admin.v1.DeleteAdapterResponse
+	24, // [24:31] is the sub-list for method output_type
+	17, // [17:24] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_prefixrouter_admin_v1_admin_proto_init() }
