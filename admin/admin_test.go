@@ -485,26 +485,8 @@ func TestExplainRouteErrors(t *testing.T) {
 
 // --- server plumbing: panics, logs, metrics, health, reflection ---
 
-// syncBuffer lets the test read what the server's goroutines log.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func TestPanicRecoveredLoggedAndCounted(t *testing.T) {
-	var logs syncBuffer
+	var logs testsupport.LogBuffer
 	h := start(t, admin.Options{
 		Explainer: &fakeExplainer{pan: true},
 		Logger:    slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),

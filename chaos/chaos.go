@@ -39,25 +39,31 @@ const (
 	healthCheckTimeout  = 200 * time.Millisecond
 )
 
-var scenarioDocs = []struct{ name, doc string }{
-	{ScaleUp, "add one instance (N→N+1): only keys of the new instance move, no request fails"},
-	{ScaleDown, "graceful stop of one instance (drain, revoke): only its keys move, no request fails"},
-	{Crash, "kill one instance without revoking its lease: routers drop it when the lease expires (≈TTL); requests that hit it meanwhile are retried elsewhere; only requests in flight at the crash instant may fail"},
-	{EtcdOutage, "stop etcd for a window under load: routing continues on the last snapshot, no request fails; restart etcd, add an instance, every replica converges"},
-	{FailingInstance, "one instance answers 500: its breaker opens, traffic spills to the next candidates; clear the fault: the breaker closes after its open timeout and a probe"},
-	{RollingRestart, "stop (gracefully) and re-add every instance in turn under load: no request fails"},
-	{HungInstance, "freeze one instance (connections accepted, nothing answers; still registered): active health checks mark it down on every replica within 2 probes, new requests avoid it, only requests already sent to it wait; unfreeze: it is marked up and they complete"},
-	{AdapterJoin, "an adapter is loaded on one more instance (its set grows by one): at most 1.05 × 1/(|set|+1) of its keys move, none of other adapters, no request fails"},
-	{AdapterUnload, "an adapter is unloaded from one member (its set shrinks by one): only that member's keys move, none of other adapters, no request fails"},
-	{AdapterHot, "one adapter gets sustained load above the threshold: the agents grow its set by the next rendezvous choice; movement as for a join, no request fails"},
-	{AdapterCrash, "the only instance holding an adapter crashes: after its lease expires the adapter is placed and loaded elsewhere; adapters not on it neither move nor fail"},
+// scenarios are every scenario in the order Run runs them: its name, what it
+// does (its one-line description) and what it checks.
+var scenarios = []struct {
+	name string
+	run  func(s *suite, ctx context.Context, res *Result) error
+	doc  string
+}{
+	{ScaleUp, (*suite).scaleUp, "add one instance (N→N+1): only keys of the new instance move, no request fails"},
+	{ScaleDown, (*suite).scaleDown, "graceful stop of one instance (drain, revoke): only its keys move, no request fails"},
+	{Crash, (*suite).crash, "kill one instance without revoking its lease: routers drop it when the lease expires (≈TTL); requests that hit it meanwhile are retried elsewhere; only requests in flight at the crash instant may fail"},
+	{EtcdOutage, (*suite).etcdOutage, "stop etcd for a window under load: routing continues on the last snapshot, no request fails; restart etcd, add an instance, every replica converges"},
+	{FailingInstance, (*suite).failingInstance, "one instance answers 500: its breaker opens, traffic spills to the next candidates; clear the fault: the breaker closes after its open timeout and a probe"},
+	{RollingRestart, (*suite).rollingRestart, "stop (gracefully) and re-add every instance in turn under load: no request fails"},
+	{HungInstance, (*suite).hungInstance, "freeze one instance (connections accepted, nothing answers; still registered): active health checks mark it down on every replica within 2 probes, new requests avoid it, only requests already sent to it wait; unfreeze: it is marked up and they complete"},
+	{AdapterJoin, (*suite).adapterJoin, "an adapter is loaded on one more instance (its set grows by one): at most 1.05 × 1/(|set|+1) of its keys move, none of other adapters, no request fails"},
+	{AdapterUnload, (*suite).adapterUnload, "an adapter is unloaded from one member (its set shrinks by one): only that member's keys move, none of other adapters, no request fails"},
+	{AdapterHot, (*suite).adapterHot, "one adapter gets sustained load above the threshold: the agents grow its set by the next rendezvous choice; movement as for a join, no request fails"},
+	{AdapterCrash, (*suite).adapterCrash, "the only instance holding an adapter crashes: after its lease expires the adapter is placed and loaded elsewhere; adapters not on it neither move nor fail"},
 }
 
 // Scenarios returns the scenario names in the order Run runs them; see
 // Description.
 func Scenarios() []string {
-	out := make([]string, len(scenarioDocs))
-	for i, s := range scenarioDocs {
+	out := make([]string, len(scenarios))
+	for i, s := range scenarios {
 		out[i] = s.name
 	}
 	return out
@@ -66,7 +72,7 @@ func Scenarios() []string {
 // Description is a one-line description of a scenario, empty for an unknown
 // name.
 func Description(name string) string {
-	for _, s := range scenarioDocs {
+	for _, s := range scenarios {
 		if s.name == name {
 			return s.doc
 		}

@@ -152,29 +152,10 @@ type suite struct {
 func (s *suite) run(ctx context.Context, name string) *Result {
 	res := &Result{Scenario: name, InstancesBefore: len(s.f.IDs())}
 	var err error
-	switch name {
-	case ScaleUp:
-		err = s.scaleUp(ctx, res)
-	case ScaleDown:
-		err = s.scaleDown(ctx, res)
-	case Crash:
-		err = s.crash(ctx, res)
-	case EtcdOutage:
-		err = s.etcdOutage(ctx, res)
-	case FailingInstance:
-		err = s.failingInstance(ctx, res)
-	case RollingRestart:
-		err = s.rollingRestart(ctx, res)
-	case HungInstance:
-		err = s.hungInstance(ctx, res)
-	case AdapterJoin:
-		err = s.adapterJoin(ctx, res)
-	case AdapterUnload:
-		err = s.adapterUnload(ctx, res)
-	case AdapterHot:
-		err = s.adapterHot(ctx, res)
-	case AdapterCrash:
-		err = s.adapterCrash(ctx, res)
+	for _, sc := range scenarios {
+		if sc.name == name {
+			err = sc.run(s, ctx, res)
+		}
 	}
 	res.InstancesAfter = len(s.f.IDs())
 	if err != nil {

@@ -9,30 +9,13 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 	"github.com/prefixrouter/prefixrouter/router"
 )
-
-type syncBuf struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // rawRequest writes raw on a new connection and returns the status of the
 // answer (0 if the server closed without one).
@@ -71,7 +54,7 @@ func rawPost(path, body string, headers ...string) string {
 // panics through the replica's logger) and nothing may leak (goleak in
 // TestMain).
 func TestHostileInputs(t *testing.T) {
-	var logs syncBuf
+	var logs testsupport.LogBuffer
 	upstream := backends(t, 1)[0]
 	upstream.Labels = map[string]string{"model": "base"}
 	upstream.Adapters = []string{"lora-x"}

@@ -2,53 +2,24 @@ package replica
 
 import (
 	"context"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
-	collectorpb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
-	"google.golang.org/grpc"
-
 	"github.com/prefixrouter/prefixrouter/router"
+	"github.com/prefixrouter/prefixrouter/tracing/tracingtest"
 )
-
-// collector is a loopback OTLP/gRPC trace collector.
-type collector struct {
-	collectorpb.UnimplementedTraceServiceServer
-	got chan *collectorpb.ExportTraceServiceRequest
-}
-
-func (c *collector) Export(_ context.Context, req *collectorpb.ExportTraceServiceRequest) (*collectorpb.ExportTraceServiceResponse, error) {
-	c.got <- req
-	return &collectorpb.ExportTraceServiceResponse{}, nil
-}
 
 // TestOTLPEndpoint: with OTLPEndpoint a request's span, with the routing
 // attributes, reaches the collector by the time Close returns.
 func TestOTLPEndpoint(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &collector{got: make(chan *collectorpb.ExportTraceServiceRequest, 16)}
-	srv := grpc.NewServer()
-	collectorpb.RegisterTraceServiceServer(srv, c)
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		_ = srv.Serve(ln)
-	}()
-	defer func() {
-		srv.Stop()
-		<-served
-	}()
+	c, url := tracingtest.Start(t)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	rep, err := Start(ctx, Options{
-		Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", OTLPEndpoint: "http://" + ln.Addr().String(),
+		Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", OTLPEndpoint: url,
 		Router: router.Options{DefaultEndpoint: "chat"}, Static: backends(t, 2), Logger: quiet,
 	})
 	if err != nil {
@@ -65,7 +36,7 @@ func TestOTLPEndpoint(t *testing.T) {
 	}
 	for {
 		select {
-		case req := <-c.got:
+		case req := <-c.Got:
 			for _, rs := range req.GetResourceSpans() {
 				for _, ss := range rs.GetScopeSpans() {
 					for _, s := range ss.GetSpans() {

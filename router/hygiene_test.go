@@ -19,6 +19,7 @@ import (
 	"github.com/sony/gobreaker/v2"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 	"github.com/prefixrouter/prefixrouter/overload"
 )
 
@@ -154,7 +155,7 @@ func TestIdempotencyKeyNotReplayed(t *testing.T) {
 // TestUpstreamFailuresWarnRateLimited: upstream failures are logged at warn
 // (they were debug only), at most a few lines however many fail.
 func TestUpstreamFailuresWarnRateLimited(t *testing.T) {
-	var buf lockedBuffer
+	var buf testsupport.LogBuffer
 	r, err := New(Options{DefaultEndpoint: "ep", Logger: slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		t.Fatal(err)
@@ -175,23 +176,6 @@ func TestUpstreamFailuresWarnRateLimited(t *testing.T) {
 	if lines < 1 || lines > 6 || !strings.Contains(buf.String(), "level=WARN") || !strings.Contains(buf.String(), "instance=gone") {
 		t.Fatalf("%d warn lines for 50 failures:\n%s", lines, buf.String())
 	}
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // TestFirstByteTimeoutTripsBreaker: an instance that answers its health

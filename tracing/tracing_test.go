@@ -2,50 +2,17 @@ package tracing_test
 
 import (
 	"context"
-	"net"
 	"testing"
 	"time"
 
 	collectorpb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
-	"google.golang.org/grpc"
 
 	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 	"github.com/prefixrouter/prefixrouter/tracing"
+	"github.com/prefixrouter/prefixrouter/tracing/tracingtest"
 )
 
 func TestMain(m *testing.M) { testsupport.VerifyNoLeaks(m) }
-
-// collector is a loopback OTLP/gRPC trace collector.
-type collector struct {
-	collectorpb.UnimplementedTraceServiceServer
-	got chan *collectorpb.ExportTraceServiceRequest
-}
-
-func (c *collector) Export(_ context.Context, req *collectorpb.ExportTraceServiceRequest) (*collectorpb.ExportTraceServiceResponse, error) {
-	c.got <- req
-	return &collectorpb.ExportTraceServiceResponse{}, nil
-}
-
-func startCollector(t *testing.T) (*collector, string) {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &collector{got: make(chan *collectorpb.ExportTraceServiceRequest, 16)}
-	srv := grpc.NewServer()
-	collectorpb.RegisterTraceServiceServer(srv, c)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = srv.Serve(ln)
-	}()
-	t.Cleanup(func() {
-		srv.Stop()
-		<-done
-	})
-	return c, "http://" + ln.Addr().String()
-}
 
 // exportOne starts a provider, ends one span and flushes it.
 func exportOne(t *testing.T, o tracing.Options) *tracing.Provider {
@@ -78,9 +45,9 @@ func resourceAttrs(req *collectorpb.ExportTraceServiceRequest) map[string]string
 }
 
 func TestExportsToEndpoint(t *testing.T) {
-	c, url := startCollector(t)
+	c, url := tracingtest.Start(t)
 	exportOne(t, tracing.Options{Endpoint: url, InstanceID: "r1"})
-	req := <-c.got
+	req := <-c.Got
 	a := resourceAttrs(req)
 	if a["service.name"] != tracing.DefaultServiceName || a["service.instance.id"] != "r1" {
 		t.Fatalf("resource %v", a)
@@ -91,13 +58,13 @@ func TestExportsToEndpoint(t *testing.T) {
 }
 
 func TestStandardEnvironment(t *testing.T) {
-	c, url := startCollector(t)
+	c, url := tracingtest.Start(t)
 	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", url)
 	t.Setenv("OTEL_SERVICE_NAME", "edge-router")
 	if p := exportOne(t, tracing.Options{}); p == nil {
 		t.Fatal("OTEL_EXPORTER_OTLP_ENDPOINT set: tracing must be on")
 	}
-	if a := resourceAttrs(<-c.got); a["service.name"] != "edge-router" {
+	if a := resourceAttrs(<-c.Got); a["service.name"] != "edge-router" {
 		t.Fatalf("OTEL_SERVICE_NAME not honoured: %v", a)
 	}
 }
