@@ -82,7 +82,20 @@ type RoutingConfig struct {
 	// variant its label "variant" names ("AllTraffic" without one). Empty
 	// (the zero value) means no split: every instance serves every request.
 	ProductionVariants []ProductionVariant `json:"ProductionVariants,omitempty"`
+	// FirstByteTimeoutInMilliseconds (prefixrouter's, not SageMaker's)
+	// bounds the wait for the first byte of an instance's response body on
+	// this endpoint: beyond it the call is cut and counts against the
+	// instance's breaker, so an instance whose health check answers while
+	// its generations hang is taken out (issue 12). It must exceed the
+	// endpoint's longest non-streamed generation, whose body comes at the
+	// end. Zero (left out) means the replica's --upstream-first-byte-timeout;
+	// otherwise 1..MaxFirstByteTimeoutMillis.
+	FirstByteTimeoutInMilliseconds int `json:"FirstByteTimeoutInMilliseconds,omitempty"`
 }
+
+// MaxFirstByteTimeoutMillis bounds FirstByteTimeoutInMilliseconds (one
+// hour): a generation that sends nothing for longer is hung by any measure.
+const MaxFirstByteTimeoutMillis = 3_600_000
 
 // ProductionVariant is one variant's share of an endpoint's traffic.
 type ProductionVariant struct {
@@ -122,6 +135,9 @@ func (c RoutingConfig) Validate() error {
 	if len(c.ProductionVariants) > 0 && total <= 0 {
 		return fmt.Errorf("%w: ProductionVariants: the weights sum to 0", ErrInvalidConfig)
 	}
+	if ms := c.FirstByteTimeoutInMilliseconds; ms < 0 || ms > MaxFirstByteTimeoutMillis {
+		return fmt.Errorf("%w: FirstByteTimeoutInMilliseconds %d is outside 1..%d (or left out: the replica's --upstream-first-byte-timeout)", ErrInvalidConfig, ms, MaxFirstByteTimeoutMillis)
+	}
 	if p := c.PrefixAwareRoutingConfig; p != nil {
 		if p.PrefixLength != 0 && (p.PrefixLength < MinPrefixLength || p.PrefixLength > MaxPrefixLength) {
 			return fmt.Errorf("%w: PrefixLength %d is outside %d..%d", ErrInvalidConfig, p.PrefixLength, MinPrefixLength, MaxPrefixLength)
@@ -139,6 +155,7 @@ func (c RoutingConfig) WithDefaults() RoutingConfig {
 	out := DefaultRoutingConfig()
 	out.TenantCacheSalt = c.TenantCacheSalt
 	out.ProductionVariants = c.ProductionVariants
+	out.FirstByteTimeoutInMilliseconds = c.FirstByteTimeoutInMilliseconds
 	if c.RoutingStrategy != "" {
 		out.RoutingStrategy = c.RoutingStrategy
 	}
@@ -162,6 +179,12 @@ func (c RoutingConfig) PrefixLength() int {
 // HotKeyReplication reports whether c turns popularity-aware replication on.
 func (c RoutingConfig) HotKeyReplication() bool {
 	return c.PrefixAwareRoutingConfig != nil && c.PrefixAwareRoutingConfig.HotKeyReplication
+}
+
+// FirstByteTimeout returns c's first-byte timeout; zero means none is set
+// (the replica's default applies).
+func (c RoutingConfig) FirstByteTimeout() time.Duration {
+	return time.Duration(c.FirstByteTimeoutInMilliseconds) * time.Millisecond
 }
 
 // ConcurrencyThreshold returns the effective concurrency threshold of c.

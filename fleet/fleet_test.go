@@ -28,6 +28,10 @@ func TestRoutingConfigValidate(t *testing.T) {
 		{"negative prefix", RoutingConfig{PrefixAwareRoutingConfig: pa(-1, 0)}, "PrefixLength -1"},
 		{"threshold too high", RoutingConfig{PrefixAwareRoutingConfig: pa(0, 1025)}, "ConcurrencyThreshold 1025"},
 		{"negative threshold", RoutingConfig{PrefixAwareRoutingConfig: pa(0, -3)}, "ConcurrencyThreshold -3"},
+		{"first-byte timeout", RoutingConfig{FirstByteTimeoutInMilliseconds: 50}, ""},
+		{"first-byte timeout at the bound", RoutingConfig{FirstByteTimeoutInMilliseconds: MaxFirstByteTimeoutMillis}, ""},
+		{"first-byte timeout beyond the bound", RoutingConfig{FirstByteTimeoutInMilliseconds: MaxFirstByteTimeoutMillis + 1}, "FirstByteTimeoutInMilliseconds 3600001"},
+		{"negative first-byte timeout", RoutingConfig{FirstByteTimeoutInMilliseconds: -1}, "FirstByteTimeoutInMilliseconds -1"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -57,6 +61,12 @@ func TestRoutingConfigWithDefaults(t *testing.T) {
 	}
 	if c.PrefixAwareRoutingConfig.PrefixLength != 0 {
 		t.Fatal("WithDefaults modified its receiver's nested config")
+	}
+	if d := (RoutingConfig{FirstByteTimeoutInMilliseconds: 50}).WithDefaults().FirstByteTimeout(); d != 50*time.Millisecond {
+		t.Fatalf("first-byte timeout normalizes to %v, want 50ms", d)
+	}
+	if d := n.FirstByteTimeout(); d != 0 {
+		t.Fatalf("unset first-byte timeout normalizes to %v, want 0 (the replica's)", d)
 	}
 }
 

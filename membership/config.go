@@ -13,7 +13,8 @@ import (
 
 // ParseRoutingConfig decodes SageMaker's RoutingConfig JSON strictly and
 // validates it as SageMaker does: RoutingStrategy is required, and a
-// PrefixLength or ConcurrencyThreshold that is given must be in its range
+// PrefixLength, ConcurrencyThreshold or FirstByteTimeoutInMilliseconds
+// that is given must be in its range
 // (an explicit 0 is refused, never replaced by the default). Unknown fields
 // and trailing data are errors, since they are most likely typos. Every
 // error wraps fleet.ErrInvalidConfig. The result is not normalized: members
@@ -30,13 +31,17 @@ func ParseRoutingConfig(data []byte) (fleet.RoutingConfig, error) {
 	}
 	// given tells a member left out from one given as 0, which c cannot.
 	var given struct {
-		PrefixAwareRoutingConfig *struct {
+		FirstByteTimeoutInMilliseconds *int
+		PrefixAwareRoutingConfig       *struct {
 			PrefixLength, ConcurrencyThreshold *int
 		}
 	}
 	_ = json.Unmarshal(data, &given) // decoded above already
 	if c.RoutingStrategy == "" {
 		return fleet.RoutingConfig{}, fmt.Errorf("%w: RoutingStrategy is required (RANDOM, LEAST_OUTSTANDING_REQUESTS or PREFIX_AWARE)", fleet.ErrInvalidConfig)
+	}
+	if ms := given.FirstByteTimeoutInMilliseconds; ms != nil && *ms == 0 {
+		return fleet.RoutingConfig{}, fmt.Errorf("%w: FirstByteTimeoutInMilliseconds 0 is outside 1..%d (leave it out for the replica's --upstream-first-byte-timeout)", fleet.ErrInvalidConfig, fleet.MaxFirstByteTimeoutMillis)
 	}
 	if p := given.PrefixAwareRoutingConfig; p != nil {
 		if p.PrefixLength != nil && *p.PrefixLength == 0 {

@@ -84,6 +84,13 @@ func TestParseRoutingConfig(t *testing.T) {
 		{`{"RoutingStrategy":"ROUND_ROBIN"}`, false, ""},
 		{`{"RoutingStrategy":"PREFIX_AWARE","PrefixAwareRoutingConfig":{"PrefixLength":100}}`, false, ""},
 		{`{"RoutingStrategy":"PREFIX_AWARE","PrefixAwareRoutingConfig":{"ConcurrencyThreshold":2000}}`, false, ""},
+		{`{"RoutingStrategy":"RANDOM","FirstByteTimeoutInMilliseconds":50}`, true, fleet.Random},
+		{`{"RoutingStrategy":"RANDOM","FirstByteTimeoutInMilliseconds":3600000}`, true, fleet.Random},
+		{`{"RoutingStrategy":"RANDOM","FirstByteTimeoutInMilliseconds":0}`, false, ""}, // left out means the replica's
+		{`{"RoutingStrategy":"RANDOM","FirstByteTimeoutInMilliseconds":-1}`, false, ""},
+		{`{"RoutingStrategy":"RANDOM","FirstByteTimeoutInMilliseconds":3600001}`, false, ""},
+		{`{"RoutingStrategy":"RANDOM","FirstByteTimeoutInMilliseconds":0.5}`, false, ""},
+		{`{"RoutingStrategy":"RANDOM","FirstByteTimeoutInMilliseconds":"50ms"}`, false, ""},
 		{`{"RoutingStrategy":"RANDOM","Typo":1}`, false, ""},
 		{`{"RoutingStrategy":"RANDOM"} {}`, false, ""},
 		{`not json`, false, ""},

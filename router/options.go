@@ -77,7 +77,9 @@ type Options struct {
 	// cut and counts against the instance's breaker, so an instance whose
 	// health check answers while its generations hang is taken out. Like
 	// UpstreamHeaderTimeout it must exceed the longest non-streamed
-	// generation (its body comes at the end). Zero means off.
+	// generation (its body comes at the end). It is the default of the
+	// endpoints whose routing config sets no FirstByteTimeoutInMilliseconds
+	// (which wins, and changes live with the config). Zero means off.
 	FirstByteTimeout time.Duration
 	// Breaker configures every instance's circuit breaker (--breaker-*).
 	Breaker overload.BreakerOptions

@@ -158,7 +158,7 @@ func (p *proxy) serve(w http.ResponseWriter, req *http.Request, body []byte, a *
 	clientCtx := req.Context()
 	a.clientCtx = clientCtx
 	upCtx := context.WithValue(clientCtx, attemptKey{}, a)
-	if d := p.r.opts.FirstByteTimeout; d > 0 {
+	if d := a.ev.firstByte; d > 0 {
 		// An instance whose health check answers while its generations
 		// hang must trip its breaker (issue 12): no first body byte
 		// within d cancels the call, and the outcome counts against it.

@@ -4,6 +4,7 @@
 package router
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
 	"math"
@@ -76,6 +77,9 @@ type endpointView struct {
 	prefixLen int
 	threshold int
 	salt      bool // TenantCacheSalt
+	// firstByte is the endpoint's first-byte timeout: its config's, else
+	// Options.FirstByteTimeout; zero means off.
+	firstByte time.Duration
 	// variants and cumWeight: the ProductionVariants split, weights
 	// cumulated in order; nil without one.
 	variants  []string
@@ -209,6 +213,7 @@ func (r *Router) Update(s *fleet.Snapshot) {
 			prefixLen: cfg.PrefixLength(),
 			threshold: cfg.ConcurrencyThreshold(),
 			salt:      cfg.TenantCacheSalt,
+			firstByte: cmp.Or(cfg.FirstByteTimeout(), r.opts.FirstByteTimeout),
 		}
 		total := 0.0
 		for _, pv := range cfg.ProductionVariants {

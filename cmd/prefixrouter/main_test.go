@@ -65,6 +65,12 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"bench without target", []string{"bench"}, "--target"},
 		{"unknown preset", []string{"bench", "--target", "http://127.0.0.1:1", "--preset", "nope"}, "nope"},
 		{"config set bad json", []string{"config", "set", "--routing-config", "{bad"}, "--routing-config"},
+		{"config set first-byte timeout zero", []string{"config", "set", "--first-byte-timeout", "0s"}, "--first-byte-timeout"},
+		{"config set first-byte timeout negative", []string{"config", "set", "--first-byte-timeout", "-1s"}, "--first-byte-timeout"},
+		{"config set first-byte timeout sub-millisecond", []string{"config", "set", "--first-byte-timeout", "1500us"}, "--first-byte-timeout"},
+		{"config set first-byte timeout beyond an hour", []string{"config", "set", "--first-byte-timeout", "2h"}, "FirstByteTimeoutInMilliseconds 7200000"},
+		{"config set first-byte timeout zero in JSON", []string{"config", "set", "--routing-config", `{"RoutingStrategy":"RANDOM","FirstByteTimeoutInMilliseconds":0}`}, "FirstByteTimeoutInMilliseconds 0"},
+		{"config set first-byte timeout with JSON", []string{"config", "set", "--routing-config", `{"RoutingStrategy":"RANDOM"}`, "--first-byte-timeout", "1s"}, "excludes --first-byte-timeout"},
 		{"adapter add without name", []string{"adapter", "add", "--source", "s"}, "adapter name"},
 		{"adapter add without source", []string{"adapter", "add", "--name", "a"}, "source"},
 		{"adapter add min above max", []string{"adapter", "add", "--name", "a", "--source", "s", "--min-replicas", "4", "--max-replicas", "2"}, "below minReplicas"},
@@ -104,12 +110,12 @@ func TestConfigSetGetAgainstEtcd(t *testing.T) {
 		t.Fatalf("config get on an empty etcd: exit %d, %q", code, stderr)
 	}
 	out, stderr, code := runCLI(t, "config", "set", "--etcd-endpoints", url, "--endpoint", "chat",
-		"--strategy", "least_outstanding_requests", "--prefix-length", "2048", "--concurrency-threshold", "4")
+		"--strategy", "least_outstanding_requests", "--prefix-length", "2048", "--concurrency-threshold", "4", "--first-byte-timeout", "250ms")
 	if code != 0 {
 		t.Fatalf("config set: exit %d, %q", code, stderr)
 	}
 	var set fleet.RoutingConfig
-	if err := json.Unmarshal([]byte(out), &set); err != nil || set.RoutingStrategy != fleet.LeastOutstanding {
+	if err := json.Unmarshal([]byte(out), &set); err != nil || set.RoutingStrategy != fleet.LeastOutstanding || set.FirstByteTimeoutInMilliseconds != 250 {
 		t.Fatalf("config set printed %q (%v)", out, err)
 	}
 	// An invalid value is refused with exit 2 and nothing is written.
@@ -123,7 +129,7 @@ func TestConfigSetGetAgainstEtcd(t *testing.T) {
 	if code != 0 || json.Unmarshal([]byte(out), &got) != nil {
 		t.Fatalf("config get: exit %d, %q", code, out)
 	}
-	if got.RoutingStrategy != fleet.LeastOutstanding || got.PrefixLength() != 2048 || got.ConcurrencyThreshold() != 4 {
+	if got.RoutingStrategy != fleet.LeastOutstanding || got.PrefixLength() != 2048 || got.ConcurrencyThreshold() != 4 || got.FirstByteTimeout() != 250*time.Millisecond {
 		t.Fatalf("config get = %+v, want the last valid config", got.WithDefaults().PrefixAwareRoutingConfig)
 	}
 }

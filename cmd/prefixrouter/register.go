@@ -136,10 +136,11 @@ a restart. An invalid value is refused with exit code 2 and nothing is written.`
 	var rc fleet.RoutingConfig
 	f := c.Flags()
 	bindRouting(f, &rc)
-	raw := f.String("routing-config", "", "the whole RoutingConfig as JSON (instead of the three flags)")
+	raw := f.String("routing-config", "", "the whole RoutingConfig as JSON (instead of the other flags)")
+	firstByte := f.Duration("first-byte-timeout", 0, "cut this endpoint's calls whose instance sends no response byte within this long, counting against its breaker (FirstByteTimeoutInMilliseconds; 1ms..1h; left out: each replica's --upstream-first-byte-timeout)")
 	c.RunE = func(cmd *cobra.Command, _ []string) error {
 		if *raw != "" {
-			for _, name := range []string{"strategy", "prefix-length", "concurrency-threshold"} {
+			for _, name := range []string{"strategy", "prefix-length", "concurrency-threshold", "first-byte-timeout"} {
 				if f.Changed(name) {
 					return usageErr("--routing-config excludes --%s", name)
 				}
@@ -148,8 +149,16 @@ a restart. An invalid value is refused with exit code 2 and nothing is written.`
 			if rc, err = membership.ParseRoutingConfig([]byte(*raw)); err != nil {
 				return usageErr("--routing-config: %w", err)
 			}
-		} else if err := rc.Validate(); err != nil {
-			return usageErr("%w", err)
+		} else {
+			if f.Changed("first-byte-timeout") {
+				if d := *firstByte; d < time.Millisecond || d%time.Millisecond != 0 {
+					return usageErr("--first-byte-timeout %v must be a whole number of milliseconds, at least 1ms", d)
+				}
+				rc.FirstByteTimeoutInMilliseconds = int(firstByte.Milliseconds())
+			}
+			if err := rc.Validate(); err != nil {
+				return usageErr("%w", err)
+			}
 		}
 		return c.etcd(cmd, func(ctx context.Context, cli *clientv3.Client) error {
 			if err := membership.PutConfig(ctx, cli, c.ef.layout, c.endpoint, rc); err != nil {

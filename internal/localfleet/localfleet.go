@@ -611,7 +611,8 @@ func (f *Fleet) SetRouting(ctx context.Context, rc fleet.RoutingConfig) error {
 		ep := s.Endpoint(f.cfg.Endpoint)
 		return ep != nil && ep.Config.RoutingStrategy == want.RoutingStrategy &&
 			ep.Config.PrefixLength() == want.PrefixLength() &&
-			ep.Config.ConcurrencyThreshold() == want.ConcurrencyThreshold()
+			ep.Config.ConcurrencyThreshold() == want.ConcurrencyThreshold() &&
+			ep.Config.FirstByteTimeout() == want.FirstByteTimeout()
 	})
 }
 
