@@ -5,7 +5,7 @@ BIN     ?= bin/prefixrouter
 # The full test run must stay under 15 minutes on a 2-core machine.
 TEST_TIMEOUT ?= 14m
 
-.PHONY: all build test test-short vet bench fuzz demo chaos chaos-long matrix clean
+.PHONY: all build test test-short vet bench fuzz demo chaos chaos-long matrix proxybench clean
 
 all: build
 
@@ -56,6 +56,21 @@ chaos-long:
 # sharegpt-like × streamed/not), PREFIX_AWARE against RANDOM: one table.
 matrix:
 	$(GO) run ./cmd/prefixrouter matrix
+
+# What a proxy hop costs (issue 9): direct vs prefixrouter vs HAProxy 2.6 on
+# loopback, 3 body sizes x 3 client counts, alternating rounds; about 3.5 min
+# with the defaults (PROXYBENCH_FLAGS=--duration 1s halves it). Installs
+# Debian's haproxy when missing and run as root; otherwise the HAProxy
+# column is skipped with a message.
+PROXYBENCH_FLAGS ?=
+proxybench: build
+	@command -v haproxy >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "proxybench: installing haproxy (apt-get)"; \
+			apt-get install -y haproxy >/dev/null 2>&1 || { apt-get update >/dev/null 2>&1 && apt-get install -y haproxy >/dev/null 2>&1; } || \
+			echo "proxybench: could not install haproxy; its column is skipped"; \
+		else echo "proxybench: haproxy is not installed (apt-get install haproxy as root); its column is skipped"; fi; }
+	$(abspath $(BIN)) proxybench $(PROXYBENCH_FLAGS)
 
 clean:
 	rm -rf bin demo-report chaos-report

@@ -9,7 +9,7 @@ import (
 
 // commands lists the subcommands of the binary.
 func commands() []*cobra.Command {
-	cmds := []*cobra.Command{newServeCmd(), newRegisterCmd(), newConfigCmd(), newAdapterCmd(), newAdminCmd(), newModelsimCmd(), newBenchCmd(), newDemoCmd(), newChaosCmd(), newMatrixCmd()}
+	cmds := []*cobra.Command{newServeCmd(), newRegisterCmd(), newConfigCmd(), newAdapterCmd(), newAdminCmd(), newModelsimCmd(), newBenchCmd(), newDemoCmd(), newChaosCmd(), newMatrixCmd(), newProxybenchCmd()}
 	for _, c := range cmds {
 		annotateEnv(c)
 	}
