@@ -2,17 +2,10 @@ package membership
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"net"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -22,106 +15,17 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 )
-
-// testPKI is a throwaway CA with a server certificate for 127.0.0.1 and a
-// client certificate, as PEM files in a temporary directory.
-type testPKI struct {
-	caCert                string
-	serverCert, serverKey string
-	clientCert, clientKey string
-}
-
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-}
-
-func newTestCA(t *testing.T, dir, name string) (testCA, string) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: name},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(time.Hour),
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(dir, name+".pem")
-	writePEMFile(t, path, "CERTIFICATE", der)
-	return testCA{cert: cert, key: key}, path
-}
-
-// issue signs a leaf certificate and writes it and its key; it returns the
-// two paths.
-func (ca testCA) issue(t *testing.T, dir, name string, serial int64, usage x509.ExtKeyUsage, ips ...net.IP) (certPath, keyPath string) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(serial),
-		Subject:      pkix.Name{CommonName: name},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{usage},
-		IPAddresses:  ips,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	certPath, keyPath = filepath.Join(dir, name+".pem"), filepath.Join(dir, name+"-key.pem")
-	writePEMFile(t, certPath, "CERTIFICATE", der)
-	writePEMFile(t, keyPath, "EC PRIVATE KEY", kder)
-	return certPath, keyPath
-}
-
-func writePEMFile(t *testing.T, path, typ string, der []byte) {
-	t.Helper()
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func newTestPKI(t *testing.T) testPKI {
-	t.Helper()
-	dir := t.TempDir()
-	ca, caPath := newTestCA(t, dir, "ca")
-	var p testPKI
-	p.caCert = caPath
-	p.serverCert, p.serverKey = ca.issue(t, dir, "server", 2, x509.ExtKeyUsageServerAuth, net.ParseIP("127.0.0.1"))
-	p.clientCert, p.clientKey = ca.issue(t, dir, "client", 3, x509.ExtKeyUsageClientAuth)
-	return p
-}
 
 // TestEmbeddedClientTLSCertAuth runs a live etcd with client TLS and
 // --client-cert-auth and checks that ClientOptions's CACert/Cert/Key reach
 // it, and that a client without a certificate or trusting the wrong CA is
 // refused within a short deadline.
 func TestEmbeddedClientTLSCertAuth(t *testing.T) {
-	pki := newTestPKI(t)
+	pki := testsupport.NewPKI(t)
 	e, err := StartEmbedded(t.TempDir(), "https://127.0.0.1:0", WithFastTicks(),
-		WithClientTLS(pki.serverCert, pki.serverKey, pki.caCert, true))
+		WithClientTLS(pki.ServerCert, pki.ServerKey, pki.CACert, true))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +35,7 @@ func TestEmbeddedClientTLSCertAuth(t *testing.T) {
 	}
 
 	t.Run("client certificate", func(t *testing.T) {
-		cli, err := NewClient(ClientOptions{Endpoints: e.Endpoints(), CACert: pki.caCert, Cert: pki.clientCert, Key: pki.clientKey})
+		cli, err := NewClient(ClientOptions{Endpoints: e.Endpoints(), CACert: pki.CACert, Cert: pki.ClientCert, Key: pki.ClientKey})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -150,7 +54,7 @@ func TestEmbeddedClientTLSCertAuth(t *testing.T) {
 
 	t.Run("no client certificate", func(t *testing.T) {
 		t.Parallel()
-		cli, err := NewClient(ClientOptions{Endpoints: e.Endpoints(), CACert: pki.caCert})
+		cli, err := NewClient(ClientOptions{Endpoints: e.Endpoints(), CACert: pki.CACert})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -159,7 +63,7 @@ func TestEmbeddedClientTLSCertAuth(t *testing.T) {
 		// The cause as gRPC sees it is racy (the alert or a broken pipe);
 		// a bare TLS connection shows the server demands a certificate.
 		pool := x509.NewCertPool()
-		ca, err := os.ReadFile(pki.caCert)
+		ca, err := os.ReadFile(pki.CACert)
 		if err != nil || !pool.AppendCertsFromPEM(ca) {
 			t.Fatalf("CA: %v", err)
 		}
@@ -177,8 +81,8 @@ func TestEmbeddedClientTLSCertAuth(t *testing.T) {
 
 	t.Run("wrong CA", func(t *testing.T) {
 		t.Parallel()
-		_, otherCA := newTestCA(t, t.TempDir(), "other-ca")
-		cli, err := NewClient(ClientOptions{Endpoints: e.Endpoints(), CACert: otherCA, Cert: pki.clientCert, Key: pki.clientKey})
+		otherCA := testsupport.NewPKI(t).CACert // a CA that did not sign the server
+		cli, err := NewClient(ClientOptions{Endpoints: e.Endpoints(), CACert: otherCA, Cert: pki.ClientCert, Key: pki.ClientKey})
 		if err != nil {
 			t.Fatal(err)
 		}

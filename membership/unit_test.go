@@ -1,21 +1,14 @@
 package membership
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
-	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 )
 
 func TestLayoutParseKey(t *testing.T) {
@@ -107,39 +100,10 @@ func TestParseRoutingConfig(t *testing.T) {
 	}
 }
 
-// writePEM writes a self-signed CA certificate and its key to dir.
-func writePEM(t *testing.T, dir string) (certFile, keyFile string) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return certFile, keyFile
-}
-
 func TestClientConfig(t *testing.T) {
 	dir := t.TempDir()
-	cert, key := writePEM(t, dir)
+	pki := testsupport.NewPKI(t)
+	cert, key := pki.ClientCert, pki.ClientKey
 	notPEM := filepath.Join(dir, "notpem")
 	if err := os.WriteFile(notPEM, []byte("hello"), 0o600); err != nil {
 		t.Fatal(err)
@@ -161,7 +125,7 @@ func TestClientConfig(t *testing.T) {
 		{"CA not PEM", ClientOptions{Endpoints: ep, CACert: notPEM}, "holds no PEM certificate", false},
 		{"bad key pair", ClientOptions{Endpoints: ep, Cert: cert, Key: notPEM}, "load etcd client certificate", false},
 		{"https only", ClientOptions{Endpoints: ep}, "", true},
-		{"mutual TLS", ClientOptions{Endpoints: ep, CACert: cert, Cert: cert, Key: key}, "", true},
+		{"mutual TLS", ClientOptions{Endpoints: ep, CACert: pki.CACert, Cert: cert, Key: key}, "", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.cfg.TLS() != tc.tls && tc.wantErr == "" {
@@ -180,7 +144,7 @@ func TestClientConfig(t *testing.T) {
 			cli.Close()
 		})
 	}
-	tc, err := ClientOptions{Endpoints: ep, CACert: cert, Cert: cert, Key: key}.tlsConfig()
+	tc, err := ClientOptions{Endpoints: ep, CACert: pki.CACert, Cert: cert, Key: key}.tlsConfig()
 	if err != nil || tc.RootCAs == nil || len(tc.Certificates) != 1 {
 		t.Fatalf("tlsConfig = %+v, %v", tc, err)
 	}
