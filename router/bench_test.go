@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -269,6 +270,65 @@ func BenchmarkServeHTTP(b *testing.B) {
 				r.ServeHTTP(w, req)
 				if w.Code != http.StatusOK {
 					b.Fatalf("status %d", w.Code)
+				}
+			}
+		})
+	}
+}
+
+// invokeBody is a SageMaker invoke JSON body of about n bytes.
+func invokeBody(n int) []byte {
+	text := strings.Repeat("The quick brown fox jumps over the lazy dog. ", n/45+1)[:max(n-64, 1)]
+	b, _ := json.Marshal(map[string]any{"inputs": text, "parameters": map[string]any{"max_new_tokens": 16}})
+	return b
+}
+
+// BenchmarkRequestPath is one whole data-plane request through the
+// handler and ReverseProxy to a zero-delay upstream on loopback (which
+// reads the body and answers a small JSON): key, pick, upstream request
+// and body, response copy, outcome and metrics (issue 9 item 4). The
+// client side is in memory (httptest.NewRequest), so B/op is the router's
+// and the transport's own plus the upstream handler's, alike for every
+// variant.
+func BenchmarkRequestPath(b *testing.B) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		_, _ = io.Copy(io.Discard, req.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", "12")
+		_, _ = io.WriteString(w, `{"ok":true}`+"\n")
+	}))
+	defer up.Close()
+	_, chat := benchBodies(b)
+	for _, tc := range []struct {
+		name, path string
+		body       []byte
+	}{
+		{"invoke=1KiB", "/invocations", invokeBody(1 << 10)},
+		{"invoke=16KiB", "/invocations", invokeBody(16 << 10)},
+		{"invoke=256KiB", "/invocations", invokeBody(256 << 10)},
+		{"chat=16KiB", "/v1/chat/completions", chat},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			r, err := New(Options{DefaultEndpoint: "ep"})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { r.Close() })
+			ep := fleet.Endpoint{Name: "ep", Config: fleet.DefaultRoutingConfig()}
+			// Four instances, one server: the pick is real, the upstream
+			// connection pool is the one the transport keeps per host.
+			for i := range 4 {
+				ep.Instances = append(ep.Instances, fleet.Instance{ID: fmt.Sprintf("i-%02d", i), Addr: up.URL})
+			}
+			r.Update(fleet.NewSnapshot([]fleet.Endpoint{ep}, 0, 1, time.Now()))
+			b.SetBytes(int64(len(tc.body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				req := httptest.NewRequest(http.MethodPost, tc.path, bytes.NewReader(tc.body))
+				w := httptest.NewRecorder()
+				r.ServeHTTP(w, req)
+				if w.Code != http.StatusOK {
+					b.Fatalf("status %d: %s", w.Code, w.Body)
 				}
 			}
 		})
