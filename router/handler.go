@@ -260,13 +260,8 @@ func readBody(w http.ResponseWriter, req *http.Request, limit int64) ([]byte, *r
 	if req.ContentLength > 0 {
 		buf.Grow(int(min(req.ContentLength, initialBodyBuffer)) + bytes.MinRead)
 	}
-	_, err := buf.ReadFrom(http.MaxBytesReader(w, req.Body, limit))
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return nil, &reqError{http.StatusRequestEntityTooLarge, codeTooLarge, fmt.Sprintf("request body exceeds the limit of %d bytes", limit)}
-		}
-		return nil, &reqError{http.StatusBadRequest, codeBadBody, "reading the request body: " + publicError(err)}
+	if _, err := buf.ReadFrom(http.MaxBytesReader(w, req.Body, limit)); err != nil {
+		return nil, bodyError(err, limit)
 	}
 	return buf.Bytes(), nil
 }
@@ -307,9 +302,19 @@ func (r *Router) serve(w http.ResponseWriter, req *http.Request, kind apiKind, u
 		return
 	}
 	strategy := string(ev.strategy)
-	body, rerr := readBody(w, req, r.opts.MaxBodyBytes)
-	if rerr != nil {
-		r.reject(w, req, kind, endpoint, strategy, rerr)
+	// Invoke keys need only the first PrefixLength bytes: read those and
+	// stream the rest after the pick (body.go). OpenAI bodies are read
+	// whole: model and prompt_cache_key may follow the messages.
+	var body []byte
+	var rest io.Reader
+	var berr *reqError
+	if kind == kindInvoke {
+		body, rest, berr = readHead(w, req, r.opts.MaxBodyBytes, ev.prefixLen)
+	} else {
+		body, berr = readBody(w, req, r.opts.MaxBodyBytes)
+	}
+	if berr != nil {
+		r.reject(w, req, kind, endpoint, strategy, berr)
 		return
 	}
 	rr, rerr := parseRequest(kind, req.Header, body, ev.prefixLen)
@@ -366,6 +371,15 @@ func (r *Router) serve(w http.ResponseWriter, req *http.Request, kind apiKind, u
 		}
 	}
 	hc := newHotChoice(ev, set, rr.key, body)
+	if hc.k > 1 && rest != nil {
+		// A hot key's spread hash reads the body's end (pick.go): such
+		// requests are read whole, as before.
+		if body, rerr = readRest(body, rest, r.opts.MaxBodyBytes); rerr != nil {
+			r.reject(w, req, kind, endpoint, strategy, rerr)
+			return
+		}
+		rest, hc.spread = nil, spreadHash(body)
+	}
 	if !pinned {
 		p, ok = r.pick(ev, set, rr.key, hc, v.snap.Replicas, skip)
 	}
@@ -379,5 +393,5 @@ func (r *Router) serve(w http.ResponseWriter, req *http.Request, kind apiKind, u
 		replicas: v.snap.Replicas, upstreamPath: upstreamPath, stream: stream, cur: p, tried: skip, pinned: pinned,
 	}
 	proxied = true
-	r.proxy.serve(w, req, body, a)
+	r.proxy.serve(w, req, body, rest, a)
 }

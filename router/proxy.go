@@ -56,10 +56,11 @@ type attempt struct {
 	hot          hotChoice
 	replicas     int
 	upstreamPath string
-	body         []byte // the request body, replayed on our own retries
+	body         []byte    // the request body (its head when streamed), replayed on our own retries
+	streamed     *streamed // the body routed before it ended; nil when body is all of it
 	clientCtx    context.Context
 	upCtx        context.Context // the upstream call's; its cause tells a first-byte timeout
-	firstByte    *time.Timer     // fires the first-byte timeout; nil when off or stopped
+	firstByte    *firstByte      // the first-byte timeout; nil when off or stopped
 	stream       bool            // frame the answer as an AWS event stream (…/invocations-response-stream)
 	pinned       bool            // a session's request: its instance only, no retry elsewhere
 
@@ -138,7 +139,7 @@ func (a *attempt) setTarget(out *http.Request) {
 		// Go's Transport replays a POST with an Idempotency-Key on a
 		// reused connection that broke after the upstream may have read
 		// it; without GetBody it cannot. Our own retries (dial errors
-		// only: provably unseen) replay a.body.
+		// only: provably unseen) replay a.body (replayBody).
 		out.GetBody = nil
 	}
 }
@@ -147,14 +148,24 @@ func joinPath(base, p string) string {
 	return strings.TrimSuffix(base, "/") + p
 }
 
-// serve proxies req, whose body was already read into body, to a.cur.
-func (p *proxy) serve(w http.ResponseWriter, req *http.Request, body []byte, a *attempt) {
-	// Replay the body from the bytes already read, also for retries.
-	req.Body = io.NopCloser(bytes.NewReader(body))
-	req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
-	req.ContentLength = int64(len(body))
-	req.TransferEncoding = nil
+// serve proxies req to a.cur. body holds the body read so far; rest, when
+// not nil, is the client's body after it, streamed to the instance as it
+// arrives (the client's Content-Length, or chunked when it sent none).
+func (p *proxy) serve(w http.ResponseWriter, req *http.Request, body []byte, rest io.Reader, a *attempt) {
 	a.body = body
+	if rest == nil {
+		// Replay the body from the bytes already read, also for retries.
+		req.Body = io.NopCloser(bytes.NewReader(body))
+		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+		req.ContentLength = int64(len(body))
+	} else {
+		// Replayable until a byte of rest has gone to an instance (then
+		// GetBody, Go's own retry on a dead idle connection, fails too).
+		a.streamed = &streamed{head: body, rest: rest}
+		req.Body, _ = a.streamed.body()
+		req.GetBody = a.streamed.body
+	}
+	req.TransferEncoding = nil
 	clientCtx := req.Context()
 	a.clientCtx = clientCtx
 	upCtx := context.WithValue(clientCtx, attemptKey{}, a)
@@ -165,7 +176,7 @@ func (p *proxy) serve(w http.ResponseWriter, req *http.Request, body []byte, a *
 		var cancel context.CancelCauseFunc
 		upCtx, cancel = context.WithCancelCause(upCtx)
 		defer cancel(nil)
-		a.firstByte = time.AfterFunc(d, func() { cancel(errFirstByte) })
+		a.firstByte = startFirstByte(d, a.streamed, func() { cancel(errFirstByte) })
 	}
 	a.upCtx = upCtx
 	req = req.WithContext(upCtx)
@@ -189,6 +200,10 @@ func (a *attempt) finish(clientCtx context.Context, aborted bool) {
 	a.stopFirstByte()
 	var outcome error
 	switch {
+	case a.clientBodyErr() != nil:
+		// The client's body broke off (or crossed the limit) while it
+		// streamed to the instance: not the instance's fault.
+		outcome = overload.ErrClientGone
 	case !clientGone && a.timedOut():
 		outcome = errFirstByte
 		m.upstreamErrors.WithLabelValues(a.endpoint, errKindTimeout).Inc()
@@ -321,8 +336,20 @@ func (p *proxy) errorHandler(w http.ResponseWriter, req *http.Request, err error
 		err = errFirstByte
 	}
 	a.err = err
-	if errors.Is(err, context.Canceled) && a.clientCtx.Err() != nil {
-		return // the client went away: nobody to answer
+	if a.clientCtx.Err() != nil && (errors.Is(err, context.Canceled) || a.clientBodyErr() != nil) {
+		// The client went away (a connection that breaks mid-body
+		// cancels the request's context before the read fails): nobody
+		// to answer; counted as 499.
+		return
+	}
+	if cerr := a.clientBodyErr(); cerr != nil {
+		// The client's body failed after the pick, while it streamed:
+		// answer as for a body that fails before it (400, 413 past the
+		// limit), if the client is still there to read it.
+		e := bodyError(cerr, a.r.opts.MaxBodyBytes)
+		a.status = e.status
+		writeError(w, a.kind, e.status, e.code, e.msg)
+		return
 	}
 	if a.cur.iv != nil {
 		if !p.r.opts.HideInstanceID {
@@ -351,13 +378,61 @@ func (p *proxy) errorHandler(w http.ResponseWriter, req *http.Request, err error
 // wraps context.DeadlineExceeded, so it counts against the instance.
 var errFirstByte = fmt.Errorf("router: no first byte from the instance within the first-byte timeout: %w", context.DeadlineExceeded)
 
+// firstByte is the first-byte timeout of one request. The clock starts
+// when the instance has the whole request: at once for a body read whole,
+// when a streamed body ends (on the transport's goroutine) otherwise, so a
+// slow client never counts against the instance.
+type firstByte struct {
+	t       *time.Timer
+	stopped atomic.Bool // a byte (or the end) arrived: never fire
+}
+
+// startFirstByte arms fire after d, or after d from the end of s when the
+// body is streamed.
+func startFirstByte(d time.Duration, s *streamed, fire func()) *firstByte {
+	fb := &firstByte{}
+	fb.t = time.AfterFunc(d, func() {
+		if !fb.stopped.Load() {
+			fire()
+		}
+	})
+	if s != nil {
+		fb.t.Stop()
+		s.onEnd = func() {
+			if !fb.stopped.Load() {
+				fb.t.Reset(d)
+			}
+		}
+	}
+	return fb
+}
+
 // stopFirstByte disarms the first-byte timer once a byte (or the end)
 // arrived.
 func (a *attempt) stopFirstByte() {
 	if a.firstByte != nil {
-		a.firstByte.Stop()
+		a.firstByte.stopped.Store(true)
+		a.firstByte.t.Stop()
 		a.firstByte = nil
 	}
+}
+
+// clientBodyErr is the error of the client's streamed body (an abort, a
+// read timeout, the size limit), nil when there was none.
+func (a *attempt) clientBodyErr() error {
+	if a.streamed == nil {
+		return nil
+	}
+	return a.streamed.clientErr()
+}
+
+// replayBody is the request body for another try: the bytes read, then the
+// rest of a streamed body when none of it has gone to an instance yet.
+func (a *attempt) replayBody() (io.ReadCloser, error) {
+	if a.streamed == nil {
+		return io.NopCloser(bytes.NewReader(a.body)), nil
+	}
+	return a.streamed.body()
 }
 
 // timedOut reports whether the first-byte timeout cut the call.
@@ -400,18 +475,24 @@ func (t retryTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 			}
 			out = out.Clone(out.Context())
 			a.setTarget(out)
-			if out.Body, err = out.GetBody(); err != nil {
+			if out.Body, err = a.replayBody(); err != nil {
 				return nil, err
 			}
 			continue
 		}
-		if out.Context().Err() != nil {
-			return nil, err // the client went away; not the instance's fault
+		if out.Context().Err() != nil || a.clientBodyErr() != nil {
+			return nil, err // the client went away or its body failed; not the instance's fault
 		}
 		kind := errorKind(err)
 		m.upstreamErrors.WithLabelValues(a.endpoint, kind).Inc()
 		if kind != errKindDial || a.retries >= MaxRetries || a.pinned {
 			return nil, err
+		}
+		replay, rerr := a.replayBody()
+		if rerr != nil {
+			// A dial error leaves the body unread; this is for a
+			// transport that read it anyway: never send half a body.
+			return nil, fmt.Errorf("%w: %w", rerr, err)
 		}
 		a.cur.done(err)
 		a.cur.done = nil
@@ -425,7 +506,7 @@ func (t retryTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 		m.retries.WithLabelValues(a.endpoint).Inc()
 		out = out.Clone(out.Context())
 		a.setTarget(out)
-		out.Body = io.NopCloser(bytes.NewReader(a.body))
+		out.Body = replay
 	}
 }
 
@@ -449,6 +530,12 @@ func (t retryTransport) staleRetry(ctx context.Context, a *attempt) error {
 	a.cur.done(nil) // it answered: not a failure
 	a.cur.done = nil
 	a.tried.set(a.cur.idx)
+	if a.streamed != nil && a.streamed.restRead.Load() {
+		// The instance took the streamed body; its bytes are gone from
+		// the client's reader. Fail as when no member serves the adapter:
+		// the client may send again.
+		return fmt.Errorf("%w: %q: %w", errAdapterGone, a.model, errNotReplayable)
+	}
 	if a.refused == nil {
 		a.refused = map[string]int64{}
 	}

@@ -1,0 +1,141 @@
+package router
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sync/atomic"
+)
+
+// Route before the body ends (issue 9). An invoke key needs only the first
+// PrefixLength bytes of the body: the router reads those, picks, and then
+// streams the rest of the body to the instance while the client is still
+// sending it. Memory per in-flight request is then PrefixLength plus the
+// copy buffers, not the body. Bodies that fit in the head behave exactly as
+// before (read whole, replayable).
+
+// readHead reads the start of the body: at most need+1 bytes, so that a
+// body of need bytes or fewer is known to be complete. It returns the bytes
+// read and, when the body goes on, the reader of the rest (nil when head is
+// the whole body). The limit is enforced on both: the rest reader fails
+// with *http.MaxBytesError past it.
+func readHead(w http.ResponseWriter, req *http.Request, limit int64, need int) (head []byte, rest io.Reader, _ *reqError) {
+	if req.ContentLength > limit {
+		return nil, nil, &reqError{http.StatusRequestEntityTooLarge, codeTooLarge, fmt.Sprintf("request body of %d bytes exceeds the limit of %d bytes", req.ContentLength, limit)}
+	}
+	body := http.MaxBytesReader(w, req.Body, limit)
+	size := need + 1
+	if req.ContentLength >= 0 && req.ContentLength < int64(size) {
+		size = int(req.ContentLength) + 1 // room for the EOF read
+	}
+	// Never allocate more than a client declared (issue 12), nor more than
+	// the head: what comes later is streamed, or grown as it arrives.
+	head = make([]byte, 0, size)
+	for len(head) < cap(head) {
+		n, err := body.Read(head[len(head):cap(head)])
+		head = head[:len(head)+n]
+		if err == io.EOF {
+			return head, nil, nil
+		}
+		if err != nil {
+			return nil, nil, bodyError(err, limit)
+		}
+	}
+	return head, body, nil
+}
+
+// readRest reads the rest of a streamed body after head: for the callers
+// that need the whole body after all (a hot key's spread hash).
+func readRest(head []byte, rest io.Reader, limit int64) ([]byte, *reqError) {
+	buf := bytes.NewBuffer(head)
+	if _, err := buf.ReadFrom(rest); err != nil {
+		return nil, bodyError(err, limit)
+	}
+	return buf.Bytes(), nil
+}
+
+// bodyError is the client-facing rejection of a body that could not be read:
+// 413 past the limit, 400 otherwise.
+func bodyError(err error, limit int64) *reqError {
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		return &reqError{http.StatusRequestEntityTooLarge, codeTooLarge, fmt.Sprintf("request body exceeds the limit of %d bytes", limit)}
+	}
+	return &reqError{http.StatusBadRequest, codeBadBody, "reading the request body: " + publicError(err)}
+}
+
+// streamed is the state of a body routed before it ended, shared by every
+// upstream body made from it (the first try and its replays). The
+// transport reads the body on its own goroutine, so the fields are atomic.
+type streamed struct {
+	head []byte    // the bytes read for the key
+	rest io.Reader // the client's body after head (limited)
+	// restRead is set once a byte of rest has been handed to the transport:
+	// from then on the body cannot be replayed.
+	restRead atomic.Bool
+	// ended is set once rest reached EOF: the instance has the whole body.
+	ended atomic.Bool
+	// err is the client side's read error (an abort, a timeout, the limit),
+	// which is not the instance's fault; nil until one happens.
+	err atomic.Pointer[error]
+	// onEnd runs once, on the transport's goroutine, when rest reaches EOF.
+	onEnd func()
+}
+
+// errNotReplayable fails a retry whose body was already partly streamed to
+// an instance: those bytes are gone from the client's reader.
+var errNotReplayable = errors.New("router: the request body was already partly streamed to an instance and cannot be re-sent")
+
+// body returns a new upstream body: head, then rest. It fails once bytes of
+// rest have been read by an earlier try.
+func (s *streamed) body() (io.ReadCloser, error) {
+	if s.restRead.Load() {
+		return nil, errNotReplayable
+	}
+	return &streamBody{s: s, head: s.head}, nil
+}
+
+// clientErr is the client side's read error, nil when there was none.
+func (s *streamed) clientErr() error {
+	if p := s.err.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// streamBody is one upstream body of a streamed request. Close does not
+// close the client's body (the server does, after the handler), so a
+// transport that closes a body it could not send leaves it replayable.
+type streamBody struct {
+	s    *streamed
+	head []byte // what is left of head
+}
+
+func (b *streamBody) Read(p []byte) (int, error) {
+	if len(b.head) > 0 {
+		n := copy(p, b.head)
+		b.head = b.head[n:]
+		return n, nil
+	}
+	s := b.s
+	if s.ended.Load() {
+		return 0, io.EOF
+	}
+	n, err := s.rest.Read(p)
+	if n > 0 {
+		s.restRead.Store(true)
+	}
+	switch {
+	case err == io.EOF:
+		if !s.ended.Swap(true) && s.onEnd != nil {
+			s.onEnd()
+		}
+	case err != nil:
+		s.err.CompareAndSwap(nil, &err)
+	}
+	return n, err
+}
+
+func (b *streamBody) Close() error { return nil }
