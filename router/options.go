@@ -81,6 +81,13 @@ type Options struct {
 	// endpoints whose routing config sets no FirstByteTimeoutInMilliseconds
 	// (which wins, and changes live with the config). Zero means off.
 	FirstByteTimeout time.Duration
+	// APIKeys turns on data-plane API keys: every request but the probes'
+	// must present one of these (Authorization: Bearer, or HeaderAPIKey),
+	// else 401. Each entry is "sha256:" and the hex SHA-256 digest of a key,
+	// as ParseAPIKeys returns them (--api-keys-file reads them once, at
+	// start). Empty (the default) means no key is asked for: a gateway in
+	// front authenticates clients.
+	APIKeys []string
 	// Breaker configures every instance's circuit breaker (--breaker-*).
 	Breaker overload.BreakerOptions
 	// LoadPollInterval > 0 starts a poller that scrapes each instance's
@@ -249,6 +256,11 @@ func (o Options) Validate() error {
 	}
 	if n := len(o.CacheSaltKey); n > 0 && n < MinCacheSaltKeyBytes {
 		bad("CacheSaltKey (--cache-salt-key) has %d bytes, want at least %d", n, MinCacheSaltKeyBytes)
+	}
+	for i, e := range o.APIKeys {
+		if _, err := parseDigest(e); err != nil {
+			bad("APIKeys (--api-keys-file) entry %d: %v", i, err)
+		}
 	}
 	if err := o.Breaker.Validate(); err != nil {
 		errs = append(errs, err)

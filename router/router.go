@@ -122,7 +122,7 @@ func newRouter(opts Options, clock clockwork.Clock) (*Router, error) {
 	tr := opts.Transport
 	// Probes and the load poller use tr itself: they are not traced.
 	var upstream http.RoundTripper
-	r.handler, upstream = instrument(opts.TracerProvider, r.routes(), tr)
+	r.handler, upstream = instrument(opts.TracerProvider, withAPIKeys(newAPIKeys(opts.APIKeys), r.routes()), tr)
 	r.proxy = newProxy(r, upstream)
 	if err := r.startProbes(tr, clock); err != nil {
 		r.Close()

@@ -73,6 +73,28 @@ func (s *staticValue) Set(v string) error {
 	return nil
 }
 
+// apiKeysFileValue binds --api-keys-file: the file is read and checked as
+// the flag is parsed, and only the keys' digests are kept.
+type apiKeysFileValue struct {
+	path string
+	keys *[]string
+}
+
+func (a *apiKeysFileValue) Type() string   { return "file" }
+func (a *apiKeysFileValue) String() string { return a.path }
+func (a *apiKeysFileValue) Set(v string) error {
+	data, err := os.ReadFile(v)
+	if err != nil {
+		return err
+	}
+	keys, err := router.ParseAPIKeys(data)
+	if err != nil {
+		return err
+	}
+	a.path, *a.keys = v, keys
+	return nil
+}
+
 // bindRouting binds --strategy, --prefix-length, --concurrency-threshold
 // and --tenant-cache-salt to rc, starting from the default routing config.
 func bindRouting(fs *pflag.FlagSet, rc *fleet.RoutingConfig) {

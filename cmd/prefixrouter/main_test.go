@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -61,6 +62,8 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"negative health check interval", []string{"serve", "--static-instances", "a=http://127.0.0.1:1", "--health-check-interval", "-1s"}, "--health-check-interval"},
 		{"negative health check timeout", []string{"serve", "--static-instances", "a=http://127.0.0.1:1", "--health-check-timeout", "-1s"}, "--health-check-timeout"},
 		{"relative health check path", []string{"serve", "--static-instances", "a=http://127.0.0.1:1", "--health-check-path", "health"}, "--health-check-path"},
+		{"api keys file missing", []string{"serve", "--static-instances", "a=http://127.0.0.1:1", "--api-keys-file", "/nonexistent/keys"}, "--api-keys-file"},
+		{"api keys file empty", []string{"serve", "--static-instances", "a=http://127.0.0.1:1", "--api-keys-file", os.DevNull}, "lists no key"},
 		{"register without id", []string{"register", "--addr", "http://127.0.0.1:1"}, "--id and --addr are required"},
 		{"bench without target", []string{"bench"}, "--target"},
 		{"unknown preset", []string{"bench", "--target", "http://127.0.0.1:1", "--preset", "nope"}, "nope"},
