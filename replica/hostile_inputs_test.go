@@ -68,11 +68,26 @@ func TestHostileInputs(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rep.Close(context.Background())
+	// A second replica asks for data-plane API keys (--api-keys-file).
+	const key = "sk-hostile-0123456789abcdef"
+	keys, err := router.ParseAPIKeys([]byte(key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyed, err := Start(context.Background(), Options{
+		Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", Static: []fleet.Instance{upstream},
+		Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		Router: router.Options{DefaultEndpoint: "chat", APIKeys: keys},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer keyed.Close(context.Background())
 	chat := func(body string, h ...string) string { return rawPost("/v1/chat/completions", body, h...) }
 	msg := `"messages":[{"role":"user","content":"hi"}]`
 	deep := strings.Repeat("[", 600) + strings.Repeat("]", 600)
 	tests := []struct {
-		name string
+		name string // rows named "API key: …" go to the replica that asks for keys
 		raw  string
 		want int
 	}{
@@ -113,13 +128,24 @@ func TestHostileInputs(t *testing.T) {
 		{"unknown path", "GET /admin/secret HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 404},
 		// ServeMux redirects to the cleaned path; nothing is routed.
 		{"path traversal to the endpoint", rawPost("/endpoints/../invocations", "x"), 307},
+		{"API key: chat with the key (control)", chat(`{"model":"base",`+msg+`}`, "Authorization: Bearer "+key), 200},
+		{"API key: chat without one", chat(`{"model":"base",` + msg + `}`), 401},
+		{"API key: chat with a wrong one", chat(`{"model":"base",`+msg+`}`, "Authorization: Bearer "+key+"x"), 401},
+		{"API key: key as Basic credentials", chat(`{"model":"base",`+msg+`}`, "Authorization: Basic "+key), 401},
+		{"API key: invoke signed with SigV4 only", rawPost("/invocations", "x", "Authorization: AWS4-HMAC-SHA256 Credential=AKID/20261201/us-east-1/sagemaker/aws4_request, SignedHeaders=host, Signature=00"), 401},
+		{"API key: invoke with the key header", rawPost("/invocations", "x", router.HeaderAPIKey+": "+key), 200},
+		{"API key: probe path without one", "GET /ping HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 200},
 	}
 	if len(tests) < 25 {
 		t.Fatalf("only %d hostile inputs", len(tests))
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := rawRequest(t, rep.Addr(), tt.raw); got != tt.want {
+			addr := rep.Addr()
+			if strings.HasPrefix(tt.name, "API key:") {
+				addr = keyed.Addr()
+			}
+			if got := rawRequest(t, addr, tt.raw); got != tt.want {
 				t.Errorf("status %d, want %d", got, tt.want)
 			}
 		})

@@ -29,6 +29,7 @@ import (
 //	every candidate unreachable     530 InternalDependencyException      502 server_error           upstream_unreachable
 //	no answer (timeout, reset)      424 ModelError                       502 server_error           upstream_error
 //	upstream non-2xx                424 ModelError (Original*)           passed through             upstream_status
+//	missing/wrong API key (keys on) 401 UnrecognizedClientException      401 invalid_request_error  invalid_api_key
 //	router bug                      500 InternalFailure                  500 server_error           internal_error
 //
 // The type travels in X-Amzn-ErrorType, which AWS SDKs read to raise typed
