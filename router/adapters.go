@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/lora"
 )
 
@@ -69,6 +70,63 @@ func (r *Router) waitLoadedUntil(ctx context.Context, v *view, endpoint, model s
 			// Not yet: keep waiting for the next view.
 		default:
 			return nil, nil, nil, err // e.g. removed from the catalogue
+		}
+	}
+}
+
+// failedHolders are the instances that failed one request for an adapter
+// (refused it, or could not be dialled with no other member left), each
+// with its record's revision when it did.
+type failedHolders map[string]int64
+
+func (f *failedHolders) add(in *fleet.Instance) {
+	if *f == nil {
+		*f = failedHolders{}
+	}
+	(*f)[in.ID] = in.Revision
+}
+
+// avoid reports whether in failed the request and its record has not
+// changed since: a new revision means its agent re-polled and reloaded,
+// or the instance registered again after a restart.
+func (f failedHolders) avoid(in *fleet.Instance) bool {
+	rev, ok := f[in.ID]
+	return ok && in.Revision <= rev
+}
+
+// accept is waitLoaded's condition: set has a member not to avoid.
+func (f failedHolders) accept(_ *endpointView, set *lora.Set) bool {
+	for i := 0; i < set.Len(); i++ {
+		if !f.avoid(set.Instance(i)) {
+			return true
+		}
+	}
+	return false
+}
+
+// waitPick waits, until deadline, for a view in which model's set has a
+// member that failed does not avoid, and admits one of those members for
+// key. A view whose new members cannot take the request either (their
+// breakers are open) is skipped for the next one.
+func (r *Router) waitPick(ctx context.Context, v *view, endpoint, model string, key uint64, failed failedHolders, deadline time.Time) (*view, *endpointView, *lora.Set, pick, error) {
+	for {
+		var ev *endpointView
+		var set *lora.Set
+		var err error
+		// v becomes the view waited for: the next round waits for the
+		// view after it.
+		v, ev, set, err = r.waitLoadedUntil(ctx, v, endpoint, model, failed.accept, deadline)
+		if err != nil {
+			return nil, nil, nil, pick{}, err
+		}
+		var skip bitset
+		for i := 0; i < set.Len(); i++ {
+			if failed.avoid(set.Instance(i)) {
+				skip.set(i)
+			}
+		}
+		if p, ok := r.pick(ev, set, key, hotChoice{}, v.snap.Replicas, skip); ok {
+			return v, ev, set, p, nil
 		}
 	}
 }

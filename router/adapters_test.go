@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/internal/testsupport"
+	"github.com/prefixrouter/prefixrouter/overload"
 )
 
 // newAdapterHarness is newHarness with the adapter options set and the
@@ -183,5 +185,66 @@ func TestStaleOnlyMemberWaitsForReload(t *testing.T) {
 	res := <-done
 	if res.status != http.StatusOK || res.instance != "i-a" {
 		t.Fatalf("after the reload: %d from %q %s, want 200 from i-a", res.status, res.instance, res.body)
+	}
+}
+
+// TestCrashedOnlyHolderWaitsForPlacement: the only instance holding a
+// catalogued adapter crashed (connections refused) and its record stays
+// until the lease expires. Requests for the adapter neither fail with the
+// dial error nor, once the breaker opened, with "no instance": they wait
+// until another member reports the adapter loaded, then succeed there.
+func TestCrashedOnlyHolderWaitsForPlacement(t *testing.T) {
+	bs := threeBackends(t)
+	h := newAdapterHarness(t, Options{AdapterWait: 20 * time.Second, Breaker: overload.BreakerOptions{ConsecutiveFailures: 2}}, bs...)
+	h.setAdapters("i-a", "lora-x")
+	bs[0].srv.Close() // the crash
+	const n = 6
+	results := make(chan result, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := h.do(context.Background(), "/v1/chat/completions", fmt.Sprintf(loraChat, fmt.Sprintf("prompt %d", i)), nil)
+			if err != nil {
+				t.Error(err)
+			}
+			results <- res
+		}()
+		// One at a time, so that the first ones fail to dial (and open
+		// the breaker) and the later ones meet the open breaker.
+		testsupport.Eventually(t, 5*time.Second, "the request waits", func() bool { return h.r.waiting.Load() == int64(i+1) })
+	}
+	if !h.state("i-a").Open() {
+		t.Fatal("the crashed holder's breaker is not open: the breaker path was not exercised")
+	}
+	// The lease expires: the record goes, the adapter is loaded nowhere
+	// for a while; the requests keep waiting.
+	h.ep.Instances = slices.DeleteFunc(h.ep.Instances, func(in fleet.Instance) bool { return in.ID == "i-a" })
+	h.update()
+	if got := h.r.waiting.Load(); got != n {
+		t.Fatalf("%d requests waiting after the record expired, want %d", got, n)
+	}
+	// Placement moves the adapter; i-b's agent loads it.
+	h.setAdapters("i-b", "lora-x")
+	wg.Wait()
+	close(results)
+	for res := range results {
+		if res.status != http.StatusOK || res.instance != "i-b" {
+			t.Errorf("after the move: %d from %q %s, want 200 from i-b", res.status, res.instance, res.body)
+		}
+	}
+}
+
+// TestCrashedHolderWaitIsBounded: with no new holder, the wait ends after
+// AdapterWait with model-not-ready, not the dial error.
+func TestCrashedHolderWaitIsBounded(t *testing.T) {
+	bs := threeBackends(t)
+	h := newAdapterHarness(t, Options{AdapterWait: 100 * time.Millisecond}, bs...)
+	h.setAdapters("i-a", "lora-x")
+	bs[0].srv.Close()
+	res := h.mustDo("/v1/chat/completions", fmt.Sprintf(loraChat, "hi"), nil)
+	if res.status != statusModelNotReady(kindChat) || res.header.Get(HeaderError) != codeModelNotReady {
+		t.Fatalf("past the wait: %d %q %s", res.status, res.header.Get(HeaderError), res.body)
 	}
 }

@@ -384,6 +384,24 @@ func (r *Router) serve(w http.ResponseWriter, req *http.Request, kind apiKind, u
 		p, ok = r.pick(ev, set, rr.key, hc, v.snap.Replicas, skip)
 	}
 	r.metrics.pickSeconds.WithLabelValues(strategy).Observe(time.Since(start).Seconds())
+	if _, catalogued := ev.table.Endpoint().Adapter(rr.model); !ok && catalogued && skip.empty() {
+		// Every member of the adapter's set has its breaker open: its
+		// holders crashed (their leases not yet expired) or fail. The
+		// agents place the adapter elsewhere once etcd drops a crashed
+		// record; hold the request for a member that is not one of these,
+		// as for an adapter not loaded yet (issue 11).
+		var failed failedHolders
+		for i := 0; i < set.Len(); i++ {
+			failed.add(set.Instance(i))
+		}
+		if v, ev, set, p, err = r.waitPick(req.Context(), v, endpoint, rr.model, rr.key, failed, time.Now().Add(r.opts.AdapterWait)); err != nil {
+			if req.Context().Err() == nil {
+				r.reject(w, req, kind, endpoint, strategy, &reqError{statusModelNotReady(kind), codeModelNotReady, fmt.Sprintf("no instance holding adapter %q can take the request: %v", rr.model, err)})
+			}
+			return
+		}
+		ok, hc = true, hotChoice{}
+	}
 	if !ok {
 		r.reject(w, req, kind, endpoint, strategy, &reqError{http.StatusServiceUnavailable, codeNoInstance, fmt.Sprintf("no instance of endpoint %q can take the request (all circuit breakers open)", endpoint)})
 		return

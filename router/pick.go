@@ -66,6 +66,18 @@ type bitset struct {
 	more []uint64
 }
 
+func (b *bitset) empty() bool {
+	if b.w != 0 {
+		return false
+	}
+	for _, w := range b.more {
+		if w != 0 {
+			return false
+		}
+	}
+	return true
+}
+
 func (b *bitset) has(i int) bool {
 	if i < 64 {
 		return b.w&(1<<uint(i)) != 0

@@ -19,6 +19,7 @@ import (
 
 	"golang.org/x/time/rate"
 
+	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/lora"
 	"github.com/prefixrouter/prefixrouter/overload"
 )
@@ -67,12 +68,13 @@ type attempt struct {
 	cur     pick   // the admitted instance; cur.done nil once released
 	tried   bitset // set indexes already tried
 	retries int
-	// refused lists the instances that answered "adapter not found" for
-	// model (the stale retry), with their record's revision then; nil
-	// until one did.
-	refused    map[string]int64
-	staleTries int
-	staleUntil time.Time // the first refusal plus AdapterWait
+	// failed lists the instances that could not serve model: they
+	// answered "adapter not found" (the stale retry) or could not be
+	// dialled while no other member was left (a crashed holder), each
+	// with its record's revision then; nil until one did.
+	failed    failedHolders
+	waits     int       // stale retries and waits for another holder
+	waitUntil time.Time // the first of them plus AdapterWait
 
 	usage    usageScanner // usage read from the response as it passes
 	status   int          // status sent to the client (upstream's or ours); 0 if none
@@ -497,9 +499,21 @@ func (t retryTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 		a.cur.done(err)
 		a.cur.done = nil
 		a.tried.set(a.cur.idx)
+		failedIn := a.cur.iv.inst
 		next, ok := t.p.r.pick(a.ev, a.set, a.key, a.hot, a.replicas, a.tried)
 		if !ok {
-			return nil, err
+			if _, catalogued := a.ev.table.Endpoint().Adapter(a.model); !catalogued {
+				return nil, err
+			}
+			// The adapter's last reachable member is gone (crashed, its
+			// lease not yet expired): nothing to retry on now, but the
+			// agents place the adapter elsewhere once etcd drops the
+			// record. Hold the request for that, as for an adapter not
+			// loaded yet (issue 11).
+			if werr := t.awaitHolder(out.Context(), a, failedIn); werr != nil {
+				return nil, fmt.Errorf("%w (after %w)", werr, err)
+			}
+			next = a.cur
 		}
 		a.cur = next
 		a.retries++
@@ -510,23 +524,21 @@ func (t retryTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 	}
 }
 
-// maxStaleRetries bounds the re-sends after "adapter not found" answers.
-// Each one after the members ran out waits for a record to change, and
-// all of them end at AdapterWait after the first refusal: a record that
-// changes for another reason (its load state) costs one more 404, not
-// the request.
-const maxStaleRetries = 16
+// maxWaits bounds the re-sends after "adapter not found" answers and the
+// waits for another holder. Each one after the members ran out waits for
+// a record to change, and all of them end at AdapterWait after the first:
+// a record that changes for another reason (its load state) costs one
+// more try, not the request.
+const maxWaits = 16
 
 // staleRetry handles an "adapter not found" answer from a.cur: it reports
 // the instance stale, releases it without blame and admits another member
-// of the set; when none is left it waits (AdapterWait) for a view in which
-// the adapter has a member that has not refused it, or one whose record
-// changed since it refused (Instance.Revision).
+// of the set; when none is left it waits (awaitHolder).
 func (t retryTransport) staleRetry(ctx context.Context, a *attempt) error {
 	r := t.p.r
-	id := a.cur.iv.inst.ID
+	in := a.cur.iv.inst
 	r.metrics.staleRetries.WithLabelValues(a.endpoint).Inc()
-	r.reportStale(a.endpoint, id, a.model)
+	r.reportStale(a.endpoint, in.ID, a.model)
 	a.cur.done(nil) // it answered: not a failure
 	a.cur.done = nil
 	a.tried.set(a.cur.idx)
@@ -536,42 +548,48 @@ func (t retryTransport) staleRetry(ctx context.Context, a *attempt) error {
 		// the client may send again.
 		return fmt.Errorf("%w: %q: %w", errAdapterGone, a.model, errNotReplayable)
 	}
-	if a.refused == nil {
-		a.refused = map[string]int64{}
-	}
-	a.refused[id] = a.cur.iv.inst.Revision
-	if a.staleTries++; a.staleTries == 1 {
-		a.staleUntil = time.Now().Add(r.opts.AdapterWait)
-	}
-	if a.staleTries > maxStaleRetries {
-		return fmt.Errorf("%w: %q refused %d times", errAdapterGone, a.model, a.staleTries)
-	}
 	if next, ok := r.pick(a.ev, a.set, a.key, a.hot, a.replicas, a.tried); ok {
+		a.failed.add(in)
+		if err := a.countWait(); err != nil {
+			return err
+		}
 		a.cur = next
 		return nil
 	}
-	// Every member refused: wait for one that has not, or for a refusing
-	// one whose record changed since (its agent re-polled and reloaded).
-	accept := func(ev *endpointView, set *lora.Set) bool {
-		for i := 0; i < set.Len(); i++ {
-			in := set.Instance(i)
-			if rev, ok := a.refused[in.ID]; !ok || in.Revision > rev {
-				return true
-			}
-		}
-		return false
+	return t.awaitHolder(ctx, a, in)
+}
+
+// countWait counts one stale retry or wait and starts the AdapterWait
+// bound at the first.
+func (a *attempt) countWait() error {
+	if a.waits++; a.waits == 1 {
+		a.waitUntil = time.Now().Add(a.r.opts.AdapterWait)
 	}
-	v, ev, set, err := r.waitLoadedUntil(ctx, a.view, a.endpoint, a.model, accept, a.staleUntil)
+	if a.waits > maxWaits {
+		return fmt.Errorf("%w: %q: %d members failed it", errAdapterGone, a.model, a.waits)
+	}
+	return nil
+}
+
+// awaitHolder is reached when in, the last member of a.set that could
+// take the request, refused the adapter or could not be dialled. It
+// waits (until AdapterWait after the first such failure) for a view in
+// which the adapter has a member that has not failed the request, or one
+// whose record changed since it did (Instance.Revision: its agent
+// re-polled and reloaded, or it registered again), and admits it into
+// a.cur.
+func (t retryTransport) awaitHolder(ctx context.Context, a *attempt, in *fleet.Instance) error {
+	r := t.p.r
+	a.failed.add(in)
+	if err := a.countWait(); err != nil {
+		return err
+	}
+	v, ev, set, p, err := r.waitPick(ctx, a.view, a.endpoint, a.model, a.key, a.failed, a.waitUntil)
 	if err != nil {
 		return fmt.Errorf("%w: %q: %w", errAdapterGone, a.model, err)
 	}
 	a.view, a.ev, a.set, a.replicas = v, ev, set, v.snap.Replicas
-	a.tried, a.hot = bitset{}, hotChoice{}
-	next, ok := r.pick(a.ev, a.set, a.key, a.hot, a.replicas, a.tried)
-	if !ok {
-		return fmt.Errorf("%w: %q: no member can take the request", errAdapterGone, a.model)
-	}
-	a.cur = next
+	a.tried, a.hot, a.cur = bitset{}, hotChoice{}, p
 	return nil
 }
 
