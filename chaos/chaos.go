@@ -56,7 +56,7 @@ var scenarios = []struct {
 	{AdapterJoin, (*suite).adapterJoin, "an adapter is loaded on one more instance (its set grows by one): at most 1.05 × 1/(|set|+1) of its keys move, none of other adapters, no request fails"},
 	{AdapterUnload, (*suite).adapterUnload, "an adapter is unloaded from one member (its set shrinks by one): only that member's keys move, none of other adapters, no request fails"},
 	{AdapterHot, (*suite).adapterHot, "one adapter gets sustained load above the threshold: the agents grow its set by the next rendezvous choice; movement as for a join, no request fails"},
-	{AdapterCrash, (*suite).adapterCrash, "the only instance holding an adapter crashes: after its lease expires the adapter is placed and loaded elsewhere; adapters not on it neither move nor fail"},
+	{AdapterCrash, (*suite).adapterCrash, "the only instance holding an adapter crashes: its requests wait until, after its lease expires, the adapter is placed and loaded elsewhere; only requests in flight at the crash instant may fail; adapters not on it neither move nor fail"},
 }
 
 // Scenarios returns the scenario names in the order Run runs them; see
