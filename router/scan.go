@@ -245,10 +245,16 @@ func decoded(raw []byte) []byte {
 	return []byte(s)
 }
 
-// unquote decodes the raw contents of a string.
+// unquote decodes the raw contents of a string as encoding/json does:
+// escapes decoded, and each byte of invalid UTF-8 read as U+FFFD (a
+// model name of "\xff" is "\ufffd" to an exact decoder, issue 12's seed
+// corpus found).
 func unquote(raw []byte) (string, error) {
 	if bytes.IndexByte(raw, '\\') < 0 {
-		return string(raw), nil
+		if utf8.Valid(raw) {
+			return string(raw), nil
+		}
+		return string(appendValidUTF8(nil, raw)), nil
 	}
 	out := make([]byte, 0, len(raw))
 	for len(raw) > 0 {
@@ -257,7 +263,7 @@ func unquote(raw []byte) (string, error) {
 			if k < 0 {
 				k = len(raw)
 			}
-			out = append(out, raw[:k]...)
+			out = appendValidUTF8(out, raw[:k])
 			raw = raw[k:]
 			continue
 		}
@@ -269,6 +275,24 @@ func unquote(raw []byte) (string, error) {
 		raw = raw[n:]
 	}
 	return string(out), nil
+}
+
+// appendValidUTF8 appends b to out with each byte of an invalid UTF-8
+// sequence replaced by U+FFFD, as encoding/json decodes strings.
+func appendValidUTF8(out, b []byte) []byte {
+	if utf8.Valid(b) {
+		return append(out, b...)
+	}
+	for len(b) > 0 {
+		r, n := utf8.DecodeRune(b)
+		if r == utf8.RuneError && n == 1 {
+			out = utf8.AppendRune(out, utf8.RuneError)
+		} else {
+			out = append(out, b[:n]...)
+		}
+		b = b[n:]
+	}
+	return out
 }
 
 // unescape decodes the escape sequence at the start of raw (raw[0] == '\\')
