@@ -27,7 +27,8 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 5 ./ring ./lora ./overload ./router
 
 # Every parser that reads untrusted input, fuzzed FUZZTIME each (issue 12;
-# results in docs/security.md). Seeds are the f.Add calls; a crasher lands in
+# results in docs/security.md). Seeds are the f.Add calls and the committed
+# corpora in each package's testdata/fuzz/<FuzzName>; a new crasher lands in
 # the package's testdata/fuzz and then runs in every `make test`.
 FUZZTIME ?= 60s
 FUZZ_TARGETS = ./router:FuzzParseOpenAI ./router:FuzzInvokeKey ./router:FuzzParseStaticInstances \
