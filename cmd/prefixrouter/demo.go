@@ -1,8 +1,9 @@
 package main
 
 import (
-	"github.com/spf13/cobra"
 	"log/slog"
+
+	"github.com/spf13/cobra"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/internal/bench"

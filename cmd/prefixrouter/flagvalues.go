@@ -2,11 +2,13 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"strconv"
 	"strings"
 
+	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
@@ -137,4 +139,21 @@ func bindSimulatedFleet(f *pflag.FlagSet, instances, replicas *int, timeScale *f
 	f.IntVar(instances, "instances", *instances, "simulated model servers (at the start)")
 	f.IntVar(replicas, "replicas", *replicas, "router replicas")
 	f.Float64Var(timeScale, "time-scale", *timeScale, "the simulated servers run this many times faster than real time (figures stay in simulated time)")
+}
+
+// writeOut writes a report with write to the file named by an --out flag, or
+// to stdout when it is empty; a file that cannot be written is an error.
+func writeOut(cmd *cobra.Command, out string, write func(io.Writer) error) error {
+	if out == "" {
+		return write(cmd.OutOrStdout())
+	}
+	fh, err := os.Create(out)
+	if err != nil {
+		return err
+	}
+	if err := write(fh); err != nil {
+		fh.Close()
+		return err
+	}
+	return fh.Close()
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"log/slog"
-	"os"
 
 	"github.com/spf13/cobra"
 
@@ -35,16 +34,7 @@ exits 1 unless every request of every run succeeded. The servers are simulated.`
 			if err != nil {
 				return err
 			}
-			w := cmd.OutOrStdout()
-			if out != "" {
-				fh, err := os.Create(out)
-				if err != nil {
-					return err
-				}
-				defer fh.Close()
-				w = fh
-			}
-			if err := rep.WriteMarkdown(w); err != nil {
+			if err := writeOut(cmd, out, rep.WriteMarkdown); err != nil {
 				return err
 			}
 			if !rep.Passed() {

@@ -48,16 +48,7 @@ if any request failed. See docs/benchmarks.md.`,
 			if err != nil {
 				return err
 			}
-			w := cmd.OutOrStdout()
-			if out != "" {
-				fh, err := os.Create(out)
-				if err != nil {
-					return err
-				}
-				defer fh.Close()
-				w = fh
-			}
-			if err := rep.WriteMarkdown(w); err != nil {
+			if err := writeOut(cmd, out, rep.WriteMarkdown); err != nil {
 				return err
 			}
 			if rep.Failed() {
