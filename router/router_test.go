@@ -404,6 +404,8 @@ func TestStreamingChunkByChunk(t *testing.T) {
 	for _, tc := range []struct{ path, ctype string }{
 		{"/v1/chat/completions", "text/event-stream"},
 		{"/endpoints/ep/invocations-response-stream", "application/jsonlines"},
+		// Neither SSE nor an event stream: chunked without a length.
+		{"/v1/chat/completions", "application/x-ndjson"},
 	} {
 		t.Run(tc.ctype, func(t *testing.T) {
 			got1 := make(chan struct{})

@@ -36,6 +36,10 @@ type Options struct {
 	Backends, Documents int
 	// Prefixrouter is the binary run as `serve` (required).
 	Prefixrouter string
+	// Baseline, when set, is a second prefixrouter binary (an older build)
+	// run beside Prefixrouter as the target "baseline", so that a change is
+	// measured before and after in the same run.
+	Baseline string
 	// HAProxy is the haproxy binary; "" looks it up in PATH, and without
 	// it the HAProxy column is skipped.
 	HAProxy string
@@ -114,6 +118,15 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		return nil, err
 	}
 	defer pr.Close()
+	if o.Baseline != "" {
+		base, err := startPrefixrouter(ctx, o.Baseline, b, false)
+		if err != nil {
+			return nil, err
+		}
+		defer base.Close()
+		base.name = "baseline"
+		targets = append(targets, base)
+	}
 	targets = append(targets, pr)
 	if haproxy != "" {
 		dir, err := os.MkdirTemp("", "proxybench-")
