@@ -107,7 +107,9 @@ type Options struct {
 	// DefaultHotWindow.
 	HotWindow time.Duration
 	// ActiveWindow is how long an adapter seen in use stays in
-	// ActiveAdapters; zero means DefaultActiveWindow.
+	// ActiveAdapters, and how long an adapter no longer assigned here is
+	// kept as a spare copy in a free slot (placement.go, spares); zero
+	// means DefaultActiveWindow.
 	ActiveWindow time.Duration
 	// ScaleCooldown is the least time between two size changes of one
 	// adapter's set; zero means lora.DefaultScaleCooldown.

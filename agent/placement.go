@@ -148,9 +148,13 @@ func (p *placer) endpoint() *fleet.Endpoint {
 }
 
 // reconcile loads the adapters Place assigns to this instance and unloads
-// every other adapter but the static ones (--adapters): with placement on,
-// the agent owns the server's adapter set, so that an adapter removed from
-// the catalogue leaves the fleet.
+// the others but the static ones (--adapters): with placement on, the
+// agent owns the server's adapter set, so that an adapter removed from the
+// catalogue leaves the fleet. The server's slots (MaxAdapters) are an LRU
+// cache, as vLLM's are: a catalogued adapter no longer assigned here (its
+// set shrank or moved) stays loaded, a spare copy routers keep using, while
+// it is in use and a slot is free; when an assigned adapter needs the slot,
+// the least recently used spare is evicted first (see spares).
 func (p *placer) reconcile(ctx context.Context) {
 	ep := p.endpoint()
 	if ep == nil {
@@ -163,18 +167,8 @@ func (p *placer) reconcile(ctx context.Context) {
 	}
 	want := lora.Place(ep).Assigned(id)
 	have := self.Adapters
-	changed := false
-	for _, name := range have {
-		if !slices.Contains(want, name) && !slices.Contains(p.static, name) {
-			if err := p.post(ctx, p.a.cfg.UnloadPath, name, ""); err != nil {
-				p.a.log.Warn("agent: unload failed", "adapter", name, "err", err)
-			} else {
-				p.a.log.Info("agent: unloaded", "adapter", name)
-			}
-			changed = true
-		}
-	}
 	now := p.clock.Now()
+	var load []string
 	for _, name := range want {
 		if slices.Contains(have, name) {
 			continue
@@ -182,6 +176,21 @@ func (p *placer) reconcile(ctx context.Context) {
 		if t, ok := p.failed[name]; ok && now.Sub(t) < p.a.cfg.LoadPollInterval {
 			continue
 		}
+		load = append(load, name)
+	}
+	keep, unload := p.spares(ep, self, want, len(load), now)
+	changed := false
+	for _, name := range unload {
+		if err := p.post(ctx, p.a.cfg.UnloadPath, name, ""); err != nil {
+			p.a.log.Warn("agent: unload failed", "adapter", name, "err", err)
+		} else if slices.Contains(keep.evicted, name) {
+			p.a.log.Info("agent: evicted the least recently used spare adapter to free a slot", "adapter", name, "last_used", p.lastSeen[name], "spares_kept", keep.kept)
+		} else {
+			p.a.log.Info("agent: unloaded", "adapter", name)
+		}
+		changed = true
+	}
+	for _, name := range load {
 		a, _ := ep.Adapter(name)
 		if err := p.post(ctx, p.a.cfg.LoadPath, name, a.Source); err != nil {
 			p.failed[name] = now
@@ -195,6 +204,56 @@ func (p *placer) reconcile(ctx context.Context) {
 	if changed {
 		p.refresh(ctx)
 	}
+}
+
+// spareSet is what spares decided: the spare copies kept (most recently
+// used first) and those evicted to free a slot.
+type spareSet struct {
+	kept, evicted []string
+}
+
+// spares decides which loaded adapters outside want and the static ones
+// stay: it returns them, with those evicted, and the adapters to unload.
+// A spare is a catalogued adapter seen in use on this server within
+// ActiveWindow (recency: the agent's scrapes of vLLM's
+// vllm:lora_requests_info, p.lastSeen). It is kept only while the slots
+// (the record's MaxAdapters; 0, unlimited, keeps none: there is nothing to
+// evict for and a cache needs a bound) hold it beside the assigned
+// adapters, the static ones and the loads pending: when they do not, the
+// least recently used spares go first. An adapter left out of the
+// catalogue, or cold, is unloaded at once, so that a set that shrank
+// because its adapter went cold (lora.Decide) loses its copies.
+func (p *placer) spares(ep *fleet.Endpoint, self fleet.Instance, want []string, pending int, now time.Time) (spareSet, []string) {
+	var out spareSet
+	var unload []string
+	used := 0
+	for _, name := range self.Adapters {
+		_, catalogued := ep.Adapter(name)
+		t, seen := p.lastSeen[name]
+		switch {
+		case slices.Contains(want, name) || slices.Contains(p.static, name):
+			used++
+		case catalogued && self.MaxAdapters > 0 && seen && now.Sub(t) <= p.a.cfg.ActiveWindow:
+			out.kept = append(out.kept, name)
+		default:
+			unload = append(unload, name)
+		}
+	}
+	// Most recently used first; the name breaks ties, so the choice is
+	// reproducible.
+	slices.SortFunc(out.kept, func(x, y string) int {
+		if c := p.lastSeen[y].Compare(p.lastSeen[x]); c != 0 {
+			return c
+		}
+		return strings.Compare(x, y)
+	})
+	for len(out.kept) > 0 && used+pending+len(out.kept) > self.MaxAdapters {
+		lru := out.kept[len(out.kept)-1]
+		out.kept = out.kept[:len(out.kept)-1]
+		out.evicted = append(out.evicted, lru)
+		unload = append(unload, lru)
+	}
+	return out, unload
 }
 
 // refresh reads the server's model list and writes the adapters it

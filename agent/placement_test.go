@@ -207,3 +207,46 @@ func TestHotHysteresis(t *testing.T) {
 		}
 	}
 }
+
+func TestSparesEvictLeastRecentlyUsed(t *testing.T) {
+	now := time.Unix(1000, 0)
+	ep := &fleet.Endpoint{Name: "ep", Adapters: []fleet.Adapter{{Name: "a"}, {Name: "b"}, {Name: "c"}, {Name: "n"}, {Name: "m"}}}
+	seen := map[string]time.Time{"a": now.Add(-time.Second), "b": now.Add(-5 * time.Second), "c": now.Add(-2 * time.Second), "hand": now}
+	cases := []struct {
+		name          string
+		have, want    []string
+		static        []string
+		slots         int
+		pending       int
+		kept, evicted []string
+		unload        []string
+	}{
+		{name: "room for every spare", have: []string{"a", "b", "c"}, slots: 4,
+			kept: []string{"a", "c", "b"}},
+		{name: "one load into a full instance evicts the least recently used", have: []string{"a", "b", "c"}, want: []string{"n"}, slots: 3, pending: 1,
+			kept: []string{"a", "c"}, evicted: []string{"b"}, unload: []string{"b"}},
+		{name: "two loads evict the two least recently used", have: []string{"a", "b", "c"}, want: []string{"n", "m"}, slots: 3, pending: 2,
+			kept: []string{"a"}, evicted: []string{"b", "c"}, unload: []string{"b", "c"}},
+		{name: "assigned and static adapters hold their slots", have: []string{"a", "b", "n", "s"}, want: []string{"n"}, static: []string{"s"}, slots: 3,
+			kept: []string{"a"}, evicted: []string{"b"}, unload: []string{"b"}},
+		{name: "unlimited slots keep no spare", have: []string{"a", "b"}, slots: 0,
+			unload: []string{"a", "b"}},
+		{name: "cold, never used and uncatalogued adapters go at once", have: []string{"a", "cold", "d", "hand"}, slots: 8,
+			kept: []string{"a"}, unload: []string{"cold", "d", "hand"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p := &placer{a: &agent{cfg: Options{ActiveWindow: 30 * time.Second}}, static: c.static, lastSeen: map[string]time.Time{}}
+			for k, v := range seen {
+				p.lastSeen[k] = v
+			}
+			p.lastSeen["cold"] = now.Add(-time.Minute)
+			e := *ep
+			e.Adapters = append(slices.Clone(ep.Adapters), fleet.Adapter{Name: "cold"})
+			got, unload := p.spares(&e, fleet.Instance{ID: "i", Adapters: c.have, MaxAdapters: c.slots}, c.want, c.pending, now)
+			if !slices.Equal(got.kept, c.kept) || !slices.Equal(got.evicted, c.evicted) || !slices.Equal(unload, c.unload) {
+				t.Fatalf("kept %v evicted %v unload %v; want %v %v %v", got.kept, got.evicted, unload, c.kept, c.evicted, c.unload)
+			}
+		})
+	}
+}
