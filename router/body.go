@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"sync/atomic"
 )
 
@@ -44,6 +45,46 @@ func readHead(w http.ResponseWriter, req *http.Request, limit int64, need int) (
 		}
 	}
 	return head, body, nil
+}
+
+// openAIHeadStart is the first size at which readOpenAIHead tries the key:
+// smaller bodies are read whole, as before.
+const openAIHeadStart = 16 << 10
+
+// readOpenAIHead reads the start of an OpenAI body until it holds the key's
+// inputs (parseOpenAIHead), trying at 16 KiB and then at each doubling, so
+// the walks cost at most twice one walk of what was read. It returns the
+// bytes read and, when it stopped before the end, the reader of the rest;
+// a body whose key needs its end (model or prompt_cache_key after the
+// prompt, or absent) is read whole.
+func readOpenAIHead(w http.ResponseWriter, req *http.Request, limit int64, chat bool, prefixLen int) (head []byte, rest io.Reader, _ *reqError) {
+	if req.ContentLength > limit {
+		return nil, nil, &reqError{http.StatusRequestEntityTooLarge, codeTooLarge, fmt.Sprintf("request body of %d bytes exceeds the limit of %d bytes", req.ContentLength, limit)}
+	}
+	body := http.MaxBytesReader(w, req.Body, limit)
+	size := openAIHeadStart + 1
+	if req.ContentLength >= 0 && req.ContentLength < int64(size) {
+		size = int(req.ContentLength) + 1 // room for the EOF read
+	}
+	head = make([]byte, 0, size)
+	for {
+		n, err := body.Read(head[len(head):cap(head)])
+		head = head[:len(head)+n]
+		if err == io.EOF {
+			return head, nil, nil
+		}
+		if err != nil {
+			return nil, nil, bodyError(err, limit)
+		}
+		if len(head) < cap(head) {
+			continue
+		}
+		if _, ok := parseOpenAIHead(head, chat, prefixLen); ok {
+			return head, body, nil
+		}
+		// Grow with what arrives, never by what a client declares.
+		head = slices.Grow(head, len(head))
+	}
 }
 
 // readRest reads the rest of a streamed body after head: for the callers

@@ -446,3 +446,122 @@ func TestStreamedBodyHeapPerRequest(t *testing.T) {
 	}
 	testsupport.Eventually(t, 10*time.Second, "slots released", func() bool { return h.state("i-count").InFlight() == 0 })
 }
+
+// TestOpenAIHeadKeyMatchesWhole: at every cut of a body, the start of it
+// either does not hold the key's inputs, or gives exactly the key of the
+// whole body; it holds them before the end only when model and
+// prompt_cache_key precede the end of the prompt's prefix.
+func TestOpenAIHeadKeyMatchesWhole(t *testing.T) {
+	long := strings.Repeat("ünïcødé text of the system prompt. ", 100) // > 1024 code points
+	msgs := []any{msg("system", long), msg("user", []any{map[string]any{"type": "text", "text": "part"}}), msg("user", strings.Repeat("tail ", 400))}
+	type member struct {
+		k string
+		v any
+	}
+	obj := func(ms ...member) []byte {
+		var b bytes.Buffer
+		b.WriteByte('{')
+		for i, m := range ms {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			k, _ := json.Marshal(m.k)
+			v, _ := json.Marshal(m.v)
+			b.Write(k)
+			b.WriteByte(':')
+			b.Write(v)
+		}
+		b.WriteByte('}')
+		return b.Bytes()
+	}
+	model, tenant, messages := member{"model", "m"}, member{"prompt_cache_key", "t-1"}, member{"messages", msgs}
+	prompt := member{"prompt", []any{long, 17, "more"}}
+	for _, tc := range []struct {
+		name   string
+		chat   bool
+		body   []byte
+		stream bool // the head holds the key before the end
+	}{
+		{"model,tenant,messages", true, obj(model, tenant, messages, member{"stream", true}), true},
+		{"tenant,messages,model", true, obj(tenant, messages, model, member{"temperature", 0.1}), true},
+		{"messages,model,tenant (Python SDK)", true, obj(messages, model, tenant, member{"stream", false}), true},
+		{"model,messages (no tenant)", true, obj(model, messages), false},
+		{"null tenant,model,messages", true, obj(member{"prompt_cache_key", nil}, model, messages), true},
+		{"escaped names", true, []byte(`{"mod\u0065l":"m","prompt_cache_k\u0065y":"t-1",` + string(obj(messages))[1:]), true},
+		{"completions", false, obj(model, tenant, prompt, member{"max_tokens", 5}), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			whole, err := parseOpenAI(tc.body, tc.chat, 1024)
+			if err != nil {
+				t.Fatal(err)
+			}
+			first := -1
+			for n := 1; n <= len(tc.body); n++ {
+				got, ok := parseOpenAIHead(tc.body[:n], tc.chat, 1024)
+				if !ok {
+					continue
+				}
+				if first < 0 {
+					first = n
+				}
+				if got.model != whole.model || got.tenant != whole.tenant || got.hasTenant != whole.hasTenant || got.prefix != whole.prefix {
+					t.Fatalf("cut %d of %d: head gives %+v, whole body %+v", n, len(tc.body), got, whole)
+				}
+			}
+			if stream := first >= 0 && first < len(tc.body); stream != tc.stream {
+				t.Fatalf("key known from %d of %d bytes; want known before the end: %v", first, len(tc.body), tc.stream)
+			}
+			for _, name := range []string{`"model"`, `"prompt_cache_key"`} {
+				if i := bytes.Index(tc.body, []byte(name)); first >= 0 && i >= 0 && first <= i+len(name) {
+					t.Fatalf("key known from %d bytes, before %s at %d", first, name, i)
+				}
+			}
+		})
+	}
+}
+
+// TestOpenAIBodyStreamsAfterPick: a chat body whose model and
+// prompt_cache_key come first is routed once its prompt's prefix is in,
+// and the instance receives it while the client still holds the rest.
+func TestOpenAIBodyStreamsAfterPick(t *testing.T) {
+	body, _ := json.Marshal(map[string]any{ // encoding/json sorts: messages, model, prompt_cache_key
+		"messages": []any{msg("system", strings.Repeat("system prompt ", 200)), msg("user", strings.Repeat("a long document ", 16<<10))},
+	})
+	body = append([]byte(`{"model":"m","prompt_cache_key":"tenant-7",`), body[1:]...)
+	got := make(chan struct{})
+	var received atomic.Value
+	b := newBackend(t, "i-a")
+	b.handler = func(w http.ResponseWriter, r *http.Request) {
+		first := make([]byte, 1)
+		if _, err := io.ReadFull(r.Body, first); err != nil {
+			t.Errorf("upstream: %v", err)
+			return
+		}
+		close(got)
+		rest, _ := io.ReadAll(r.Body)
+		received.Store(append(first, rest...))
+		fmt.Fprint(w, `{"ok":true}`)
+	}
+	h := newHarness(t, hopts{cfg: prefixCfg(10)}, b)
+	c := rawRequest(t, h.srv.Listener.Addr().String(), "/v1/chat/completions", len(body), nil)
+	half := 64 << 10
+	if _, err := c.Write(body[:half]); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, got, "the instance received bytes before the body ended")
+	if _, err := c.Write(body[half:]); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	if r, _ := received.Load().([]byte); !bytes.Equal(r, body) {
+		t.Fatalf("instance received %d bytes, want the client's %d", len(r), len(body))
+	}
+}

@@ -217,6 +217,12 @@ type routeRequest struct {
 // parseRequest extracts tenant, model and routing key from a request whose
 // body has been read.
 func parseRequest(kind apiKind, h http.Header, body []byte, prefixLen int) (routeRequest, *reqError) {
+	return parseRoute(kind, h, body, prefixLen, false)
+}
+
+// parseRoute is parseRequest; head says that body is the start of an
+// OpenAI body that readOpenAIHead found holds the key's inputs.
+func parseRoute(kind apiKind, h http.Header, body []byte, prefixLen int, head bool) (routeRequest, *reqError) {
 	var rr routeRequest
 	if kind == kindInvoke {
 		if vals, ok := h[HeaderTenant]; ok {
@@ -232,7 +238,13 @@ func parseRequest(kind apiKind, h http.Header, body []byte, prefixLen int) (rout
 		rr.key = routingKey(rr.tenant, rr.model, invokePrefix(body, prefixLen))
 		return rr, nil
 	}
-	o, err := parseOpenAI(body, kind == kindChat, prefixLen)
+	var o openAIRequest
+	var err error
+	if head {
+		o, _ = parseOpenAIHead(body, kind == kindChat, prefixLen)
+	} else {
+		o, err = parseOpenAI(body, kind == kindChat, prefixLen)
+	}
 	if err != nil {
 		return rr, &reqError{http.StatusBadRequest, codeInvalidJSON, "invalid request body: " + err.Error()}
 	}
@@ -302,22 +314,26 @@ func (r *Router) serve(w http.ResponseWriter, req *http.Request, kind apiKind, u
 		return
 	}
 	strategy := string(ev.strategy)
-	// Invoke keys need only the first PrefixLength bytes: read those and
-	// stream the rest after the pick (body.go). OpenAI bodies are read
-	// whole: model and prompt_cache_key may follow the messages.
+	// Read what the key needs and stream the rest after the pick
+	// (body.go): the first PrefixLength bytes of an invoke body; an OpenAI
+	// body up to where model, prompt_cache_key and the prompt's prefix are
+	// all known. A salted body is read whole: the salt goes at its end.
 	var body []byte
 	var rest io.Reader
 	var berr *reqError
-	if kind == kindInvoke {
+	switch {
+	case kind == kindInvoke:
 		body, rest, berr = readHead(w, req, r.opts.MaxBodyBytes, ev.prefixLen)
-	} else {
+	case !ev.salt:
+		body, rest, berr = readOpenAIHead(w, req, r.opts.MaxBodyBytes, kind == kindChat, ev.prefixLen)
+	default:
 		body, berr = readBody(w, req, r.opts.MaxBodyBytes)
 	}
 	if berr != nil {
 		r.reject(w, req, kind, endpoint, strategy, berr)
 		return
 	}
-	rr, rerr := parseRequest(kind, req.Header, body, ev.prefixLen)
+	rr, rerr := parseRoute(kind, req.Header, body, ev.prefixLen, rest != nil && kind.openAI())
 	if rerr != nil {
 		r.reject(w, req, kind, endpoint, strategy, rerr)
 		return

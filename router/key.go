@@ -3,6 +3,7 @@ package router
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math/bits"
 	"unicode/utf8"
@@ -65,7 +66,18 @@ func invokePrefix(body []byte, prefixLen int) uint64 {
 type prefixHasher struct {
 	d    xxhash.Digest
 	left int // code points still to hash
+	// spent, when set, is asked after each message or prompt element once
+	// the budget is spent: true ends the walk there (errKeyKnown).
+	spent func() bool
 }
+
+// errKeyKnown ends a walk of a body's head once the key's inputs are known
+// (parseOpenAIHead).
+var errKeyKnown = errors.New("router: routing key known")
+
+// done reports whether the walk may end here: the budget is spent and the
+// caller knows the rest of the key.
+func (h *prefixHasher) done() bool { return h.left <= 0 && h.spent != nil && h.spent() }
 
 func (h *prefixHasher) reset(prefixLen int) {
 	h.d.Reset()
@@ -161,9 +173,40 @@ type openAIRequest struct {
 // model and prompt_cache_key, and hashes the first prefixLen code points of
 // the prompt text (messages or prompt) into prefix.
 func parseOpenAI(body []byte, chat bool, prefixLen int) (openAIRequest, error) {
+	return walkOpenAI(body, chat, prefixLen, false)
+}
+
+// parseOpenAIHead walks the start of a body and reports whether it holds
+// the key's inputs, so that the rest need not be read before the pick: the
+// model and prompt_cache_key members (null counts), and the prompt's first
+// prefixLen code points or all of it, all before the end of head. The key
+// is then the one parseOpenAI gives for the whole body, unless the rest
+// repeats one of those members (JSON decoders take the last; the router
+// does not read that far). A head that does not (yet) hold them, or is
+// malformed, gives ok false: read more, and parse the whole body at its
+// end.
+func parseOpenAIHead(head []byte, chat bool, prefixLen int) (openAIRequest, bool) {
+	out, err := walkOpenAI(head, chat, prefixLen, true)
+	return out, errors.Is(err, errKeyKnown)
+}
+
+// walkOpenAI is parseOpenAI; with head it ends with errKeyKnown as soon as
+// the key's inputs are known (parseOpenAIHead).
+func walkOpenAI(body []byte, chat bool, prefixLen int, head bool) (openAIRequest, error) {
 	var out openAIRequest
+	var hasModel, tenantSeen, promptDone bool
 	var h prefixHasher
 	h.reset(prefixLen)
+	if head {
+		h.spent = func() bool { return hasModel && tenantSeen }
+	}
+	known := func() error {
+		if head && hasModel && tenantSeen && promptDone {
+			out.prefix = h.d.Sum64()
+			return errKeyKnown
+		}
+		return nil
+	}
 	s := scanner{b: body}
 	if s.peek() != '{' {
 		return out, s.errorf("the body must be a JSON object")
@@ -176,11 +219,19 @@ func parseOpenAI(body []byte, chat bool, prefixLen int) (openAIRequest, error) {
 				return fmt.Errorf("%w: model must be a string", err)
 			}
 			out.model, err = unquote(raw)
-			return err
+			hasModel = err == nil
+			if err != nil {
+				return err
+			}
+			return known()
 		case string(name) == "prompt_cache_key":
+			tenantSeen = true
 			if s.peek() == 'n' {
 				out.tenant, out.hasTenant = "", false
-				return s.literal("null")
+				if err := s.literal("null"); err != nil {
+					return err
+				}
+				return known()
 			}
 			raw, err := s.str()
 			if err != nil {
@@ -188,15 +239,18 @@ func parseOpenAI(body []byte, chat bool, prefixLen int) (openAIRequest, error) {
 			}
 			out.tenant, err = unquote(raw)
 			out.hasTenant = err == nil
-			return err
+			if err != nil {
+				return err
+			}
+			return known()
 		case chat && string(name) == "messages":
 			h.reset(prefixLen) // a repeated key replaces the earlier one, as in encoding/json
 			out.hasMessages = true
-			return messages(&s, &h)
+			return promptKnown(messages(&s, &h), &promptDone, known)
 		case !chat && string(name) == "prompt":
 			h.reset(prefixLen)
 			out.hasMessages = true
-			return prompt(&s, &h)
+			return promptKnown(prompt(&s, &h), &promptDone, known)
 		}
 		return s.skip(1)
 	})
@@ -208,6 +262,20 @@ func parseOpenAI(body []byte, chat bool, prefixLen int) (openAIRequest, error) {
 	}
 	out.prefix = h.d.Sum64()
 	return out, nil
+}
+
+// promptKnown finishes the walk of a prompt member: the walk inside it
+// ended (errKeyKnown) or it was read whole, and then the key may be known.
+func promptKnown(err error, done *bool, known func() error) error {
+	switch {
+	case errors.Is(err, errKeyKnown):
+		*done = true
+		return known()
+	case err != nil:
+		return err
+	}
+	*done = true
+	return known()
 }
 
 // messages hashes a chat messages array: for each message its role as a
@@ -262,6 +330,9 @@ func messages(s *scanner, h *prefixHasher) error {
 					return err
 				}
 			}
+		}
+		if h.done() {
+			return errKeyKnown
 		}
 		done, err := s.next(']')
 		if err != nil {
@@ -383,6 +454,9 @@ func prompt(s *scanner, h *prefixHasher) error {
 				_, _ = h.d.Write(s.b[start:s.i])
 				h.left--
 			}
+		}
+		if h.done() {
+			return errKeyKnown
 		}
 		if done, err := s.next(']'); done || err != nil {
 			return err
