@@ -38,9 +38,12 @@ const (
 
 // Sketch dimensions: depth rows of width counters (32 KiB) and a table of
 // tableSize hot keys (8 KiB); probe is how many table slots a key may use.
+// A count-min sketch of width w overestimates a share by at most e/w (0.27 %
+// here) with probability 1 - e^-depth: far below the shares that make a key
+// hot (above 1/n of the traffic).
 const (
 	depth     = 4
-	width     = 2048
+	width     = 1024
 	tableSize = 1024
 	probe     = 8
 	// minMass is the evidence (decayed observations) below which no key is
@@ -49,7 +52,71 @@ const (
 	minMass = 512
 	// maxK is the largest k the table stores (8 bits of a slot).
 	maxK = 255
+	// maxHalfLife keeps a count (at most 2 × HalfLife observations) within
+	// the integer bits of a counter.
+	maxHalfLife = 1 << 22
 )
+
+// A counter is one atomic uint64: the epoch it was last brought up to (the
+// high epochBits) and its count decayed to that epoch, in fixed point with
+// fracBits fractional bits (the low countBits). An epoch is HalfLife
+// observations; a count is worth half as much one epoch later. Decay is
+// lazy: a counter is halved once per epoch it missed when it is next
+// updated or read, so no sweep over the sketch ever runs, and every
+// observation adds exactly one to its counters and to the mass whatever
+// other goroutines do at the same time (concurrent observers can shift an
+// observation across an epoch boundary, an error of one half per racing
+// observer, never more).
+const (
+	epochBits = 24
+	countBits = 64 - epochBits
+	fracBits  = 16
+	one       = 1 << fracBits
+	countMask = 1<<countBits - 1
+	epochMask = 1<<epochBits - 1
+)
+
+// counter is a lazily decayed count (see above).
+type counter struct{ v atomic.Uint64 }
+
+// ahead reports whether epoch a is later than epoch b (modulo 2^epochBits).
+func ahead(a, b uint64) bool {
+	d := (a - b) & epochMask
+	return d != 0 && d < 1<<(epochBits-1)
+}
+
+// decayed is the count of packed value v at epoch e, in fixed point; a
+// value already at a later epoch than e (brought forward by a goroutine
+// whose epoch is newer) counts as it is.
+func decayed(v, e uint64) uint64 {
+	ve := v >> countBits
+	if ahead(ve, e) {
+		return v & countMask
+	}
+	d := (e - ve) & epochMask
+	if d >= countBits {
+		return 0
+	}
+	return (v & countMask) >> d
+}
+
+// add counts one observation at epoch e and returns the packed value after
+// it (at e, or at a later epoch another goroutine brought it to).
+func (c *counter) add(e uint64) uint64 {
+	for {
+		v := c.v.Load()
+		if ve := v >> countBits; ve == e || ahead(ve, e) {
+			// Already at (or past) this epoch: one atomic add. A counter
+			// that another goroutine moves forward meanwhile keeps the
+			// added one at its new epoch.
+			return c.v.Add(one)
+		}
+		nv := e<<countBits | (decayed(v, e) + one)
+		if c.v.CompareAndSwap(v, nv) {
+			return nv
+		}
+	}
+}
 
 // ErrInvalid is wrapped by Options.Validate's errors.
 var ErrInvalid = errors.New("hotkey: invalid options")
@@ -65,10 +132,10 @@ type Options struct {
 	// threshold, within which k does not move; zero means
 	// DefaultHysteresis, and it must be in [0, 0.5].
 	Hysteresis float64
-	// HalfLife is the number of observations between halvings of every
-	// count; zero means DefaultHalfLife. It must be at least 2 × minMass
-	// (1,024) so that the evidence never falls below minMass after a
-	// halving.
+	// HalfLife is the number of observations after which a count weighs
+	// half; zero means DefaultHalfLife. It must be in [1,024, 2^22]: at
+	// least 2 × minMass so that the evidence never falls below minMass
+	// after a halving, at most what a counter's integer bits hold.
 	HalfLife int
 }
 
@@ -80,8 +147,8 @@ func (o Options) Validate() error {
 	if !(o.Hysteresis >= 0 && o.Hysteresis <= 0.5) {
 		return fmt.Errorf("%w: hysteresis %v outside [0, 0.5]", ErrInvalid, o.Hysteresis)
 	}
-	if o.HalfLife != 0 && o.HalfLife < 2*minMass {
-		return fmt.Errorf("%w: half-life %d below %d observations", ErrInvalid, o.HalfLife, 2*minMass)
+	if o.HalfLife != 0 && (o.HalfLife < 2*minMass || o.HalfLife > maxHalfLife) {
+		return fmt.Errorf("%w: half-life %d outside [%d, %d] observations", ErrInvalid, o.HalfLife, 2*minMass, maxHalfLife)
 	}
 	return nil
 }
@@ -101,15 +168,17 @@ func (o Options) withDefaults() Options {
 
 // Sketch counts keys and decides their replication factor. Its memory is
 // fixed (about 40 KiB) whatever the number of keys; every method is safe
-// for concurrent use and takes no lock.
+// for concurrent use, takes no lock and gives the same estimates as the
+// same observations made one at a time (TestConcurrentAccuracy).
 type Sketch struct {
 	threshold, hysteresis float64
 	halfLife              uint64
 
-	counts [depth][width]atomic.Uint32
-	// mass is the decayed number of observations: the sum of row 0.
-	mass atomic.Int64
-	// seen counts observations, to schedule the halvings.
+	counts [depth][width]counter
+	// mass is the decayed number of observations, decayed like a count, so
+	// that a key's share is its count over the mass at the same epoch.
+	mass counter
+	// seen counts observations; seen / halfLife is the current epoch.
 	seen atomic.Uint64
 	// table holds the hot keys: tag (the key's high 56 bits) | k (low 8
 	// bits); 0 is an empty slot.
@@ -157,20 +226,21 @@ func index(h uint64, i int) uint32 {
 // slot is where t's probe window starts in the table.
 func slot(h uint64) int { return int(h>>40) % tableSize }
 
+// epoch is the epoch of the seen-th observation.
+func (s *Sketch) epoch(seen uint64) uint64 { return seen / s.halfLife & epochMask }
+
 // Observe counts one request of key and returns its replication factor in
-// a set of n instances. One in HalfLife calls also halves every count (about
-// 8,000 atomic operations, some 20 µs, on the calling request).
+// a set of n instances.
 func (s *Sketch) Observe(key uint64, n int) int {
-	if s.seen.Add(1)%s.halfLife == 0 {
-		s.decay()
-	}
+	e := s.epoch(s.seen.Add(1))
 	t := tag(key)
 	h := mix(t)
-	est := uint32(math.MaxUint32)
+	var vs [depth + 1]uint64
 	for i := range depth {
-		est = min(est, s.counts[i][index(h, i)].Add(1))
+		vs[i] = s.counts[i][index(h, i)].add(e)
 	}
-	mass := s.mass.Add(1)
+	vs[depth] = s.mass.add(e)
+	est, mass := estimate(vs, e)
 	return s.decide(t, float64(est), float64(mass), n, true)
 }
 
@@ -178,63 +248,58 @@ func (s *Sketch) Observe(key uint64, n int) int {
 // without counting a request (for retries and explanations).
 func (s *Sketch) K(key uint64, n int) int {
 	t := tag(key)
-	return s.decide(t, float64(s.estimate(t)), float64(s.mass.Load()), n, false)
+	est, mass := s.read(t)
+	return s.decide(t, float64(est), float64(mass), n, false)
 }
 
-func (s *Sketch) estimate(t uint64) uint32 {
+// read returns t's count (the least of its counters, which only collisions
+// can raise) and the mass, in fixed point at one epoch: the current one, or
+// a later one a concurrent observer already brought a counter to.
+func (s *Sketch) read(t uint64) (est, mass uint64) {
+	e := s.epoch(s.seen.Load())
 	h := mix(t)
-	est := uint32(math.MaxUint32)
+	var vs [depth + 1]uint64
 	for i := range depth {
-		est = min(est, s.counts[i][index(h, i)].Load())
+		vs[i] = s.counts[i][index(h, i)].v.Load()
 	}
-	return est
+	vs[depth] = s.mass.v.Load()
+	return estimate(vs, e)
+}
+
+// estimate brings a key's packed counters and the mass (last) to the latest
+// epoch among them and e, and returns the least count and the mass there.
+// Comparing them at one epoch matters: a goroutine delayed across an epoch
+// boundary would otherwise set an undecayed count against a halved mass
+// (twice the share).
+func estimate(vs [depth + 1]uint64, e uint64) (est, mass uint64) {
+	for _, v := range vs {
+		if ve := v >> countBits; ahead(ve, e) {
+			e = ve
+		}
+	}
+	est = math.MaxUint64
+	for _, v := range vs[:depth] {
+		est = min(est, decayed(v, e))
+	}
+	return est, decayed(vs[depth], e)
 }
 
 // Share returns key's estimated share of the recent requests (a count-min
-// estimate: never below the true decayed share, above it by at most a few
-// hundredths of a percent with high probability).
+// estimate: never below the true decayed share, above it by at most 0.27 %
+// of the traffic with high probability).
 func (s *Sketch) Share(key uint64) float64 {
-	m := s.mass.Load()
-	if m <= 0 {
+	est, mass := s.read(tag(key))
+	if mass == 0 {
 		return 0
 	}
-	return float64(s.estimate(tag(key))) / float64(m)
-}
-
-// decay halves every count and the mass. Concurrent increments are kept
-// (each counter is decremented by half of what it held, not overwritten),
-// and the mass, which is the sum of row 0, loses exactly what row 0 loses,
-// counter by counter: requests counted while the halving runs then weigh
-// the same in a key's count and in the mass, so shares stay unbiased.
-func (s *Sketch) decay() {
-	epoch := int(s.seen.Load() / s.halfLife)
-	for i := range depth {
-		for j := range width {
-			c := &s.counts[i][j]
-			// Odd counts lose the extra one on every other counter and
-			// epoch: always rounding down would pin the many counts of 1
-			// (keys seen once) and inflate the mass, always rounding up
-			// would drain it; alternating halves on average.
-			n := c.Load()
-			v := n / 2
-			if n&1 == 1 && (i+j+epoch)&1 == 0 {
-				v++
-			}
-			if v > 0 {
-				c.Add(^(v - 1)) // c -= v
-				if i == 0 {
-					s.mass.Add(-int64(v))
-				}
-			}
-		}
-	}
+	return float64(est) / float64(mass)
 }
 
 // want returns the k asked for by a share estimate at a load per instance
 // of perInstance thresholds: ceil(x / perInstance) for x = share × n /
 // threshold, clamped to [1, min(n, maxK)].
 func (s *Sketch) want(est, mass float64, n int, perInstance float64) int {
-	if mass < minMass || n <= 1 {
+	if mass < minMass*one || n <= 1 {
 		return 1
 	}
 	x := est / mass * float64(n) / s.threshold / perInstance
@@ -285,14 +350,17 @@ func (s *Sketch) decide(t uint64, est, mass float64, n int, update bool) int {
 // request: the table bounds the memory, the threshold and bounded loads
 // remain the safety net.
 func (s *Sketch) insert(t uint64, start, k, n int) bool {
-	mass := float64(s.mass.Load())
 	for p := range probe {
 		slot := &s.table[(start+p)%tableSize]
 		v := slot.Load()
 		if v&^maxK == t {
 			return true // inserted concurrently
 		}
-		free := v == 0 || v&maxK <= 1 || s.want(float64(s.estimate(v&^maxK)), mass, n, 1-s.hysteresis) <= 1
+		free := v == 0 || v&maxK <= 1
+		if !free {
+			est, mass := s.read(v &^ maxK)
+			free = s.want(float64(est), float64(mass), n, 1-s.hysteresis) <= 1
+		}
 		if free && slot.CompareAndSwap(v, t|uint64(k)) {
 			return true
 		}
