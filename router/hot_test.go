@@ -188,3 +188,48 @@ func totalBlocked(bs []*backend) int64 {
 	}
 	return n
 }
+
+// TestHotOrderCache: a hot key's cached order is its ring order (the first
+// min(n, 16) candidates, with their views), ranked once per view and reused;
+// keys that share a slot both stay correct.
+func TestHotOrderCache(t *testing.T) {
+	r, err := New(Options{DefaultEndpoint: "ep"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	ep := fleet.Endpoint{Name: "ep", Config: hotCfg(true)}
+	for i := range 20 {
+		ep.Instances = append(ep.Instances, fleet.Instance{ID: fmt.Sprintf("i-%02d", i), Addr: fmt.Sprintf("http://10.0.0.%d:8000", i)})
+	}
+	r.Update(fleet.NewSnapshot([]fleet.Endpoint{ep}, 0, 1, time.Now()))
+	ev := r.view.Load().endpoints["ep"]
+	set, err := ev.table.Set("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Three keys on the same first slot: the third overwrites one of the
+	// first two, and every lookup still returns its own key's order.
+	keys := []uint64{5, 5 + hotOrderSlots, 5 + 2*hotOrderSlots}
+	for round := range 2 {
+		for _, key := range keys {
+			o := ev.hotOrder(set, key)
+			want := set.Ring().Candidates(key, maxHotCandidates, nil)
+			if o.key != key || !slices.Equal(o.idx, want) {
+				t.Fatalf("round %d key %d: order %v, want %v", round, key, o.idx, want)
+			}
+			for c, i := range o.idx {
+				if o.ivs[c] != ev.instance(set, i) {
+					t.Fatalf("key %d: view %d is not instance %d's", key, c, i)
+				}
+			}
+		}
+	}
+	if a, b := ev.hotOrder(set, keys[2]), ev.hotOrder(set, keys[2]); a != b {
+		t.Error("a cached order was ranked again")
+	}
+	allocs := testing.AllocsPerRun(100, func() { ev.hotOrder(set, keys[2]) })
+	if allocs != 0 {
+		t.Errorf("cached lookup allocates %.0f times", allocs)
+	}
+}

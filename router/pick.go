@@ -1,6 +1,8 @@
 package router
 
 import (
+	"sync/atomic"
+
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
@@ -54,6 +56,50 @@ func newHotChoice(ev *endpointView, set *lora.Set, key uint64, body []byte) hotC
 		return hotChoice{k: 1}
 	}
 	return hotChoice{k: k, spread: spreadHash(body)}
+}
+
+// hotOrder is a hot key's ring order in one set (its first
+// min(n, maxHotCandidates) candidates) with their views, cached per view:
+// a hot key's requests are by definition frequent, and ranking its
+// candidates (O(n) hashes and insertions) plus a map lookup per candidate
+// dominated their pick at 64 instances. Immutable once published.
+type hotOrder struct {
+	set *lora.Set
+	key uint64
+	idx []int
+	ivs []*instanceView // ev.instance(set, idx[j]); nil where it cannot be picked
+}
+
+// hotOrderSlots bounds the cache: at most n / 1.2 keys of a set of n are
+// hot (each carries more than 1.2 instances' worth), so 1,024 slots, two
+// probed per key, rarely collide. It is allocated only for endpoints that
+// replicate hot keys (8 KiB per view).
+const hotOrderSlots = 1024
+
+type hotOrders [hotOrderSlots]atomic.Pointer[hotOrder]
+
+// hotOrder returns key's cached order in set, ranking and storing it on a
+// miss (the only allocation, once per hot key and view; a collision
+// overwrites the first probed slot). Lock-free: concurrent misses each store
+// an equal value.
+func (ev *endpointView) hotOrder(set *lora.Set, key uint64) *hotOrder {
+	i := int(key % hotOrderSlots)
+	j := (i + 1) % hotOrderSlots
+	for _, s := range [2]int{i, j} {
+		if o := ev.orders[s].Load(); o != nil && o.key == key && o.set == set {
+			return o
+		}
+	}
+	n := min(set.Len(), maxHotCandidates)
+	o := &hotOrder{set: set, key: key, idx: set.Ring().Candidates(key, n, make([]int, 0, n)), ivs: make([]*instanceView, n)}
+	for c, idx := range o.idx {
+		o.ivs[c] = ev.instance(set, idx)
+	}
+	if ev.orders[i].Load() != nil && ev.orders[j].Load() == nil {
+		i = j
+	}
+	ev.orders[i].Store(o)
+	return o
 }
 
 // spreadHash is the hash of the body's last spreadTail bytes.
@@ -167,16 +213,19 @@ func (r *Router) pickPrefix(ev *endpointView, set *lora.Set, key uint64, hc hotC
 	}
 	var buf [maxHotCandidates]int
 	var why spill
-	k := min(hc.k, n, maxHotCandidates)
-	cands := set.Ring().Candidates(key, min(n, max(firstCandidates, k)), buf[:0])
-	if k > 1 {
+	var cands []int
+	if k := min(hc.k, n, maxHotCandidates); k > 1 && ev.orders != nil {
+		o := ev.hotOrder(set, key)
+		cands = append(buf[:0], o.idx...)
 		// The chosen one goes first; the others keep their ring order, so
 		// the key's spill targets stay its warm candidates.
-		if c := hotPick(ev, set, cands[:k], hc.spread, skip, h); c > 0 {
+		if c := hotPick(o.ivs[:k], cands[:k], hc.spread, skip, h); c > 0 {
 			i := cands[c]
 			copy(cands[1:c+1], cands[:c])
 			cands[0] = i
 		}
+	} else {
+		cands = set.Ring().Candidates(key, min(n, firstCandidates), buf[:0])
 	}
 	for j := 0; ; j++ {
 		if j == len(cands) {
@@ -217,21 +266,21 @@ func (r *Router) pickPrefix(ev *endpointView, set *lora.Set, key uint64, hc hotC
 }
 
 // hotPick returns the position in cands (a hot key's first k ring
-// candidates) of the least loaded one that can be tried (power of k
-// choices). It scans from spread mod k and keeps the first of equal loads,
-// so on an idle fleet a hot key's requests spread evenly over its k
-// instances and every replica breaks the tie alike. 0 if none can be tried.
-func hotPick(ev *endpointView, set *lora.Set, cands []int, spread uint64, skip bitset, h *healthFilter) int {
+// candidates, whose views are ivs) of the least loaded one that can be
+// tried (power of k choices). It scans from spread mod k and keeps the
+// first of equal loads, so on an idle fleet a hot key's requests spread
+// evenly over its k instances and every replica breaks the tie alike. 0 if
+// none can be tried.
+func hotPick(ivs []*instanceView, cands []int, spread uint64, skip bitset, h *healthFilter) int {
 	k := len(cands)
 	start := int(spread % uint64(k))
 	best, bestLoad := -1, int64(0)
 	for j := range k {
 		c := (start + j) % k
-		i := cands[c]
-		if skip.has(i) {
+		if skip.has(cands[c]) {
 			continue
 		}
-		iv := ev.instance(set, i)
+		iv := ivs[c]
 		if iv == nil || iv.state.Open() || h.skip(iv) {
 			continue
 		}

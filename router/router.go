@@ -93,6 +93,9 @@ type endpointView struct {
 	// HotKeyReplication on; nil otherwise. It outlives views (Update
 	// carries it over), so estimates survive membership changes.
 	hot *hotkey.Sketch
+	// orders caches hot keys' ring orders for this view (see hotOrder);
+	// nil when hot is.
+	orders *hotOrders
 }
 
 type instanceView struct {
@@ -228,6 +231,7 @@ func (r *Router) Update(s *fleet.Snapshot) {
 				ev.hot, _ = hotkey.New(hotkey.Options{Threshold: r.opts.HotKeyThreshold})
 			}
 			hot[name] = ev.hot
+			ev.orders = new(hotOrders)
 		}
 		for i := range ep.Instances {
 			in := &ep.Instances[i]
