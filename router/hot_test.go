@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/internal/testsupport"
+	"github.com/prefixrouter/prefixrouter/overload"
 )
 
 func hotCfg(on bool) fleet.RoutingConfig {
@@ -231,5 +233,47 @@ func TestHotOrderCache(t *testing.T) {
 	allocs := testing.AllocsPerRun(100, func() { ev.hotOrder(set, keys[2]) })
 	if allocs != 0 {
 		t.Errorf("cached lookup allocates %.0f times", allocs)
+	}
+}
+
+// TestHotKeyReplicationReplacesBound: on an endpoint that replicates hot
+// keys, the balance factor does not move a cold key off its primary (the
+// primary takes all 400 requests held open, far above the 1.25 bound of
+// 63), where on the same endpoint without replication it caps the primary
+// at the bound (TestBalanceHotKeySpreads).
+func TestHotKeyReplicationReplacesBound(t *testing.T) {
+	const n, reqs = 8, 400
+	for _, on := range []bool{false, true} {
+		t.Run(fmt.Sprintf("hot=%v", on), func(t *testing.T) {
+			var bs []*backend
+			for i := range n {
+				bs = append(bs, newBackend(t, fmt.Sprintf("i-%d", i)))
+			}
+			cfg := prefixCfg(1000)
+			cfg.PrefixAwareRoutingConfig.HotKeyReplication = on
+			h := newHarness(t, hopts{cfg: cfg, balance: 1.25}, bs...)
+			rr, _ := parseRequest(kindInvoke, http.Header{}, []byte("cold prefix"), 1024)
+			order := ringOrder(t, h, rr.key)
+			v := h.r.view.Load()
+			ev := v.endpoints["ep"]
+			set, _ := ev.table.Set("")
+			var dones []overload.Done
+			defer func() {
+				for _, d := range dones {
+					d(nil)
+				}
+			}()
+			for range reqs {
+				p, ok := h.r.pick(ev, set, rr.key, hotChoice{k: 1}, v.snap.Replicas, bitset{})
+				if !ok {
+					t.Fatal("no pick")
+				}
+				dones = append(dones, p.done)
+			}
+			primary := h.state(order[0]).InFlight()
+			if bound := int64(math.Ceil(1.25 * reqs / n)); on && primary != reqs || !on && primary > bound {
+				t.Errorf("replication %v: primary holds %d of %d (bound %d)", on, primary, reqs, bound)
+			}
+		})
 	}
 }

@@ -53,7 +53,8 @@ type Options struct {
 	// ceil(BalanceFactor × (total load of the model's set + 1) / set size),
 	// otherwise the request spills to the next candidate (--balance-factor).
 	// Zero means off; otherwise it must be in [1, 10] and is used to 0.001.
-	// See docs/balance.md.
+	// It does not apply to endpoints with HotKeyReplication on, which
+	// balance by replicating hot keys instead. See docs/balance.md.
 	BalanceFactor float64
 	// HotKeyThreshold tunes popularity-aware replication, for endpoints
 	// whose routing config turns it on (HotKeyReplication): a key gets

@@ -208,7 +208,13 @@ func (h *healthFilter) skip(iv *instanceView) bool {
 func (r *Router) pickPrefix(ev *endpointView, set *lora.Set, key uint64, hc hotChoice, replicas int, skip bitset, h *healthFilter) (pick, bool) {
 	n := set.Len()
 	var bound int64 // 0: no balance bound
-	if r.balance > 0 {
+	// An endpoint that replicates hot keys balances them with warm copies
+	// (k instances by load); bounded loads would also move cold keys off
+	// their only warm instance whenever a burst lifts it above the bound,
+	// paying a prefill and a duplicate copy each time (docs/balance.md,
+	// "Replication instead of bounded loads"). The threshold and the
+	// breakers remain its safety nets.
+	if r.balance > 0 && ev.hot == nil {
 		bound = balanceBound(r.balance, ev.setLoad(set), n)
 	}
 	var buf [maxHotCandidates]int
