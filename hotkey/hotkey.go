@@ -101,20 +101,29 @@ func decayed(v, e uint64) uint64 {
 }
 
 // add counts one observation at epoch e and returns the packed value after
-// it (at e, or at a later epoch another goroutine brought it to).
+// it (at e, or at a later epoch another goroutine brought it to). The
+// common case is one atomic add; once per epoch the counter is brought
+// forward with a compare-and-swap. If another goroutine brings it forward
+// first, this observation may be decayed with the old count (an error of
+// at most one half per racing observer at an epoch boundary).
 func (c *counter) add(e uint64) uint64 {
+	v := c.v.Add(one)
 	for {
-		v := c.v.Load()
 		if ve := v >> countBits; ve == e || ahead(ve, e) {
-			// Already at (or past) this epoch: one atomic add. A counter
-			// that another goroutine moves forward meanwhile keeps the
-			// added one at its new epoch.
-			return c.v.Add(one)
+			return v
 		}
-		nv := e<<countBits | (decayed(v, e) + one)
+		// One of the ones in v is this observation, made at e: keep it
+		// whole. (A goroutine with an epoch between v's and e may have
+		// halved it already; never borrow from the epoch bits.)
+		rest := v
+		if v&countMask >= one {
+			rest -= one
+		}
+		nv := e<<countBits | (decayed(rest, e) + one)
 		if c.v.CompareAndSwap(v, nv) {
 			return nv
 		}
+		v = c.v.Load()
 	}
 }
 
