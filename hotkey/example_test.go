@@ -7,9 +7,10 @@ import (
 	"github.com/prefixrouter/prefixrouter/hotkey"
 )
 
-// A key with 40 % of the requests in a set of 7 instances needs
-// 0.4 × 7 = 2.8 instances' worth of capacity: it gets k = ceil(2.8 / 1.2)
-// = 3 of them, while a key with 1 % keeps one.
+// A key with 40 % of the requests in a set of 7 instances carries
+// 0.4 × 7 = 2.8 instances' fair shares, x = 2.8 / 0.5 = 5.6 at the default
+// threshold (half a fair share of one key per instance): it gets
+// k = ceil(5.6 / 1.2) = 5 instances, while a key with 1 % keeps one.
 func ExampleSketch() {
 	s, err := hotkey.New(hotkey.Options{})
 	if err != nil {
@@ -28,5 +29,5 @@ func ExampleSketch() {
 		}
 	}
 	fmt.Println("hot key:", s.K(hot, 7), "instances; 1 % key:", s.K(warm, 7))
-	// Output: hot key: 3 instances; 1 % key: 1
+	// Output: hot key: 5 instances; 1 % key: 1
 }

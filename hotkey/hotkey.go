@@ -10,9 +10,12 @@
 // when that is larger (its k instances would each carry more than 1 + h of
 // the threshold), down to ceil(x / (1 - Hysteresis)) when that is smaller
 // (k - 1 instances would each carry less than 1 - h). An estimate that
-// hovers near a boundary therefore never flaps. Shares, not rates, are
-// compared, so router replicas that each see a part of the same stream
-// reach the same k without talking to each other.
+// hovers near a boundary therefore never flaps. k rises only when the
+// share's lower confidence bound (three standard errors) asks for it and
+// falls only when its upper bound does, so a replica does not move k on
+// its own sampling noise. Shares, not rates, are compared, so router
+// replicas that each see a part of the same stream reach the same k
+// without talking to each other.
 package hotkey
 
 import (
@@ -25,8 +28,13 @@ import (
 // Defaults of Options, used where a field is zero.
 const (
 	// DefaultThreshold: a key gets a second instance once it alone carries
-	// more than one instance's fair share of the requests.
-	DefaultThreshold = 1.0
+	// more than (1 + Hysteresis) × half of one instance's fair share. Each
+	// of a hot key's instances also carries its 1/n of the other keys, so
+	// with half a fair share of the key on top it stays near 1.5 × the
+	// mean load (the bounded-load factor replication replaces); at a
+	// threshold of 1 an instance could carry 1.2 fair shares of one key
+	// plus its share of the rest, 2.2 × the mean (docs/balance.md).
+	DefaultThreshold = 0.5
 	// DefaultHysteresis: k rises when its instances would each carry 20 %
 	// more than the threshold and falls when one fewer would carry 20 % less.
 	DefaultHysteresis = 0.2
@@ -304,23 +312,45 @@ func (s *Sketch) Share(key uint64) float64 {
 	return float64(est) / float64(mass)
 }
 
-// want returns the k asked for by a share estimate at a load per instance
-// of perInstance thresholds: ceil(x / perInstance) for x = share × n /
+// want returns the k asked for by a share at a load per instance of
+// perInstance thresholds: ceil(x / perInstance) for x = share × n /
 // threshold, clamped to [1, min(n, maxK)].
-func (s *Sketch) want(est, mass float64, n int, perInstance float64) int {
-	if mass < minMass*one || n <= 1 {
+func (s *Sketch) want(share float64, n int, perInstance float64) int {
+	if n <= 1 {
 		return 1
 	}
-	x := est / mass * float64(n) / s.threshold / perInstance
+	x := share * float64(n) / s.threshold / perInstance
 	k := int(math.Ceil(x - 1e-9))
 	return max(1, min(k, n, maxK))
 }
 
+// evidence is how many standard errors a share estimate must clear before
+// k moves: k rises only if the share's lower bound asks for more instances
+// and falls only if its upper bound asks for fewer. Replicas that each see
+// half of a stream then move k only on what both can see, not on their own
+// sampling noise (which, early on or at large k where adjacent k are close,
+// left two replicas at different k of one key and split its requests).
+const evidence = 3
+
+// bounds returns the share estimate's confidence band, est ± evidence
+// standard errors of a binomial share over mass observations (the decayed
+// mass understates the effective sample of the decayed weights, about 1.5
+// times it, so the band is conservative). Below minMass no key has a share.
+func bounds(est, mass float64) (lo, hi float64) {
+	if mass < minMass*one {
+		return 0, 0
+	}
+	sh := est / mass
+	se := evidence * math.Sqrt(sh*(1-sh)/(mass/one))
+	return max(0, sh-se), min(1, sh+se)
+}
+
 // decide returns t's k, moving it (when update is set) as the estimate asks
-// with hysteresis (see the package comment).
+// with hysteresis (see the package comment) and evidence.
 func (s *Sketch) decide(t uint64, est, mass float64, n int, update bool) int {
-	up := s.want(est, mass, n, 1+s.hysteresis)
-	down := s.want(est, mass, n, 1-s.hysteresis)
+	lo, hi := bounds(est, mass)
+	up := s.want(lo, n, 1+s.hysteresis)
+	down := s.want(hi, n, 1-s.hysteresis)
 	start := slot(mix(t))
 	for p := range probe {
 		slot := &s.table[(start+p)%tableSize]
@@ -368,7 +398,8 @@ func (s *Sketch) insert(t uint64, start, k, n int) bool {
 		free := v == 0 || v&maxK <= 1
 		if !free {
 			est, mass := s.read(v &^ maxK)
-			free = s.want(float64(est), float64(mass), n, 1-s.hysteresis) <= 1
+			_, hi := bounds(float64(est), float64(mass))
+			free = s.want(hi, n, 1-s.hysteresis) <= 1
 		}
 		if free && slot.CompareAndSwap(v, t|uint64(k)) {
 			return true

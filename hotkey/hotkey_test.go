@@ -71,10 +71,11 @@ func TestOptionsValidate(t *testing.T) {
 	}
 }
 
-// TestReplicationFactor: under a stream with one key at 40 %, that key gets
-// ceil(0.4 × n / (threshold × 1.2)) instances and a key at 1 % keeps one.
+// TestReplicationFactor, threshold 1: under a stream with one key at 40 %,
+// that key gets ceil(0.4 × n / (threshold × 1.2)) instances and a key at
+// 1 % keeps one.
 func TestReplicationFactor(t *testing.T) {
-	s, err := New(Options{})
+	s, err := New(Options{Threshold: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,12 +108,12 @@ func TestReplicationFactor(t *testing.T) {
 	}
 }
 
-// TestHysteresis, 7 instances: a key at 12 % (x = 0.84, below the 1.2 that
+// TestHysteresis, 7 instances, threshold 1: a key at 12 % (x = 0.84, below the 1.2 that
 // asks for a second instance) keeps k = 1; at 25 % (x = 1.75) it gets 2; back
 // at 13 % (x = 0.91: one instance would carry more than 0.8) it keeps 2; at
 // 10 % (x = 0.7) it drops to 1.
 func TestHysteresis(t *testing.T) {
-	s, _ := New(Options{HalfLife: 2048})
+	s, _ := New(Options{Threshold: 1, HalfLife: 2048})
 	const n = 7
 	key := uint64(0xabcdef0100000000)
 	rng := rand.New(rand.NewPCG(3, 4))
@@ -222,8 +223,8 @@ func TestLazyDecay(t *testing.T) {
 
 // TestConcurrentAccuracy: observers in parallel estimate as well as one
 // observer would. Four goroutines each send 20,000 requests, 40 % of them
-// on one key, into one sketch of 7 instances (TestReplicationFactor's
-// stream, in parallel). The estimate weighs the last few HalfLives of
+// on one key, into one sketch of 7 instances at threshold 1
+// (TestReplicationFactor's stream, in parallel). The estimate weighs the last few HalfLives of
 // requests: an effective sample of 2 × 4,096 / ln 2 ≈ 11,800, so the
 // share's standard deviation is sqrt(0.4 × 0.6 / 11,800) ≈ 0.0045; the
 // tolerance, ±0.025, is five of them (plus the sketch's overestimate of at
@@ -232,7 +233,7 @@ func TestLazyDecay(t *testing.T) {
 // lazily, 30 runs under -race gave a 45 % key estimates from 0 to 0.43:
 // halvings raced with each other and with the increments.
 func TestConcurrentAccuracy(t *testing.T) {
-	s, _ := New(Options{})
+	s, _ := New(Options{Threshold: 1})
 	const key, goroutines, each = 42 << 8, 4, 20000
 	var wg sync.WaitGroup
 	start := make(chan struct{})

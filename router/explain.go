@@ -113,7 +113,7 @@ func (r *Router) Explain(endpoint, path string, header http.Header, body []byte)
 		// Read only: Explain does not count the request.
 		if k := min(ev.hot.K(rr.key, set.Len()), len(idx)); k > 1 {
 			ex.HotReplicas = k
-			ex.Instance = ex.Candidates[spreadHash(body)%uint64(k)]
+			ex.Instance = ex.Candidates[spreadChoice(idx[:k], spreadHash(body))]
 		}
 	}
 	return ex, nil

@@ -61,9 +61,11 @@ func sevenBackends(t *testing.T) []*backend {
 
 // TestHotKeyAgreement is issue 10's agreement test: two replicas with
 // independent estimators, over real HTTP, fed one Zipf(1.5) stream over 200
-// documents alternately (each sees half of it). The top document (40 % of
-// the requests) needs k = 3 of 7 instances and the second (14 %, x ≈ 1.0)
-// sits on the k = 1/2 boundary, the hardest case for agreement. After a
+// documents alternately (each sees half of it), at the default threshold
+// (0.5). The top document (40 % of the requests, x = 5.6) gets k = 5 of 7
+// instances, where k = 5, 6 and 7 are all inside the hysteresis band; the
+// second (14 %, x = 2.0) k = 2; the third (7.7 %, x = 1.08) sits just below
+// the k = 1/2 boundary (1.2), the hardest case for agreement. After a
 // warm-up, every request one replica routes is also explained by the other
 // (where it would send it on an idle fleet, from its own estimate); they
 // must agree on ≥ 99 % of requests. Requests are sent one at a time, so
@@ -116,10 +118,11 @@ func TestHotKeyAgreement(t *testing.T) {
 	}
 }
 
-// TestHotKeySpreadsByLoad: once a key is hot (k = 3 of 7 after a stream in
-// which it has 40 % of the requests), requests held open on it spread over
-// its three candidates by load (power of k choices), where with
-// replication off they all stay on the primary (the threshold, 100, is far).
+// TestHotKeySpreadsByLoad: once a key is hot (k = 5 of 7 after a stream in
+// which it has 40 % of the requests: x = 0.4 × 7 / 0.5 = 5.6, ceil(5.6 /
+// 1.2) = 5), requests held open on it spread over its five candidates by
+// load (power of k choices), where with replication off they all stay on
+// the primary (the threshold, 100, is far).
 func TestHotKeySpreadsByLoad(t *testing.T) {
 	for _, on := range []bool{false, true} {
 		t.Run(fmt.Sprintf("hot=%v", on), func(t *testing.T) {
@@ -139,12 +142,12 @@ func TestHotKeySpreadsByLoad(t *testing.T) {
 			}
 			wantK := 1
 			if on {
-				wantK = 3
+				wantK = 5
 			}
 			if ex.HotReplicas != wantK {
 				t.Fatalf("hot key: k = %d, want %d", ex.HotReplicas, wantK)
 			}
-			const held = 9
+			const held = 10
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			var wg sync.WaitGroup
@@ -169,11 +172,11 @@ func TestHotKeySpreadsByLoad(t *testing.T) {
 				close(b.release)
 			}
 			wg.Wait()
-			t.Logf("held requests per instance: %v (candidates %v)", counts, ex.Candidates[:3])
+			t.Logf("held requests per instance: %v (candidates %v)", counts, ex.Candidates[:5])
 			if on {
-				for _, id := range ex.Candidates[:3] {
-					if counts[id] != held/3 {
-						t.Errorf("instance %s holds %d, want %d (even over the 3 candidates)", id, counts[id], held/3)
+				for _, id := range ex.Candidates[:5] {
+					if counts[id] != held/5 {
+						t.Errorf("instance %s holds %d, want %d (even over the 5 candidates)", id, counts[id], held/5)
 					}
 				}
 			} else if counts[ex.Candidates[0]] != held {

@@ -61,7 +61,7 @@ type Options struct {
 	// k = ceil(share × n / HotKeyThreshold) of its set's n instances, so
 	// it gets a second one once it alone carries more than HotKeyThreshold
 	// times one instance's fair share (--hot-key-threshold; docs/balance.md).
-	// Zero means hotkey.DefaultThreshold (1); otherwise it must be in (0, 16].
+	// Zero means hotkey.DefaultThreshold (0.5); otherwise it must be in (0, 16].
 	HotKeyThreshold float64
 	// UpstreamHeaderTimeout bounds the wait for an instance's response
 	// headers when Transport is nil (--upstream-header-timeout). A timeout

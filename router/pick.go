@@ -271,30 +271,63 @@ func (r *Router) pickPrefix(ev *endpointView, set *lora.Set, key uint64, hc hotC
 	return p, ok
 }
 
+// spreadScore ranks instance i of a set for a request with spread hash
+// spread: among a hot key's candidates, the request prefers the highest
+// score. It is rendezvous hashing over the k candidates, so replicas that
+// disagree on k (one more instance) disagree only on the requests the extra
+// instance wins, 1 / k of them, and a change of k moves only those (with
+// spread mod k, nearly every request changed instance). The constant is
+// 2^64 / φ, so consecutive indexes get unrelated seeds.
+func spreadScore(spread uint64, i int) uint64 {
+	return mix64(spread ^ uint64(i+1)*0x9e3779b97f4a7c15)
+}
+
+// mix64 is splitmix64's finalizer: full avalanche of a 64-bit value.
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	return x ^ x>>31
+}
+
 // hotPick returns the position in cands (a hot key's first k ring
 // candidates, whose views are ivs) of the least loaded one that can be
-// tried (power of k choices). It scans from spread mod k and keeps the
-// first of equal loads, so on an idle fleet a hot key's requests spread
-// evenly over its k instances and every replica breaks the tie alike. 0 if
-// none can be tried.
+// tried (power of k choices), equal loads going to the highest
+// spreadScore: on an idle fleet a hot key's requests spread evenly over
+// its k instances and every replica breaks the tie alike. 0 if none can be
+// tried.
 func hotPick(ivs []*instanceView, cands []int, spread uint64, skip bitset, h *healthFilter) int {
-	k := len(cands)
-	start := int(spread % uint64(k))
-	best, bestLoad := -1, int64(0)
-	for j := range k {
-		c := (start + j) % k
-		if skip.has(cands[c]) {
+	best, bestLoad, bestScore := -1, int64(0), uint64(0)
+	for c, i := range cands {
+		if skip.has(i) {
 			continue
 		}
 		iv := ivs[c]
 		if iv == nil || iv.state.Open() || h.skip(iv) {
 			continue
 		}
-		if l := iv.state.Load(); best < 0 || l < bestLoad {
-			best, bestLoad = c, l
+		l := iv.state.Load()
+		if best >= 0 && l > bestLoad {
+			continue
+		}
+		if sc := spreadScore(spread, i); best < 0 || l < bestLoad || sc > bestScore {
+			best, bestLoad, bestScore = c, l, sc
 		}
 	}
 	return max(best, 0)
+}
+
+// spreadChoice is hotPick on an idle fleet: the position in cands of the
+// highest spreadScore.
+func spreadChoice(cands []int, spread uint64) int {
+	best, bestScore := 0, uint64(0)
+	for c, i := range cands {
+		if sc := spreadScore(spread, i); c == 0 || sc > bestScore {
+			best, bestScore = c, sc
+		}
+	}
+	return best
 }
 
 // pickLeast admits the instance with the lowest load among those whose
