@@ -348,9 +348,6 @@ func bounds(est, mass float64) (lo, hi float64) {
 // decide returns t's k, moving it (when update is set) as the estimate asks
 // with hysteresis (see the package comment) and evidence.
 func (s *Sketch) decide(t uint64, est, mass float64, n int, update bool) int {
-	lo, hi := bounds(est, mass)
-	up := s.want(lo, n, 1+s.hysteresis)
-	down := s.want(hi, n, 1-s.hysteresis)
 	start := slot(mix(t))
 	for p := range probe {
 		slot := &s.table[(start+p)%tableSize]
@@ -358,9 +355,10 @@ func (s *Sketch) decide(t uint64, est, mass float64, n int, update bool) int {
 		if v&^maxK != t {
 			continue
 		}
+		lo, hi := bounds(est, mass)
 		cur := int(v & maxK)
 		next := cur
-		switch {
+		switch up, down := s.want(lo, n, 1+s.hysteresis), s.want(hi, n, 1-s.hysteresis); {
 		case up > cur:
 			next = up
 		case down < cur:
@@ -373,10 +371,15 @@ func (s *Sketch) decide(t uint64, est, mass float64, n int, update bool) int {
 		}
 		return max(next, 1)
 	}
-	if up <= 1 || !update {
+	// Not in the table: k is 1 unless the share's lower bound asks for
+	// more. Most keys stop at the first test, which needs no square root
+	// (the lower bound is below the share).
+	if !update || mass < minMass*one || est/mass*float64(n) <= (1+s.hysteresis)*s.threshold {
 		return 1
 	}
-	if !s.insert(t, start, up, n) {
+	lo, _ := bounds(est, mass)
+	up := s.want(lo, n, 1+s.hysteresis)
+	if up <= 1 || !s.insert(t, start, up, n) {
 		return 1
 	}
 	return up
