@@ -54,12 +54,14 @@ const (
 	width     = 1024
 	tableSize = 1024
 	probe     = 8
-	// minMass is the evidence (decayed observations) below which no key is
-	// hot: the first requests of a fresh replica would otherwise each look
-	// like 100 % of the traffic.
-	minMass = 512
+	// minMass is the number of (decayed) observations below which no key
+	// is hot: the first few requests of a fresh replica. Beyond it the
+	// evidence bound (see bounds) guards against early noise, so a replica
+	// can replicate a hot key within its first few hundred requests.
+	minMass = 64
 	// maxK is the largest k the table stores (8 bits of a slot).
-	maxK = 255
+	maxK        = 255
+	minHalfLife = 1024
 	// maxHalfLife keeps a count (at most 2 × HalfLife observations) within
 	// the integer bits of a counter.
 	maxHalfLife = 1 << 22
@@ -150,9 +152,9 @@ type Options struct {
 	// DefaultHysteresis, and it must be in [0, 0.5].
 	Hysteresis float64
 	// HalfLife is the number of observations after which a count weighs
-	// half; zero means DefaultHalfLife. It must be in [1,024, 2^22]: at
-	// least 2 × minMass so that the evidence never falls below minMass
-	// after a halving, at most what a counter's integer bits hold.
+	// half; zero means DefaultHalfLife. It must be in [1,024, 2^22]: long
+	// enough for shares to be measured within a percent or so, at most
+	// what a counter's integer bits hold.
 	HalfLife int
 }
 
@@ -164,8 +166,8 @@ func (o Options) Validate() error {
 	if !(o.Hysteresis >= 0 && o.Hysteresis <= 0.5) {
 		return fmt.Errorf("%w: hysteresis %v outside [0, 0.5]", ErrInvalid, o.Hysteresis)
 	}
-	if o.HalfLife != 0 && (o.HalfLife < 2*minMass || o.HalfLife > maxHalfLife) {
-		return fmt.Errorf("%w: half-life %d outside [%d, %d] observations", ErrInvalid, o.HalfLife, 2*minMass, maxHalfLife)
+	if o.HalfLife != 0 && (o.HalfLife < minHalfLife || o.HalfLife > maxHalfLife) {
+		return fmt.Errorf("%w: half-life %d outside [%d, %d] observations", ErrInvalid, o.HalfLife, minHalfLife, maxHalfLife)
 	}
 	return nil
 }
@@ -332,17 +334,21 @@ func (s *Sketch) want(share float64, n int, perInstance float64) int {
 // left two replicas at different k of one key and split its requests).
 const evidence = 3
 
-// bounds returns the share estimate's confidence band, est ± evidence
-// standard errors of a binomial share over mass observations (the decayed
+// bounds returns the share estimate's confidence band: the Wilson score
+// interval at evidence standard errors over mass observations (the decayed
 // mass understates the effective sample of the decayed weights, about 1.5
-// times it, so the band is conservative). Below minMass no key has a share.
+// times it, so the band is conservative). Unlike est ± z·σ it stays honest
+// on few observations: a key seen in all of 64 requests has a lower bound
+// of 0.88, not 1. Below minMass no key has a share.
 func bounds(est, mass float64) (lo, hi float64) {
 	if mass < minMass*one {
 		return 0, 0
 	}
-	sh := est / mass
-	se := evidence * math.Sqrt(sh*(1-sh)/(mass/one))
-	return max(0, sh-se), min(1, sh+se)
+	p, m, z2 := est/mass, mass/one, float64(evidence*evidence)
+	center := p + z2/(2*m)
+	half := evidence * math.Sqrt(p*(1-p)/m+z2/(4*m*m))
+	d := 1 + z2/m
+	return max(0, (center-half)/d), min(1, (center+half)/d)
 }
 
 // decide returns t's k, moving it (when update is set) as the estimate asks

@@ -92,8 +92,8 @@ func TestReplicationFactor(t *testing.T) {
 		default:
 			s.Observe(rng.Uint64(), n)
 		}
-		if i == 100 && kHot != 1 {
-			t.Errorf("k = %d after 100 requests, want 1 below the evidence floor", kHot)
+		if i == minMass-10 && kHot != 1 {
+			t.Errorf("k = %d after %d requests, want 1 below the evidence floor", kHot, i)
 		}
 	}
 	// 0.4 × 7 / 1.2 = 2.33 → 3.
@@ -111,7 +111,9 @@ func TestReplicationFactor(t *testing.T) {
 // TestHysteresis, 7 instances, threshold 1: a key at 12 % (x = 0.84, below the 1.2 that
 // asks for a second instance) keeps k = 1; at 25 % (x = 1.75) it gets 2; back
 // at 13 % (x = 0.91: one instance would carry more than 0.8) it keeps 2; at
-// 10 % (x = 0.7) it drops to 1.
+// 8 % (x = 0.56) it drops to 1. (At 10 %, x = 0.7 is within the evidence
+// band of the 0.8 boundary: three standard errors over the ~3,000 requests
+// the estimate weighs are 1.6 points of share, so k stays.)
 func TestHysteresis(t *testing.T) {
 	s, _ := New(Options{Threshold: 1, HalfLife: 2048})
 	const n = 7
@@ -137,8 +139,8 @@ func TestHysteresis(t *testing.T) {
 	if k := run(0.13, 20000); k != 2 {
 		t.Errorf("at 13 %% (inside the band): k = %d, want 2 kept", k)
 	}
-	if k := run(0.10, 20000); k != 1 {
-		t.Errorf("at 10 %%: k = %d, want 1", k)
+	if k := run(0.08, 20000); k != 1 {
+		t.Errorf("at 8 %%: k = %d, want 1", k)
 	}
 }
 
