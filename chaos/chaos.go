@@ -210,14 +210,19 @@ func Run(ctx context.Context, cfg Options) (*Report, error) {
 		Sim:     sim.Options{TimeScale: cfg.TimeScale},
 		Routing: fleet.DefaultRoutingConfig(),
 		TTL:     cfg.TTL,
-		Replica: replica.Options{Router: router.Options{
-			Breaker: overload.BreakerOptions{OpenTimeout: cfg.BreakerOpenTimeout},
-			// Opted in for hung-instance; the other scenarios do not depend
-			// on it (a crashed instance is skipped sooner, before its lease
-			// ends).
-			HealthCheckInterval: healthCheckInterval,
-			HealthCheckTimeout:  healthCheckTimeout,
-		}},
+		Replica: replica.Options{
+			// As serve runs: the vanish guard never holds the scenarios'
+			// single crashes or graceful stops, which the movement checks
+			// rely on.
+			VanishGrace: replica.DefaultVanishGrace,
+			Router: router.Options{
+				Breaker: overload.BreakerOptions{OpenTimeout: cfg.BreakerOpenTimeout},
+				// Opted in for hung-instance; the other scenarios do not depend
+				// on it (a crashed instance is skipped sooner, before its lease
+				// ends).
+				HealthCheckInterval: healthCheckInterval,
+				HealthCheckTimeout:  healthCheckTimeout,
+			}},
 		// Placement on, with quick windows for the adapter scenarios (no
 		// effect before they catalogue adapters).
 		Agent: agent.Options{PlaceAdapters: true, LoadPollInterval: agentLoadPoll, HotWindow: agentHotWindow, ScaleCooldown: agentScaleCooling},

@@ -21,8 +21,8 @@ import (
 	"github.com/prefixrouter/prefixrouter/router"
 )
 
-// counterValue sums the samples of a counter family whose labels include
-// every pair of match.
+// counterValue sums the samples of a counter (or gauge) family whose
+// labels include every pair of match.
 func counterValue(t *testing.T, reg *prometheus.Registry, name string, match map[string]string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
@@ -47,7 +47,7 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name string, match map
 					continue metric
 				}
 			}
-			total += m.GetCounter().GetValue()
+			total += m.GetCounter().GetValue() + m.GetGauge().GetValue()
 		}
 	}
 	return total

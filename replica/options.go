@@ -30,6 +30,10 @@ const (
 	DefaultStartupTimeout  = 30 * time.Second
 	DefaultShutdownTimeout = 30 * time.Second
 	DefaultDrainDelay      = 5 * time.Second
+	// DefaultVanishGrace is the vanish guard's grace `serve` starts with
+	// (--vanish-grace); in Options the zero value means off (library users
+	// and tests opt in). docs/operations.md weighs it.
+	DefaultVanishGrace = 30 * time.Second
 )
 
 // Options configures one router replica. It is the root of the one options
@@ -94,9 +98,10 @@ type Options struct {
 	// Router is the data plane's options tree.
 	Router router.Options
 	// VanishGrace turns on the guard against the fleet vanishing when
-	// agents lose etcd (--vanish-grace; see membership.WatcherOptions):
-	// when more than half of an endpoint's instances vanish within one
-	// TTL they stay routable this long. Zero means off.
+	// agents lose etcd (--vanish-grace, DefaultVanishGrace in `serve`; see
+	// membership.WatcherOptions): when more than half of an endpoint's
+	// instances vanish within one TTL, none of them draining, they stay
+	// routable this long. Zero means off.
 	VanishGrace time.Duration
 	// Admin secures the admin listener (--admin-token, --admin-tls-*).
 	Admin AdminSecurity
