@@ -19,7 +19,6 @@ import (
 
 	"golang.org/x/time/rate"
 
-	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/lora"
 	"github.com/prefixrouter/prefixrouter/overload"
 )
@@ -515,7 +514,12 @@ func (t retryTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 			// agents place the adapter elsewhere once etcd drops the
 			// record. Hold the request for that, as for an adapter not
 			// loaded yet (issue 11).
-			if werr := t.awaitHolder(out.Context(), a, failedIn); werr != nil {
+			a.failed.add(failedIn)
+			werr := a.countWait()
+			if werr == nil {
+				werr = t.awaitHolder(out.Context(), a)
+			}
+			if werr != nil {
 				return nil, fmt.Errorf("%w (after %w)", werr, err)
 			}
 			next = a.cur
@@ -553,15 +557,15 @@ func (t retryTransport) staleRetry(ctx context.Context, a *attempt) error {
 		// the client may send again.
 		return fmt.Errorf("%w: %q: %w", errAdapterGone, a.model, errNotReplayable)
 	}
+	a.failed.add(in)
+	if err := a.countWait(); err != nil {
+		return err
+	}
 	if next, ok := r.pick(a.ev, a.set, a.key, a.hot, a.replicas, a.tried); ok {
-		a.failed.add(in)
-		if err := a.countWait(); err != nil {
-			return err
-		}
 		a.cur = next
 		return nil
 	}
-	return t.awaitHolder(ctx, a, in)
+	return t.awaitHolder(ctx, a)
 }
 
 // countWait counts one stale retry or wait and starts the AdapterWait
@@ -576,19 +580,15 @@ func (a *attempt) countWait() error {
 	return nil
 }
 
-// awaitHolder is reached when in, the last member of a.set that could
-// take the request, refused the adapter or could not be dialled. It
-// waits (until AdapterWait after the first such failure) for a view in
+// awaitHolder is reached when the last member of a.set that could take
+// the request refused the adapter or could not be dialled (the caller
+// added it to a.failed and counted the wait). It waits (until AdapterWait after the first such failure) for a view in
 // which the adapter has a member that has not failed the request, or one
 // whose record changed since it did (Instance.Revision: its agent
 // re-polled and reloaded, or it registered again), and admits it into
 // a.cur.
-func (t retryTransport) awaitHolder(ctx context.Context, a *attempt, in *fleet.Instance) error {
+func (t retryTransport) awaitHolder(ctx context.Context, a *attempt) error {
 	r := t.p.r
-	a.failed.add(in)
-	if err := a.countWait(); err != nil {
-		return err
-	}
 	v, ev, set, p, err := r.waitPick(ctx, a.view, a.endpoint, a.model, a.key, a.failed, a.waitUntil)
 	if err != nil {
 		return fmt.Errorf("%w: %q: %w", errAdapterGone, a.model, err)
