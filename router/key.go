@@ -131,6 +131,15 @@ func (h *prefixHasher) text(raw []byte) error {
 	return nil
 }
 
+// value hashes the text of the JSON string at the scanner.
+func (h *prefixHasher) value(s *scanner) error {
+	raw, err := s.str()
+	if err != nil {
+		return err
+	}
+	return h.text(raw)
+}
+
 // cutCodePoints counts the code points at the start of b, up to left, as the
 // bytes that are not UTF-8 continuation bytes (10xxxxxx), eight at a time.
 // It returns the count and the length of the prefix of b that holds exactly
@@ -287,12 +296,7 @@ func messages(s *scanner, h *prefixHasher) error {
 	if s.peek() != '[' {
 		return s.errorf("messages must be an array")
 	}
-	s.i++
-	if s.peek() == ']' {
-		s.i++
-		return nil
-	}
-	for {
+	return s.array(func(int) error {
 		if s.peek() != '{' {
 			return s.errorf("each message must be an object")
 		}
@@ -334,82 +338,71 @@ func messages(s *scanner, h *prefixHasher) error {
 		if h.done() {
 			return errKeyKnown
 		}
-		done, err := s.next(']')
-		if err != nil {
-			return err
-		}
-		if done {
-			return nil
-		}
-	}
+		return nil
+	})
 }
+
+// errBudgetSpent ends the walk of a content array once the prefix budget is
+// spent: the rest cannot change the key, and the message around it was
+// checked already.
+var errBudgetSpent = errors.New("router: prefix budget spent")
 
 // content hashes a message's content: a string, or the text of the "text"
 // parts of an array (image, audio and other parts are skipped).
 func content(s *scanner, h *prefixHasher) error {
 	switch s.peek() {
 	case '"':
-		raw, err := s.str()
-		if err != nil {
-			return err
-		}
-		return h.text(raw)
+		return h.value(s)
 	case '[':
 	default:
 		return nil // null (tool calls) or a shape the model server will judge
 	}
-	s.i++
-	if s.peek() == ']' {
-		return nil
-	}
 	parts := 0
-	for h.left > 0 {
-		if s.peek() == '{' {
-			var typ, text []byte
-			hasText := false
-			// A repeated member replaces the earlier one.
-			err := s.object(func(name []byte) error {
-				switch string(name) {
-				case "type":
-					typ = nil
-					if s.peek() != '"' {
-						return s.skip(4)
-					}
-					raw, err := s.str()
-					typ = decoded(raw)
-					return err
-				case "text":
-					text, hasText = nil, false
-					if s.peek() != '"' {
-						return s.skip(4)
-					}
-					var err error
-					text, err = s.str()
-					hasText = err == nil
-					return err
+	err := s.array(func(int) error {
+		if h.left <= 0 {
+			return errBudgetSpent
+		}
+		if s.peek() != '{' {
+			return s.skip(4)
+		}
+		var typ, text []byte
+		hasText := false
+		// A repeated member replaces the earlier one.
+		err := s.object(func(name []byte) error {
+			switch string(name) {
+			case "type":
+				typ = nil
+				if s.peek() != '"' {
+					return s.skip(4)
 				}
-				return s.skip(4)
-			})
-			if err != nil {
+				raw, err := s.str()
+				typ = decoded(raw)
+				return err
+			case "text":
+				text, hasText = nil, false
+				if s.peek() != '"' {
+					return s.skip(4)
+				}
+				var err error
+				text, err = s.str()
+				hasText = err == nil
 				return err
 			}
-			if hasText && string(typ) == "text" {
-				if parts > 0 {
-					h.mark(markPart, nil)
-				}
-				parts++
-				if err := h.text(text); err != nil {
-					return err
-				}
-			}
-		} else if err := s.skip(4); err != nil {
+			return s.skip(4)
+		})
+		if err != nil || !hasText || string(typ) != "text" {
 			return err
 		}
-		if done, err := s.next(']'); done || err != nil {
-			return err
+		if parts > 0 {
+			h.mark(markPart, nil)
 		}
+		parts++
+		return h.text(text)
+	})
+	if err == errBudgetSpent {
+		return nil
 	}
-	return nil
+	return err
 }
 
 // prompt hashes a completions prompt: a string, or a list whose strings are
@@ -418,21 +411,12 @@ func content(s *scanner, h *prefixHasher) error {
 func prompt(s *scanner, h *prefixHasher) error {
 	switch s.peek() {
 	case '"':
-		raw, err := s.str()
-		if err != nil {
-			return err
-		}
-		return h.text(raw)
+		return h.value(s)
 	case '[':
 	default:
 		return s.skip(1)
 	}
-	s.i++
-	if s.peek() == ']' {
-		s.i++
-		return nil
-	}
-	for n := 0; ; n++ {
+	return s.array(func(n int) error {
 		if s.peek() == '"' {
 			raw, err := s.str()
 			if err != nil {
@@ -458,8 +442,6 @@ func prompt(s *scanner, h *prefixHasher) error {
 		if h.done() {
 			return errKeyKnown
 		}
-		if done, err := s.next(']'); done || err != nil {
-			return err
-		}
-	}
+		return nil
+	})
 }

@@ -196,6 +196,27 @@ func (s *scanner) object(member func(name []byte) error) error {
 	}
 }
 
+// array walks the JSON array at the scanner, calling elem with each
+// element's index and the scanner at the element; elem must consume it, or
+// return an error, which ends the walk and is returned.
+func (s *scanner) array(elem func(i int) error) error {
+	if err := s.expect('['); err != nil {
+		return err
+	}
+	if s.peek() == ']' {
+		s.i++
+		return nil
+	}
+	for i := 0; ; i++ {
+		if err := elem(i); err != nil {
+			return err
+		}
+		if done, err := s.next(']'); done || err != nil {
+			return err
+		}
+	}
+}
+
 func (s *scanner) literal(word string) error {
 	if !bytes.HasPrefix(s.b[s.i:], []byte(word)) {
 		return s.errorf("bad literal")
