@@ -227,3 +227,52 @@ func TestFirstByteTimeoutTripsBreaker(t *testing.T) {
 		})
 	}
 }
+
+// TestFirstByteTimeoutPerEndpoint: each endpoint's routing config sets its
+// own first-byte timeout, Options.FirstByteTimeout being the default of
+// the others, and a new snapshot changes it for the next request.
+func TestFirstByteTimeoutPerEndpoint(t *testing.T) {
+	b := newBackend(t, "hung")
+	b.handler = func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		<-r.Context().Done()
+	}
+	r, err := New(Options{DefaultEndpoint: "cut", Logger: slog.New(slog.DiscardHandler), FirstByteTimeout: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	snap := func(waitMS int) *fleet.Snapshot {
+		ins := []fleet.Instance{{ID: "hung", Addr: b.srv.URL}}
+		return fleet.NewSnapshot([]fleet.Endpoint{
+			{Name: "cut", Config: fleet.RoutingConfig{FirstByteTimeoutInMilliseconds: 50}, Instances: ins},
+			{Name: "wait", Config: fleet.RoutingConfig{FirstByteTimeoutInMilliseconds: waitMS}, Instances: ins},
+		}, 0, 1, time.Now())
+	}
+	srv := httptest.NewServer(r)
+	defer srv.Close()
+	// cut reports whether the router cut the call (its 424) before the
+	// client's own 500 ms deadline.
+	cut := func(ep string) bool {
+		ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/endpoints/"+ep+"/invocations", strings.NewReader("x"))
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusFailedDependency
+	}
+	r.Update(snap(0)) // "wait" has no limit of its own: the hour applies
+	if !cut("cut") {
+		t.Fatal("the endpoint with 50 ms was not cut")
+	}
+	if cut("wait") {
+		t.Fatal("the endpoint without a limit of its own was cut")
+	}
+	r.Update(snap(50))
+	if !cut("wait") {
+		t.Fatal("after the new snapshot, the endpoint's 50 ms did not apply")
+	}
+}
