@@ -69,10 +69,10 @@ func BenchmarkPick(b *testing.B) {
 
 // BenchmarkPickHotKeys is the cost of popularity-aware replication on the
 // pick alone (no body to parse): keys of a Zipf(1) stream over 200
-// documents, whose top keys the sketch replicates (none at 4 instances; k = 3
-// and 2 for the top two at 16; the top nine, k up to 10, at 64), against the
-// same pick with replication off
-// (issue 10: ≤ 1.5×).
+// documents, whose top keys the sketch replicates at the default threshold
+// (the top one at k = 2 at 4 instances; the top four at k = 5, 3, 2, 2 at
+// 16; thirteen at 64, k up to the cap of 16), against the same pick with
+// replication off (issue 10: ≤ 1.5×).
 func BenchmarkPickHotKeys(b *testing.B) {
 	const docs, stream = 200, 1 << 12
 	rng := rand.New(rand.NewPCG(1, 2))
