@@ -565,3 +565,31 @@ func TestOpenAIBodyStreamsAfterPick(t *testing.T) {
 		t.Fatalf("instance received %d bytes, want the client's %d", len(r), len(body))
 	}
 }
+
+// TestStaleAdapterStreamedNotResent: an instance answers "adapter not
+// found" after taking a streamed body; the body is not re-sent (its bytes
+// are gone from the client's stream): the client gets model_not_ready at
+// once, the instance is reported stale and its breaker is not charged.
+func TestStaleAdapterStreamedNotResent(t *testing.T) {
+	bs := []*backend{newBackend(t, "i-a"), newBackend(t, "i-b")}
+	var stale atomic.Int64
+	h := newAdapterHarness(t, Options{AdapterWait: time.Hour, Breaker: overload.BreakerOptions{ConsecutiveFailures: 1, OpenTimeout: time.Hour}, OnStale: func(ep, inst, adapter string) { stale.Add(1) }}, bs...)
+	bs[0].handler = func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusNotFound)
+		fmt.Fprint(w, `{"error":{"message":"The model `+"`lora-x`"+` does not exist.","type":"NotFoundError","code":404}}`)
+	}
+	h.setAdapters("i-a", "lora-x") // the only member: a small body would wait for a reload
+	// The system message completes the key's prefix (4096 code points):
+	// the user message streams.
+	body := `{"model":"lora-x","prompt_cache_key":"t","messages":[{"role":"system","content":"` + strings.Repeat("system ", 1000) +
+		`"},{"role":"user","content":"` + strings.Repeat("long prompt ", 20<<10) + `"}]}`
+	res := h.mustDo("/v1/chat/completions", body, nil)
+	checkError(t, res, true, http.StatusServiceUnavailable, codeModelNotReady)
+	if bs[0].hits.Load() != 1 || bs[1].hits.Load() != 0 || stale.Load() != 1 {
+		t.Fatalf("hits i-a %d, i-b %d, stale reports %d; want 1, 0, 1", bs[0].hits.Load(), bs[1].hits.Load(), stale.Load())
+	}
+	if s := h.state("i-a").Status().Breaker; s != gobreaker.StateClosed {
+		t.Fatalf("breaker %v", s)
+	}
+}
