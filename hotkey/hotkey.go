@@ -47,8 +47,8 @@ const (
 // Sketch dimensions: depth rows of width counters (32 KiB) and a table of
 // tableSize hot keys (8 KiB); probe is how many table slots a key may use.
 // A count-min sketch of width w overestimates a share by at most e/w (0.27 %
-// here) with probability 1 - e^-depth: far below the shares that make a key
-// hot (above 1/n of the traffic).
+// here) with probability 1 - e^-depth: below the shares that make a key hot
+// (above 0.6/n of the traffic at the default threshold, 0.94 % at n = 64).
 const (
 	depth     = 4
 	width     = 1024
@@ -60,7 +60,9 @@ const (
 	// can replicate a hot key within its first few hundred requests.
 	minMass = 64
 	// maxK is the largest k the table stores (8 bits of a slot).
-	maxK        = 255
+	maxK = 255
+	// minHalfLife keeps the decayed sample large enough for shares to be
+	// measured within about a percent.
 	minHalfLife = 1024
 	// maxHalfLife keeps a count (at most 2 × HalfLife observations) within
 	// the integer bits of a counter.
