@@ -70,9 +70,10 @@ type hotOrder struct {
 	ivs []*instanceView // ev.instance(set, idx[j]); nil where it cannot be picked
 }
 
-// hotOrderSlots bounds the cache: at most n / 1.2 keys of a set of n are
-// hot (each carries more than 1.2 instances' worth), so 1,024 slots, two
-// probed per key, rarely collide. It is allocated only for endpoints that
+// hotOrderSlots bounds the cache: a hot key carries more than 1.2
+// thresholds of one instance's fair share, so at most n / (1.2 × threshold)
+// keys of a set of n are hot (107 at n = 64 and the default 0.5); 1,024
+// slots, two probed per key, rarely collide. It is allocated only for endpoints that
 // replicate hot keys (8 KiB per view).
 const hotOrderSlots = 1024
 
