@@ -31,6 +31,10 @@ bench:
 # corpora in each package's testdata/fuzz/<FuzzName>; a new crasher lands in
 # the package's testdata/fuzz and then runs in every `make test`.
 FUZZTIME ?= 60s
+# Minimizing one new input may take the default 60 s, all of a target's
+# FUZZTIME, during which nothing is fuzzed (FuzzParseRoutingConfig counted no
+# execution after its 12th second); 5 s leaves the time to fuzzing.
+FUZZMINIMIZETIME ?= 5s
 FUZZ_TARGETS = ./router:FuzzParseOpenAI ./router:FuzzInvokeKey ./router:FuzzParseStaticInstances \
 	./membership:FuzzParseRoutingConfig ./membership:FuzzParseInstance \
 	./probe:FuzzParseMetrics ./probe:FuzzParseModels
@@ -38,7 +42,7 @@ fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; fn=$${t##*:}; \
 		echo "== $$fn ($$pkg, $(FUZZTIME))"; \
-		$(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) -parallel 1 $$pkg; \
+		$(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) -parallel 1 $$pkg; \
 	done
 
 # The main job: embedded etcd, 7 simulated model servers, 2 router replicas,
