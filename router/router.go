@@ -172,7 +172,7 @@ const upstreamWriteBuffer = 20 << 10
 func NewTransport(responseHeaderTimeout time.Duration) *http.Transport {
 	return &http.Transport{
 		Proxy:                 nil, // upstreams are direct; never an env proxy
-		DialContext:           (&net.Dialer{Timeout: 2 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		DialContext:           dialUpstream(&net.Dialer{Timeout: 2 * time.Second, KeepAlive: 30 * time.Second}),
 		MaxIdleConns:          4096,
 		MaxIdleConnsPerHost:   1024,
 		IdleConnTimeout:       90 * time.Second,
