@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"strings"
@@ -22,6 +23,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/prefixrouter/prefixrouter/admin"
 	"github.com/prefixrouter/prefixrouter/admin/adminpb"
@@ -326,11 +328,35 @@ func TestGetRoutingConfig(t *testing.T) {
 	}
 }
 
-func sameConfig(a, b *adminpb.RoutingConfig) bool {
-	if a == nil || b == nil {
-		return a == nil && b == nil
+// sameConfig compares every field, so a field that configToPB or
+// configFromPB forgets fails the tests that round-trip it.
+func sameConfig(a, b *adminpb.RoutingConfig) bool { return proto.Equal(a, b) }
+
+// storedAsPB spells a stored config, field by field, in the API's terms
+// independently of the service's mapping, so that two fields swapped both
+// ways still fail.
+func storedAsPB(c fleet.RoutingConfig) *adminpb.RoutingConfig {
+	pc := &adminpb.RoutingConfig{
+		Strategy: string(c.RoutingStrategy), PrefixLength: int32(c.PrefixLength()), ConcurrencyThreshold: int32(c.ConcurrencyThreshold()),
+		HotKeyReplication: c.HotKeyReplication(), TenantCacheSalt: c.TenantCacheSalt,
+		FirstByteTimeoutInMilliseconds: int32(c.FirstByteTimeout().Milliseconds()),
 	}
-	return a.Strategy == b.Strategy && a.PrefixLength == b.PrefixLength && a.ConcurrencyThreshold == b.ConcurrencyThreshold
+	for _, v := range c.ProductionVariants {
+		pc.ProductionVariants = append(pc.ProductionVariants, &adminpb.ProductionVariant{VariantName: v.VariantName, InitialVariantWeight: v.InitialVariantWeight})
+	}
+	return pc
+}
+
+// everyField is a routing config with every field away from its default.
+func everyField() *adminpb.RoutingConfig {
+	return &adminpb.RoutingConfig{
+		Strategy: "PREFIX_AWARE", PrefixLength: 8192, ConcurrencyThreshold: 20,
+		HotKeyReplication: true, TenantCacheSalt: true,
+		ProductionVariants: []*adminpb.ProductionVariant{
+			{VariantName: "blue", InitialVariantWeight: 4}, {VariantName: "green", InitialVariantWeight: 0.5},
+		},
+		FirstByteTimeoutInMilliseconds: 250,
+	}
 }
 
 func TestSetRoutingConfig(t *testing.T) {
@@ -349,6 +375,26 @@ func TestSetRoutingConfig(t *testing.T) {
 			want: &adminpb.RoutingConfig{Strategy: "RANDOM", PrefixLength: 4096, ConcurrencyThreshold: 10}},
 		{name: "endpoint without instances yet", req: &adminpb.SetRoutingConfigRequest{Endpoint: "later", Config: &adminpb.RoutingConfig{Strategy: "LEAST_OUTSTANDING_REQUESTS"}},
 			want: &adminpb.RoutingConfig{Strategy: "LEAST_OUTSTANDING_REQUESTS", PrefixLength: 4096, ConcurrencyThreshold: 10}},
+		{name: "every field", req: &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Config: everyField()},
+			want: everyField()},
+		{name: "first byte timeout 1 ms", req: &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Config: &adminpb.RoutingConfig{FirstByteTimeoutInMilliseconds: 1}},
+			want: &adminpb.RoutingConfig{Strategy: "PREFIX_AWARE", PrefixLength: 4096, ConcurrencyThreshold: 10, FirstByteTimeoutInMilliseconds: 1}},
+		{name: "first byte timeout one hour", req: &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Config: &adminpb.RoutingConfig{FirstByteTimeoutInMilliseconds: fleet.MaxFirstByteTimeoutMillis}},
+			want: &adminpb.RoutingConfig{Strategy: "PREFIX_AWARE", PrefixLength: 4096, ConcurrencyThreshold: 10, FirstByteTimeoutInMilliseconds: fleet.MaxFirstByteTimeoutMillis}},
+		{name: "first byte timeout over one hour", req: &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Config: &adminpb.RoutingConfig{FirstByteTimeoutInMilliseconds: fleet.MaxFirstByteTimeoutMillis + 1}},
+			code: codes.InvalidArgument, msg: "FirstByteTimeoutInMilliseconds 3600001 is outside 1..3600000"},
+		{name: "negative first byte timeout", req: &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Config: &adminpb.RoutingConfig{FirstByteTimeoutInMilliseconds: -5}},
+			code: codes.InvalidArgument, msg: "FirstByteTimeoutInMilliseconds -5 is outside"},
+		{name: "negative variant weight", req: &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Config: &adminpb.RoutingConfig{ProductionVariants: []*adminpb.ProductionVariant{{VariantName: "blue", InitialVariantWeight: -1}}}},
+			code: codes.InvalidArgument, msg: `InitialVariantWeight -1 of "blue" must be in 0..1e6`},
+		{name: "NaN variant weight", req: &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Config: &adminpb.RoutingConfig{ProductionVariants: []*adminpb.ProductionVariant{{VariantName: "blue", InitialVariantWeight: math.NaN()}}}},
+			code: codes.InvalidArgument, msg: `InitialVariantWeight NaN of "blue"`},
+		{name: "variant weights sum to 0", req: &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Config: &adminpb.RoutingConfig{ProductionVariants: []*adminpb.ProductionVariant{{VariantName: "blue"}, {VariantName: "green"}}}},
+			code: codes.InvalidArgument, msg: "the weights sum to 0"},
+		{name: "duplicate variant", req: &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Config: &adminpb.RoutingConfig{ProductionVariants: []*adminpb.ProductionVariant{{VariantName: "blue", InitialVariantWeight: 1}, {VariantName: "blue", InitialVariantWeight: 1}}}},
+			code: codes.InvalidArgument, msg: `VariantName "blue" must be 1..63 characters and unique`},
+		{name: "unnamed variant", req: &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Config: &adminpb.RoutingConfig{ProductionVariants: []*adminpb.ProductionVariant{{InitialVariantWeight: 1}}}},
+			code: codes.InvalidArgument, msg: `VariantName "" must be 1..63`},
 		{name: "bad strategy", req: &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Config: &adminpb.RoutingConfig{Strategy: "ROUND_ROBIN"}},
 			code: codes.InvalidArgument, msg: `RoutingStrategy "ROUND_ROBIN" is not one of`},
 		{name: "lowercase strategy", req: &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Config: &adminpb.RoutingConfig{Strategy: "prefix_aware"}},
@@ -395,9 +441,7 @@ func TestSetRoutingConfig(t *testing.T) {
 			if !sameConfig(resp.Config, tt.want) {
 				t.Fatalf("response config = %v, want %v", resp.Config, tt.want)
 			}
-			if !written || !sameConfig(&adminpb.RoutingConfig{
-				Strategy: string(got.RoutingStrategy), PrefixLength: int32(got.PrefixLength()), ConcurrencyThreshold: int32(got.ConcurrencyThreshold()),
-			}, tt.want) {
+			if !written || !sameConfig(storedAsPB(got), tt.want) {
 				t.Fatalf("store holds %v (written %v), want %v", got, written, tt.want)
 			}
 			// A read through the API returns what was written.

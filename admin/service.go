@@ -104,23 +104,37 @@ func breakerToPB(b gobreaker.State) adminpb.BreakerState {
 
 func configToPB(c fleet.RoutingConfig) *adminpb.RoutingConfig {
 	c = c.WithDefaults()
-	return &adminpb.RoutingConfig{
-		Strategy:             string(c.RoutingStrategy),
-		PrefixLength:         int32(c.PrefixAwareRoutingConfig.PrefixLength),
-		ConcurrencyThreshold: int32(c.PrefixAwareRoutingConfig.ConcurrencyThreshold),
+	pc := &adminpb.RoutingConfig{
+		Strategy:                       string(c.RoutingStrategy),
+		PrefixLength:                   int32(c.PrefixAwareRoutingConfig.PrefixLength),
+		ConcurrencyThreshold:           int32(c.PrefixAwareRoutingConfig.ConcurrencyThreshold),
+		HotKeyReplication:              c.PrefixAwareRoutingConfig.HotKeyReplication,
+		TenantCacheSalt:                c.TenantCacheSalt,
+		FirstByteTimeoutInMilliseconds: int32(c.FirstByteTimeoutInMilliseconds),
 	}
+	for _, v := range c.ProductionVariants {
+		pc.ProductionVariants = append(pc.ProductionVariants, &adminpb.ProductionVariant{VariantName: v.VariantName, InitialVariantWeight: v.InitialVariantWeight})
+	}
+	return pc
 }
 
 // configFromPB is configToPB's inverse, before defaults: zero fields (and a
 // nil config) stay zero, so Validate and WithDefaults judge them.
-func configFromPB(c *adminpb.RoutingConfig) fleet.RoutingConfig {
-	return fleet.RoutingConfig{
-		RoutingStrategy: fleet.Strategy(c.GetStrategy()),
+func configFromPB(pc *adminpb.RoutingConfig) fleet.RoutingConfig {
+	c := fleet.RoutingConfig{
+		RoutingStrategy: fleet.Strategy(pc.GetStrategy()),
 		PrefixAwareRoutingConfig: &fleet.PrefixAwareConfig{
-			PrefixLength:         int(c.GetPrefixLength()),
-			ConcurrencyThreshold: int(c.GetConcurrencyThreshold()),
+			PrefixLength:         int(pc.GetPrefixLength()),
+			ConcurrencyThreshold: int(pc.GetConcurrencyThreshold()),
+			HotKeyReplication:    pc.GetHotKeyReplication(),
 		},
+		TenantCacheSalt:                pc.GetTenantCacheSalt(),
+		FirstByteTimeoutInMilliseconds: int(pc.GetFirstByteTimeoutInMilliseconds()),
 	}
+	for _, v := range pc.GetProductionVariants() {
+		c.ProductionVariants = append(c.ProductionVariants, fleet.ProductionVariant{VariantName: v.GetVariantName(), InitialVariantWeight: v.GetInitialVariantWeight()})
+	}
+	return c
 }
 
 func (s *service) GetRoutingConfig(ctx context.Context, req *adminpb.GetRoutingConfigRequest) (*adminpb.GetRoutingConfigResponse, error) {
@@ -179,7 +193,9 @@ func (s *service) SetRoutingConfig(ctx context.Context, req *adminpb.SetRoutingC
 	}
 	n := c.WithDefaults()
 	s.o.Logger.InfoContext(ctx, "admin: routing config set", "endpoint", req.GetEndpoint(),
-		"strategy", n.RoutingStrategy, "prefixLength", n.PrefixLength(), "concurrencyThreshold", n.ConcurrencyThreshold(), "peer", from)
+		"strategy", n.RoutingStrategy, "prefixLength", n.PrefixLength(), "concurrencyThreshold", n.ConcurrencyThreshold(),
+		"hotKeyReplication", n.HotKeyReplication(), "tenantCacheSalt", n.TenantCacheSalt, "productionVariants", len(n.ProductionVariants),
+		"firstByteTimeout", n.FirstByteTimeout(), "peer", from)
 	return &adminpb.SetRoutingConfigResponse{Config: configToPB(n)}, nil
 }
 

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/prefixrouter/prefixrouter/admin/adminpb"
 	"github.com/prefixrouter/prefixrouter/fleet"
@@ -240,6 +241,84 @@ func TestAdminAPIWithEtcd(t *testing.T) {
 		want := `grpc_server_handled_total{grpc_code="OK",grpc_method="SetRoutingConfig",grpc_service="prefixrouter.admin.v1.Admin",grpc_type="unary"} 3`
 		if resp.StatusCode != http.StatusOK || resp.ProtoMajor != 1 || !strings.Contains(string(b), want) || !strings.Contains(string(b), "prefixrouter_") {
 			t.Fatalf("status %d proto %s, want %q in:\n%.2000s", resp.StatusCode, resp.Proto, want, b)
+		}
+	})
+}
+
+// TestRoutingConfigFieldsWithEtcd sets each field of the routing config over
+// gRPC, one at a time, and reads it back from etcd (GetRoutingConfig), from
+// the replica's snapshot (GetRoutingConfig's applied, GetFleet) and from the
+// router itself; an invalid value is InvalidArgument naming the field and
+// leaves the stored config alone.
+func TestRoutingConfigFieldsWithEtcd(t *testing.T) {
+	ctx := testsupport.Context(t, 30*time.Second)
+	_, rep, _ := startFleet(t, 1)
+	ac, _ := adminClient(t, rep)
+	defaults := func() *adminpb.RoutingConfig {
+		return &adminpb.RoutingConfig{Strategy: "PREFIX_AWARE", PrefixLength: fleet.DefaultPrefixLength, ConcurrencyThreshold: fleet.DefaultConcurrencyThreshold}
+	}
+	variants := []*adminpb.ProductionVariant{{VariantName: "blue", InitialVariantWeight: 4}, {VariantName: "green", InitialVariantWeight: 0.5}}
+	for _, tc := range []struct {
+		field   string
+		set     func(*adminpb.RoutingConfig)
+		applied func(fleet.RoutingConfig) bool
+	}{
+		{"hot_key_replication", func(c *adminpb.RoutingConfig) { c.HotKeyReplication = true },
+			func(c fleet.RoutingConfig) bool { return c.HotKeyReplication() }},
+		{"tenant_cache_salt", func(c *adminpb.RoutingConfig) { c.TenantCacheSalt = true },
+			func(c fleet.RoutingConfig) bool { return c.TenantCacheSalt }},
+		{"production_variants", func(c *adminpb.RoutingConfig) { c.ProductionVariants = variants },
+			func(c fleet.RoutingConfig) bool {
+				return slices.Equal(c.ProductionVariants, []fleet.ProductionVariant{{VariantName: "blue", InitialVariantWeight: 4}, {VariantName: "green", InitialVariantWeight: 0.5}})
+			}},
+		{"first_byte_timeout_in_milliseconds", func(c *adminpb.RoutingConfig) { c.FirstByteTimeoutInMilliseconds = 250 },
+			func(c fleet.RoutingConfig) bool { return c.FirstByteTimeout() == 250*time.Millisecond }},
+	} {
+		t.Run(tc.field, func(t *testing.T) {
+			want := defaults()
+			tc.set(want)
+			resp, err := ac.SetRoutingConfig(ctx, &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Config: want})
+			if err != nil || !proto.Equal(resp.GetConfig(), want) {
+				t.Fatalf("SetRoutingConfig = %v, %v; want %v", resp.GetConfig(), err, want)
+			}
+			testsupport.Eventually(t, 5*time.Second, tc.field+" in the replica's snapshot", func() bool {
+				return tc.applied(rep.Router().Snapshot().Endpoint("chat").Config)
+			})
+			got, err := ac.GetRoutingConfig(ctx, &adminpb.GetRoutingConfigRequest{Endpoint: "chat"})
+			if err != nil || !got.GetStored() || !proto.Equal(got.GetConfig(), want) || !proto.Equal(got.GetApplied(), want) {
+				t.Fatalf("GetRoutingConfig = %v, %v; want stored and applied %v", got, err, want)
+			}
+			fl, err := ac.GetFleet(ctx, &adminpb.GetFleetRequest{Endpoint: "chat"})
+			if err != nil || !proto.Equal(fl.GetEndpoints()[0].GetConfig(), want) {
+				t.Fatalf("GetFleet config = %v, %v; want %v", fl.GetEndpoints()[0].GetConfig(), err, want)
+			}
+		})
+	}
+
+	t.Run("invalid values", func(t *testing.T) {
+		before, err := ac.GetRoutingConfig(ctx, &adminpb.GetRoutingConfigRequest{Endpoint: "chat"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tc := range []struct {
+			config *adminpb.RoutingConfig
+			msg    string
+		}{
+			{&adminpb.RoutingConfig{FirstByteTimeoutInMilliseconds: fleet.MaxFirstByteTimeoutMillis + 1}, "FirstByteTimeoutInMilliseconds 3600001 is outside 1..3600000"},
+			{&adminpb.RoutingConfig{FirstByteTimeoutInMilliseconds: -1}, "FirstByteTimeoutInMilliseconds -1 is outside 1..3600000"},
+			{&adminpb.RoutingConfig{ProductionVariants: []*adminpb.ProductionVariant{{VariantName: "blue", InitialVariantWeight: -2}}}, `InitialVariantWeight -2 of "blue" must be in 0..1e6`},
+			{&adminpb.RoutingConfig{ProductionVariants: []*adminpb.ProductionVariant{{VariantName: "blue", InitialVariantWeight: 2e6}}}, `InitialVariantWeight 2e+06 of "blue" must be in 0..1e6`},
+			{&adminpb.RoutingConfig{ProductionVariants: []*adminpb.ProductionVariant{{VariantName: "blue"}}}, "the weights sum to 0"},
+			{&adminpb.RoutingConfig{ProductionVariants: []*adminpb.ProductionVariant{{VariantName: strings.Repeat("v", 64), InitialVariantWeight: 1}}}, "must be 1..63 characters"},
+		} {
+			_, err := ac.SetRoutingConfig(ctx, &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Config: tc.config})
+			if st := status.Convert(err); st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), tc.msg) {
+				t.Errorf("SetRoutingConfig(%v) = %v, want InvalidArgument with %q", tc.config, err, tc.msg)
+			}
+		}
+		after, err := ac.GetRoutingConfig(ctx, &adminpb.GetRoutingConfigRequest{Endpoint: "chat"})
+		if err != nil || !proto.Equal(after.GetConfig(), before.GetConfig()) {
+			t.Fatalf("stored config %v after rejected writes, want %v (%v)", after.GetConfig(), before.GetConfig(), err)
 		}
 	})
 }

@@ -445,8 +445,28 @@ type RoutingConfig struct {
 	// In-flight requests per instance before spilling, 1..1024. 0 means the
 	// default, 10.
 	ConcurrencyThreshold int32 `protobuf:"varint,3,opt,name=concurrency_threshold,json=concurrencyThreshold,proto3" json:"concurrency_threshold,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// PREFIX_AWARE only (PrefixAwareRoutingConfig.HotKeyReplication, an
+	// extension of SageMaker's shape): a key that alone needs more than one
+	// instance gets the first k of its ring order, chosen by load
+	// (docs/balance.md). False means the default: one instance per key.
+	HotKeyReplication bool `protobuf:"varint,4,opt,name=hot_key_replication,json=hotKeyReplication,proto3" json:"hot_key_replication,omitempty"`
+	// prefixrouter's TenantCacheSalt: set vLLM's cache_salt on OpenAI
+	// requests with a tenant id (prompt_cache_key) to a keyed hash of it, so
+	// tenants never share cached KV blocks. False means the default: request
+	// bodies are left as they are.
+	TenantCacheSalt bool `protobuf:"varint,5,opt,name=tenant_cache_salt,json=tenantCacheSalt,proto3" json:"tenant_cache_salt,omitempty"`
+	// SageMaker's ProductionVariants: split the endpoint's traffic by weight
+	// between variants when a request names no
+	// X-Amzn-SageMaker-Target-Variant; an instance belongs to the variant its
+	// label "variant" names. Empty means the default: no split.
+	ProductionVariants []*ProductionVariant `protobuf:"bytes,6,rep,name=production_variants,json=productionVariants,proto3" json:"production_variants,omitempty"`
+	// prefixrouter's FirstByteTimeoutInMilliseconds: cut a call whose
+	// instance sends no response byte within this long, counting against its
+	// breaker; 1..3600000. 0 means the default, each replica's
+	// --upstream-first-byte-timeout.
+	FirstByteTimeoutInMilliseconds int32 `protobuf:"varint,7,opt,name=first_byte_timeout_in_milliseconds,json=firstByteTimeoutInMilliseconds,proto3" json:"first_byte_timeout_in_milliseconds,omitempty"`
+	unknownFields                  protoimpl.UnknownFields
+	sizeCache                      protoimpl.SizeCache
 }
 
 func (x *RoutingConfig) Reset() {
@@ -500,6 +520,89 @@ func (x *RoutingConfig) GetConcurrencyThreshold() int32 {
 	return 0
 }
 
+func (x *RoutingConfig) GetHotKeyReplication() bool {
+	if x != nil {
+		return x.HotKeyReplication
+	}
+	return false
+}
+
+func (x *RoutingConfig) GetTenantCacheSalt() bool {
+	if x != nil {
+		return x.TenantCacheSalt
+	}
+	return false
+}
+
+func (x *RoutingConfig) GetProductionVariants() []*ProductionVariant {
+	if x != nil {
+		return x.ProductionVariants
+	}
+	return nil
+}
+
+func (x *RoutingConfig) GetFirstByteTimeoutInMilliseconds() int32 {
+	if x != nil {
+		return x.FirstByteTimeoutInMilliseconds
+	}
+	return 0
+}
+
+// ProductionVariant is one variant's share of an endpoint's traffic.
+type ProductionVariant struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// 1..63 characters, unique within the config.
+	VariantName string `protobuf:"bytes,1,opt,name=variant_name,json=variantName,proto3" json:"variant_name,omitempty"`
+	// 0..1e6; the weights of a config must not all be 0.
+	InitialVariantWeight float64 `protobuf:"fixed64,2,opt,name=initial_variant_weight,json=initialVariantWeight,proto3" json:"initial_variant_weight,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
+}
+
+func (x *ProductionVariant) Reset() {
+	*x = ProductionVariant{}
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProductionVariant) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProductionVariant) ProtoMessage() {}
+
+func (x *ProductionVariant) ProtoReflect() protoreflect.Message {
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProductionVariant.ProtoReflect.Descriptor instead.
+func (*ProductionVariant) Descriptor() ([]byte, []int) {
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ProductionVariant) GetVariantName() string {
+	if x != nil {
+		return x.VariantName
+	}
+	return ""
+}
+
+func (x *ProductionVariant) GetInitialVariantWeight() float64 {
+	if x != nil {
+		return x.InitialVariantWeight
+	}
+	return 0
+}
+
 type GetFleetRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Only this endpoint; empty means all.
@@ -510,7 +613,7 @@ type GetFleetRequest struct {
 
 func (x *GetFleetRequest) Reset() {
 	*x = GetFleetRequest{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[8]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -522,7 +625,7 @@ func (x *GetFleetRequest) String() string {
 func (*GetFleetRequest) ProtoMessage() {}
 
 func (x *GetFleetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[8]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -535,7 +638,7 @@ func (x *GetFleetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetFleetRequest.ProtoReflect.Descriptor instead.
 func (*GetFleetRequest) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{8}
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GetFleetRequest) GetEndpoint() string {
@@ -562,7 +665,7 @@ type GetFleetResponse struct {
 
 func (x *GetFleetResponse) Reset() {
 	*x = GetFleetResponse{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[9]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -574,7 +677,7 @@ func (x *GetFleetResponse) String() string {
 func (*GetFleetResponse) ProtoMessage() {}
 
 func (x *GetFleetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[9]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -587,7 +690,7 @@ func (x *GetFleetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetFleetResponse.ProtoReflect.Descriptor instead.
 func (*GetFleetResponse) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{9}
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GetFleetResponse) GetRevision() int64 {
@@ -638,7 +741,7 @@ type Endpoint struct {
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[10]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -650,7 +753,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[10]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -663,7 +766,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{10}
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Endpoint) GetName() string {
@@ -706,7 +809,7 @@ type Instance struct {
 
 func (x *Instance) Reset() {
 	*x = Instance{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[11]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -718,7 +821,7 @@ func (x *Instance) String() string {
 func (*Instance) ProtoMessage() {}
 
 func (x *Instance) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[11]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -731,7 +834,7 @@ func (x *Instance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Instance.ProtoReflect.Descriptor instead.
 func (*Instance) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{11}
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Instance) GetId() string {
@@ -815,7 +918,7 @@ type InstanceState struct {
 
 func (x *InstanceState) Reset() {
 	*x = InstanceState{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[12]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -827,7 +930,7 @@ func (x *InstanceState) String() string {
 func (*InstanceState) ProtoMessage() {}
 
 func (x *InstanceState) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[12]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -840,7 +943,7 @@ func (x *InstanceState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstanceState.ProtoReflect.Descriptor instead.
 func (*InstanceState) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{12}
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *InstanceState) GetInFlight() int64 {
@@ -880,7 +983,7 @@ type GetRoutingConfigRequest struct {
 
 func (x *GetRoutingConfigRequest) Reset() {
 	*x = GetRoutingConfigRequest{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[13]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -892,7 +995,7 @@ func (x *GetRoutingConfigRequest) String() string {
 func (*GetRoutingConfigRequest) ProtoMessage() {}
 
 func (x *GetRoutingConfigRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[13]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -905,7 +1008,7 @@ func (x *GetRoutingConfigRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRoutingConfigRequest.ProtoReflect.Descriptor instead.
 func (*GetRoutingConfigRequest) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{13}
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetRoutingConfigRequest) GetEndpoint() string {
@@ -931,7 +1034,7 @@ type GetRoutingConfigResponse struct {
 
 func (x *GetRoutingConfigResponse) Reset() {
 	*x = GetRoutingConfigResponse{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[14]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -943,7 +1046,7 @@ func (x *GetRoutingConfigResponse) String() string {
 func (*GetRoutingConfigResponse) ProtoMessage() {}
 
 func (x *GetRoutingConfigResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[14]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -956,7 +1059,7 @@ func (x *GetRoutingConfigResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRoutingConfigResponse.ProtoReflect.Descriptor instead.
 func (*GetRoutingConfigResponse) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{14}
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetRoutingConfigResponse) GetConfig() *RoutingConfig {
@@ -991,7 +1094,7 @@ type SetRoutingConfigRequest struct {
 
 func (x *SetRoutingConfigRequest) Reset() {
 	*x = SetRoutingConfigRequest{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[15]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1003,7 +1106,7 @@ func (x *SetRoutingConfigRequest) String() string {
 func (*SetRoutingConfigRequest) ProtoMessage() {}
 
 func (x *SetRoutingConfigRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[15]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1016,7 +1119,7 @@ func (x *SetRoutingConfigRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetRoutingConfigRequest.ProtoReflect.Descriptor instead.
 func (*SetRoutingConfigRequest) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{15}
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SetRoutingConfigRequest) GetEndpoint() string {
@@ -1043,7 +1146,7 @@ type SetRoutingConfigResponse struct {
 
 func (x *SetRoutingConfigResponse) Reset() {
 	*x = SetRoutingConfigResponse{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[16]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1055,7 +1158,7 @@ func (x *SetRoutingConfigResponse) String() string {
 func (*SetRoutingConfigResponse) ProtoMessage() {}
 
 func (x *SetRoutingConfigResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[16]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1068,7 +1171,7 @@ func (x *SetRoutingConfigResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetRoutingConfigResponse.ProtoReflect.Descriptor instead.
 func (*SetRoutingConfigResponse) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{16}
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SetRoutingConfigResponse) GetConfig() *RoutingConfig {
@@ -1099,7 +1202,7 @@ type ExplainRouteRequest struct {
 
 func (x *ExplainRouteRequest) Reset() {
 	*x = ExplainRouteRequest{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[17]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1111,7 +1214,7 @@ func (x *ExplainRouteRequest) String() string {
 func (*ExplainRouteRequest) ProtoMessage() {}
 
 func (x *ExplainRouteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[17]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1124,7 +1227,7 @@ func (x *ExplainRouteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExplainRouteRequest.ProtoReflect.Descriptor instead.
 func (*ExplainRouteRequest) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{17}
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ExplainRouteRequest) GetEndpoint() string {
@@ -1215,7 +1318,7 @@ type ExplainRouteResponse struct {
 
 func (x *ExplainRouteResponse) Reset() {
 	*x = ExplainRouteResponse{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[18]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1227,7 +1330,7 @@ func (x *ExplainRouteResponse) String() string {
 func (*ExplainRouteResponse) ProtoMessage() {}
 
 func (x *ExplainRouteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[18]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1240,7 +1343,7 @@ func (x *ExplainRouteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExplainRouteResponse.ProtoReflect.Descriptor instead.
 func (*ExplainRouteResponse) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{18}
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ExplainRouteResponse) GetEndpoint() string {
@@ -1329,11 +1432,18 @@ const file_prefixrouter_admin_v1_admin_proto_rawDesc = "" +
 	"\x14DeleteAdapterRequest\x12\x1a\n" +
 	"\bendpoint\x18\x01 \x01(\tR\bendpoint\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\"\x17\n" +
-	"\x15DeleteAdapterResponse\"\x85\x01\n" +
+	"\x15DeleteAdapterResponse\"\x88\x03\n" +
 	"\rRoutingConfig\x12\x1a\n" +
 	"\bstrategy\x18\x01 \x01(\tR\bstrategy\x12#\n" +
 	"\rprefix_length\x18\x02 \x01(\x05R\fprefixLength\x123\n" +
-	"\x15concurrency_threshold\x18\x03 \x01(\x05R\x14concurrencyThreshold\"-\n" +
+	"\x15concurrency_threshold\x18\x03 \x01(\x05R\x14concurrencyThreshold\x12.\n" +
+	"\x13hot_key_replication\x18\x04 \x01(\bR\x11hotKeyReplication\x12*\n" +
+	"\x11tenant_cache_salt\x18\x05 \x01(\bR\x0ftenantCacheSalt\x12Y\n" +
+	"\x13production_variants\x18\x06 \x03(\v2(.prefixrouter.admin.v1.ProductionVariantR\x12productionVariants\x12J\n" +
+	"\"first_byte_timeout_in_milliseconds\x18\a \x01(\x05R\x1efirstByteTimeoutInMilliseconds\"l\n" +
+	"\x11ProductionVariant\x12!\n" +
+	"\fvariant_name\x18\x01 \x01(\tR\vvariantName\x124\n" +
+	"\x16initial_variant_weight\x18\x02 \x01(\x01R\x14initialVariantWeight\"-\n" +
 	"\x0fGetFleetRequest\x12\x1a\n" +
 	"\bendpoint\x18\x01 \x01(\tR\bendpoint\"\xed\x01\n" +
 	"\x10GetFleetResponse\x12\x1a\n" +
@@ -1426,7 +1536,7 @@ func file_prefixrouter_admin_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_prefixrouter_admin_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_prefixrouter_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_prefixrouter_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_prefixrouter_admin_v1_admin_proto_goTypes = []any{
 	(BreakerState)(0),                // 0: prefixrouter.admin.v1.BreakerState
 	(*Adapter)(nil),                  // 1: prefixrouter.admin.v1.Adapter
@@ -1437,59 +1547,61 @@ var file_prefixrouter_admin_v1_admin_proto_goTypes = []any{
 	(*DeleteAdapterRequest)(nil),     // 6: prefixrouter.admin.v1.DeleteAdapterRequest
 	(*DeleteAdapterResponse)(nil),    // 7: prefixrouter.admin.v1.DeleteAdapterResponse
 	(*RoutingConfig)(nil),            // 8: prefixrouter.admin.v1.RoutingConfig
-	(*GetFleetRequest)(nil),          // 9: prefixrouter.admin.v1.GetFleetRequest
-	(*GetFleetResponse)(nil),         // 10: prefixrouter.admin.v1.GetFleetResponse
-	(*Endpoint)(nil),                 // 11: prefixrouter.admin.v1.Endpoint
-	(*Instance)(nil),                 // 12: prefixrouter.admin.v1.Instance
-	(*InstanceState)(nil),            // 13: prefixrouter.admin.v1.InstanceState
-	(*GetRoutingConfigRequest)(nil),  // 14: prefixrouter.admin.v1.GetRoutingConfigRequest
-	(*GetRoutingConfigResponse)(nil), // 15: prefixrouter.admin.v1.GetRoutingConfigResponse
-	(*SetRoutingConfigRequest)(nil),  // 16: prefixrouter.admin.v1.SetRoutingConfigRequest
-	(*SetRoutingConfigResponse)(nil), // 17: prefixrouter.admin.v1.SetRoutingConfigResponse
-	(*ExplainRouteRequest)(nil),      // 18: prefixrouter.admin.v1.ExplainRouteRequest
-	(*ExplainRouteResponse)(nil),     // 19: prefixrouter.admin.v1.ExplainRouteResponse
-	nil,                              // 20: prefixrouter.admin.v1.Instance.LabelsEntry
-	nil,                              // 21: prefixrouter.admin.v1.ExplainRouteRequest.HeadersEntry
-	(*timestamppb.Timestamp)(nil),    // 22: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),      // 23: google.protobuf.Duration
+	(*ProductionVariant)(nil),        // 9: prefixrouter.admin.v1.ProductionVariant
+	(*GetFleetRequest)(nil),          // 10: prefixrouter.admin.v1.GetFleetRequest
+	(*GetFleetResponse)(nil),         // 11: prefixrouter.admin.v1.GetFleetResponse
+	(*Endpoint)(nil),                 // 12: prefixrouter.admin.v1.Endpoint
+	(*Instance)(nil),                 // 13: prefixrouter.admin.v1.Instance
+	(*InstanceState)(nil),            // 14: prefixrouter.admin.v1.InstanceState
+	(*GetRoutingConfigRequest)(nil),  // 15: prefixrouter.admin.v1.GetRoutingConfigRequest
+	(*GetRoutingConfigResponse)(nil), // 16: prefixrouter.admin.v1.GetRoutingConfigResponse
+	(*SetRoutingConfigRequest)(nil),  // 17: prefixrouter.admin.v1.SetRoutingConfigRequest
+	(*SetRoutingConfigResponse)(nil), // 18: prefixrouter.admin.v1.SetRoutingConfigResponse
+	(*ExplainRouteRequest)(nil),      // 19: prefixrouter.admin.v1.ExplainRouteRequest
+	(*ExplainRouteResponse)(nil),     // 20: prefixrouter.admin.v1.ExplainRouteResponse
+	nil,                              // 21: prefixrouter.admin.v1.Instance.LabelsEntry
+	nil,                              // 22: prefixrouter.admin.v1.ExplainRouteRequest.HeadersEntry
+	(*timestamppb.Timestamp)(nil),    // 23: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),      // 24: google.protobuf.Duration
 }
 var file_prefixrouter_admin_v1_admin_proto_depIdxs = []int32{
 	1,  // 0: prefixrouter.admin.v1.ListAdaptersResponse.adapters:type_name -> prefixrouter.admin.v1.Adapter
 	1,  // 1: prefixrouter.admin.v1.PutAdapterRequest.adapter:type_name -> prefixrouter.admin.v1.Adapter
 	1,  // 2: prefixrouter.admin.v1.PutAdapterResponse.adapter:type_name -> prefixrouter.admin.v1.Adapter
-	22, // 3: prefixrouter.admin.v1.GetFleetResponse.built_at:type_name -> google.protobuf.Timestamp
-	23, // 4: prefixrouter.admin.v1.GetFleetResponse.age:type_name -> google.protobuf.Duration
-	11, // 5: prefixrouter.admin.v1.GetFleetResponse.endpoints:type_name -> prefixrouter.admin.v1.Endpoint
-	8,  // 6: prefixrouter.admin.v1.Endpoint.config:type_name -> prefixrouter.admin.v1.RoutingConfig
-	12, // 7: prefixrouter.admin.v1.Endpoint.instances:type_name -> prefixrouter.admin.v1.Instance
-	20, // 8: prefixrouter.admin.v1.Instance.labels:type_name -> prefixrouter.admin.v1.Instance.LabelsEntry
-	22, // 9: prefixrouter.admin.v1.Instance.registered_at:type_name -> google.protobuf.Timestamp
-	13, // 10: prefixrouter.admin.v1.Instance.state:type_name -> prefixrouter.admin.v1.InstanceState
-	0,  // 11: prefixrouter.admin.v1.InstanceState.breaker:type_name -> prefixrouter.admin.v1.BreakerState
-	8,  // 12: prefixrouter.admin.v1.GetRoutingConfigResponse.config:type_name -> prefixrouter.admin.v1.RoutingConfig
-	8,  // 13: prefixrouter.admin.v1.GetRoutingConfigResponse.applied:type_name -> prefixrouter.admin.v1.RoutingConfig
-	8,  // 14: prefixrouter.admin.v1.SetRoutingConfigRequest.config:type_name -> prefixrouter.admin.v1.RoutingConfig
-	8,  // 15: prefixrouter.admin.v1.SetRoutingConfigResponse.config:type_name -> prefixrouter.admin.v1.RoutingConfig
-	21, // 16: prefixrouter.admin.v1.ExplainRouteRequest.headers:type_name -> prefixrouter.admin.v1.ExplainRouteRequest.HeadersEntry
-	9,  // 17: prefixrouter.admin.v1.Admin.GetFleet:input_type -> prefixrouter.admin.v1.GetFleetRequest
-	14, // 18: prefixrouter.admin.v1.Admin.GetRoutingConfig:input_type -> prefixrouter.admin.v1.GetRoutingConfigRequest
-	16, // 19: prefixrouter.admin.v1.Admin.SetRoutingConfig:input_type -> prefixrouter.admin.v1.SetRoutingConfigRequest
-	18, // 20: prefixrouter.admin.v1.Admin.ExplainRoute:input_type -> prefixrouter.admin.v1.ExplainRouteRequest
-	2,  // 21: prefixrouter.admin.v1.Admin.ListAdapters:input_type -> prefixrouter.admin.v1.ListAdaptersRequest
-	4,  // 22: prefixrouter.admin.v1.Admin.PutAdapter:input_type -> prefixrouter.admin.v1.PutAdapterRequest
-	6,  // 23: prefixrouter.admin.v1.Admin.DeleteAdapter:input_type -> prefixrouter.admin.v1.DeleteAdapterRequest
-	10, // 24: prefixrouter.admin.v1.Admin.GetFleet:output_type -> prefixrouter.admin.v1.GetFleetResponse
-	15, // 25: prefixrouter.admin.v1.Admin.GetRoutingConfig:output_type -> prefixrouter.admin.v1.GetRoutingConfigResponse
-	17, // 26: prefixrouter.admin.v1.Admin.SetRoutingConfig:output_type -> prefixrouter.admin.v1.SetRoutingConfigResponse
-	19, // 27: prefixrouter.admin.v1.Admin.ExplainRoute:output_type -> prefixrouter.admin.v1.ExplainRouteResponse
-	3,  // 28: prefixrouter.admin.v1.Admin.ListAdapters:output_type -> prefixrouter.admin.v1.ListAdaptersResponse
-	5,  // 29: prefixrouter.admin.v1.Admin.PutAdapter:output_type -> prefixrouter.admin.v1.PutAdapterResponse
-	7,  // 30: prefixrouter.admin.v1.Admin.DeleteAdapter:output_type -> prefixrouter.admin.v1.DeleteAdapterResponse
-	24, // [24:31] is the sub-list for method output_type
-	17, // [17:24] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	9,  // 3: prefixrouter.admin.v1.RoutingConfig.production_variants:type_name -> prefixrouter.admin.v1.ProductionVariant
+	23, // 4: prefixrouter.admin.v1.GetFleetResponse.built_at:type_name -> google.protobuf.Timestamp
+	24, // 5: prefixrouter.admin.v1.GetFleetResponse.age:type_name -> google.protobuf.Duration
+	12, // 6: prefixrouter.admin.v1.GetFleetResponse.endpoints:type_name -> prefixrouter.admin.v1.Endpoint
+	8,  // 7: prefixrouter.admin.v1.Endpoint.config:type_name -> prefixrouter.admin.v1.RoutingConfig
+	13, // 8: prefixrouter.admin.v1.Endpoint.instances:type_name -> prefixrouter.admin.v1.Instance
+	21, // 9: prefixrouter.admin.v1.Instance.labels:type_name -> prefixrouter.admin.v1.Instance.LabelsEntry
+	23, // 10: prefixrouter.admin.v1.Instance.registered_at:type_name -> google.protobuf.Timestamp
+	14, // 11: prefixrouter.admin.v1.Instance.state:type_name -> prefixrouter.admin.v1.InstanceState
+	0,  // 12: prefixrouter.admin.v1.InstanceState.breaker:type_name -> prefixrouter.admin.v1.BreakerState
+	8,  // 13: prefixrouter.admin.v1.GetRoutingConfigResponse.config:type_name -> prefixrouter.admin.v1.RoutingConfig
+	8,  // 14: prefixrouter.admin.v1.GetRoutingConfigResponse.applied:type_name -> prefixrouter.admin.v1.RoutingConfig
+	8,  // 15: prefixrouter.admin.v1.SetRoutingConfigRequest.config:type_name -> prefixrouter.admin.v1.RoutingConfig
+	8,  // 16: prefixrouter.admin.v1.SetRoutingConfigResponse.config:type_name -> prefixrouter.admin.v1.RoutingConfig
+	22, // 17: prefixrouter.admin.v1.ExplainRouteRequest.headers:type_name -> prefixrouter.admin.v1.ExplainRouteRequest.HeadersEntry
+	10, // 18: prefixrouter.admin.v1.Admin.GetFleet:input_type -> prefixrouter.admin.v1.GetFleetRequest
+	15, // 19: prefixrouter.admin.v1.Admin.GetRoutingConfig:input_type -> prefixrouter.admin.v1.GetRoutingConfigRequest
+	17, // 20: prefixrouter.admin.v1.Admin.SetRoutingConfig:input_type -> prefixrouter.admin.v1.SetRoutingConfigRequest
+	19, // 21: prefixrouter.admin.v1.Admin.ExplainRoute:input_type -> prefixrouter.admin.v1.ExplainRouteRequest
+	2,  // 22: prefixrouter.admin.v1.Admin.ListAdapters:input_type -> prefixrouter.admin.v1.ListAdaptersRequest
+	4,  // 23: prefixrouter.admin.v1.Admin.PutAdapter:input_type -> prefixrouter.admin.v1.PutAdapterRequest
+	6,  // 24: prefixrouter.admin.v1.Admin.DeleteAdapter:input_type -> prefixrouter.admin.v1.DeleteAdapterRequest
+	11, // 25: prefixrouter.admin.v1.Admin.GetFleet:output_type -> prefixrouter.admin.v1.GetFleetResponse
+	16, // 26: prefixrouter.admin.v1.Admin.GetRoutingConfig:output_type -> prefixrouter.admin.v1.GetRoutingConfigResponse
+	18, // 27: prefixrouter.admin.v1.Admin.SetRoutingConfig:output_type -> prefixrouter.admin.v1.SetRoutingConfigResponse
+	20, // 28: prefixrouter.admin.v1.Admin.ExplainRoute:output_type -> prefixrouter.admin.v1.ExplainRouteResponse
+	3,  // 29: prefixrouter.admin.v1.Admin.ListAdapters:output_type -> prefixrouter.admin.v1.ListAdaptersResponse
+	5,  // 30: prefixrouter.admin.v1.Admin.PutAdapter:output_type -> prefixrouter.admin.v1.PutAdapterResponse
+	7,  // 31: prefixrouter.admin.v1.Admin.DeleteAdapter:output_type -> prefixrouter.admin.v1.DeleteAdapterResponse
+	25, // [25:32] is the sub-list for method output_type
+	18, // [18:25] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_prefixrouter_admin_v1_admin_proto_init() }
@@ -1497,7 +1609,7 @@ func file_prefixrouter_admin_v1_admin_proto_init() {
 	if File_prefixrouter_admin_v1_admin_proto != nil {
 		return
 	}
-	file_prefixrouter_admin_v1_admin_proto_msgTypes[17].OneofWrappers = []any{
+	file_prefixrouter_admin_v1_admin_proto_msgTypes[18].OneofWrappers = []any{
 		(*ExplainRouteRequest_Body)(nil),
 		(*ExplainRouteRequest_BodyText)(nil),
 	}
@@ -1507,7 +1619,7 @@ func file_prefixrouter_admin_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_prefixrouter_admin_v1_admin_proto_rawDesc), len(file_prefixrouter_admin_v1_admin_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   21,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

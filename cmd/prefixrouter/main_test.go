@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -113,27 +114,44 @@ func TestConfigSetGetAgainstEtcd(t *testing.T) {
 		t.Fatalf("config get on an empty etcd: exit %d, %q", code, stderr)
 	}
 	out, stderr, code := runCLI(t, "config", "set", "--etcd-endpoints", url, "--endpoint", "chat",
-		"--strategy", "least_outstanding_requests", "--prefix-length", "2048", "--concurrency-threshold", "4", "--first-byte-timeout", "250ms")
+		"--strategy", "least_outstanding_requests", "--prefix-length", "2048", "--concurrency-threshold", "4", "--first-byte-timeout", "250ms",
+		"--hot-key-replication", "--tenant-cache-salt", "--production-variants", "blue=4,green=0.5")
 	if code != 0 {
 		t.Fatalf("config set: exit %d, %q", code, stderr)
 	}
+	want := fleet.RoutingConfig{
+		RoutingStrategy:                fleet.LeastOutstanding,
+		PrefixAwareRoutingConfig:       &fleet.PrefixAwareConfig{PrefixLength: 2048, ConcurrencyThreshold: 4, HotKeyReplication: true},
+		TenantCacheSalt:                true,
+		ProductionVariants:             []fleet.ProductionVariant{{VariantName: "blue", InitialVariantWeight: 4}, {VariantName: "green", InitialVariantWeight: 0.5}},
+		FirstByteTimeoutInMilliseconds: 250,
+	}
 	var set fleet.RoutingConfig
-	if err := json.Unmarshal([]byte(out), &set); err != nil || set.RoutingStrategy != fleet.LeastOutstanding || set.FirstByteTimeoutInMilliseconds != 250 {
-		t.Fatalf("config set printed %q (%v)", out, err)
+	if err := json.Unmarshal([]byte(out), &set); err != nil || !reflect.DeepEqual(set, want) {
+		t.Fatalf("config set printed %q (%v), want %+v", out, err, want)
 	}
 	// An invalid value is refused with exit 2 and nothing is written.
-	_, stderr, code = runCLI(t, "config", "set", "--etcd-endpoints", url, "--endpoint", "chat",
-		"--routing-config", `{"RoutingStrategy":"PREFIX_AWARE","PrefixAwareRoutingConfig":{"PrefixLength":70000}}`)
-	if code != 2 || !strings.Contains(stderr, "PrefixLength 70000") {
-		t.Fatalf("invalid config set: exit %d, %q", code, stderr)
+	for _, tc := range []struct {
+		args []string
+		msg  string
+	}{
+		{[]string{"--routing-config", `{"RoutingStrategy":"PREFIX_AWARE","PrefixAwareRoutingConfig":{"PrefixLength":70000}}`}, "PrefixLength 70000"},
+		{[]string{"--production-variants", "blue=-1"}, `InitialVariantWeight -1 of "blue"`},
+		{[]string{"--production-variants", "blue"}, `--production-variants "blue": want NAME=WEIGHT`},
+		{[]string{"--routing-config", `{}`, "--tenant-cache-salt"}, "--routing-config excludes --tenant-cache-salt"},
+	} {
+		_, stderr, code = runCLI(t, append([]string{"config", "set", "--etcd-endpoints", url, "--endpoint", "chat"}, tc.args...)...)
+		if code != 2 || !strings.Contains(stderr, tc.msg) {
+			t.Fatalf("config set %q: exit %d, %q; want exit 2 with %q", tc.args, code, stderr, tc.msg)
+		}
 	}
 	out, _, code = runCLI(t, "config", "get", "--etcd-endpoints", url, "--endpoint", "chat")
 	var got fleet.RoutingConfig
 	if code != 0 || json.Unmarshal([]byte(out), &got) != nil {
 		t.Fatalf("config get: exit %d, %q", code, out)
 	}
-	if got.RoutingStrategy != fleet.LeastOutstanding || got.PrefixLength() != 2048 || got.ConcurrencyThreshold() != 4 || got.FirstByteTimeout() != 250*time.Millisecond {
-		t.Fatalf("config get = %+v, want the last valid config", got.WithDefaults().PrefixAwareRoutingConfig)
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("config get = %+v, want the last valid config %+v", got, want)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"time"
 
@@ -131,16 +132,19 @@ func newConfigSetCmd() *cobra.Command {
 	c := newEndpointCmd("set", "Validate and write an endpoint's routing config", "endpoint whose config to set")
 	c.Long = `config set writes <prefix>/endpoints/<endpoint>/config in SageMaker's RoutingConfig shape,
 e.g. {"RoutingStrategy":"PREFIX_AWARE","PrefixAwareRoutingConfig":{"PrefixLength":4096,
-"ConcurrencyThreshold":10}}. Every router replica applies it within about a second, without
-a restart. An invalid value is refused with exit code 2 and nothing is written.`
+"ConcurrencyThreshold":10}}, from its flags (one per field; a field left out means its
+default) or whole from --routing-config. Every router replica applies it within about a
+second, without a restart. An invalid value is refused with exit code 2 and nothing is
+written. config get prints it with every field that is set.`
 	var rc fleet.RoutingConfig
 	f := c.Flags()
 	bindRouting(f, &rc)
 	raw := f.String("routing-config", "", "the whole RoutingConfig as JSON (instead of the other flags)")
 	firstByte := f.Duration("first-byte-timeout", 0, "cut this endpoint's calls whose instance sends no response byte within this long, counting against its breaker (FirstByteTimeoutInMilliseconds; 1ms..1h; left out: each replica's --upstream-first-byte-timeout)")
+	variants := f.StringSlice("production-variants", nil, "split traffic that names no X-Amzn-SageMaker-Target-Variant by weight between variants, NAME=WEIGHT,... (ProductionVariants; weights 0..1e6, not all 0; an instance's variant is its label \"variant\")")
 	c.RunE = func(cmd *cobra.Command, _ []string) error {
 		if *raw != "" {
-			for _, name := range []string{"strategy", "prefix-length", "concurrency-threshold", "first-byte-timeout"} {
+			for _, name := range []string{"strategy", "prefix-length", "concurrency-threshold", "hot-key-replication", "tenant-cache-salt", "production-variants", "first-byte-timeout"} {
 				if f.Changed(name) {
 					return usageErr("--routing-config excludes --%s", name)
 				}
@@ -155,6 +159,14 @@ a restart. An invalid value is refused with exit code 2 and nothing is written.`
 					return usageErr("--first-byte-timeout %v must be a whole number of milliseconds, at least 1ms", d)
 				}
 				rc.FirstByteTimeoutInMilliseconds = int(firstByte.Milliseconds())
+			}
+			for _, v := range *variants {
+				name, weight, ok := strings.Cut(v, "=")
+				w, err := strconv.ParseFloat(weight, 64)
+				if !ok || err != nil {
+					return usageErr("--production-variants %q: want NAME=WEIGHT", v)
+				}
+				rc.ProductionVariants = append(rc.ProductionVariants, fleet.ProductionVariant{VariantName: name, InitialVariantWeight: w})
 			}
 			if err := rc.Validate(); err != nil {
 				return usageErr("%w", err)
