@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -28,9 +27,6 @@ const (
 	DefaultLoadPollInterval = time.Second
 	DefaultHotWindow        = 5 * time.Second
 	DefaultActiveWindow     = 30 * time.Second
-	// LoRAInfoMetric is vLLM's info gauge whose labels list the adapters
-	// with running and waiting requests, and the adapter slots (max_lora).
-	LoRAInfoMetric = "vllm:lora_requests_info"
 )
 
 // placer is the agent's adapter placement: it follows the fleet snapshot,
@@ -315,18 +311,11 @@ func (p *placer) observe(ctx context.Context) {
 	if busy, err := m.Sum(p.a.cfg.BusyMetrics...); err == nil {
 		p.hotStep(busy, float64(threshold), now)
 	}
-	slots := 0
+	inUse, slots := m.LoRAUse()
 	present := map[string]bool{}
-	for _, s := range m.Series(LoRAInfoMetric) {
-		for _, label := range []string{"running_lora_adapters", "waiting_lora_adapters"} {
-			for _, a := range strings.Split(s.Labels[label], ",") {
-				if a != "" {
-					p.lastSeen[a] = now
-					present[a] = true
-				}
-			}
-		}
-		slots, _ = strconv.Atoi(s.Labels["max_lora"])
+	for _, a := range inUse {
+		p.lastSeen[a] = now
+		present[a] = true
 	}
 	p.hotAdapters = p.hotStepAdapters(present)
 	var active []string

@@ -123,6 +123,30 @@ func noFailed(t *testing.T, res *Result) {
 
 // TestScenarios runs the suite on one small fleet and asserts each
 // scenario's properties on the measurements (not only on its own checks).
+// runScenarios runs o.Scenarios within timeout, logs the progress and the
+// report, and fails unless every scenario has a result.
+func runScenarios(t *testing.T, timeout time.Duration, o Options) *Report {
+	t.Helper()
+	var progress bytes.Buffer
+	o.Progress = &progress
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	rep, err := Run(ctx, o)
+	t.Log("\n" + progress.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var md bytes.Buffer
+	if err := rep.WriteMarkdown(&md); err != nil {
+		t.Fatal(err)
+	}
+	t.Log("\n" + md.String())
+	if len(rep.Results) != len(o.Scenarios) {
+		t.Fatalf("%d results, want %d", len(rep.Results), len(o.Scenarios))
+	}
+	return rep
+}
+
 func TestScenarios(t *testing.T) {
 	// The fault scenarios observe a breaker opening and closing and health
 	// checks marking an instance down, on the real clock of a whole fleet
@@ -138,10 +162,7 @@ func TestScenarios(t *testing.T) {
 	if testing.Short() {
 		scenarios, faults = []string{ScaleUp, ScaleDown, Crash, EtcdOutage}, false
 	}
-	var progress bytes.Buffer
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	rep, err := Run(ctx, Options{
+	rep := runScenarios(t, 3*time.Minute, Options{
 		Instances: 5, Replicas: 2, Keys: 2000, TimeScale: 20, LoadRate: 40,
 		// The scenarios measure the fleet in real time, so they wait for
 		// lease expiry (2 s TTL) and for breakers to close (1 s open
@@ -150,20 +171,8 @@ func TestScenarios(t *testing.T) {
 		// timeout 2 runs of 3 failed checks (rolling-restart, etcd-outage
 		// agreement, failing-instance, hung-instance) that pass with 1 s.
 		TTL: 2 * time.Second, LoadWindow: 500 * time.Millisecond, OutageWindow: 1500 * time.Millisecond, // under the 2 s TTL: the outage itself expires no lease, whatever the load on the machine
-		BreakerOpenTimeout: time.Second, Seed: 7, Scenarios: scenarios, Progress: &progress,
+		BreakerOpenTimeout: time.Second, Seed: 7, Scenarios: scenarios,
 	})
-	t.Log("\n" + progress.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var md bytes.Buffer
-	if err := rep.WriteMarkdown(&md); err != nil {
-		t.Fatal(err)
-	}
-	t.Log("\n" + md.String())
-	if len(rep.Results) != len(scenarios) {
-		t.Fatalf("%d results, want %d", len(rep.Results), len(scenarios))
-	}
 
 	t.Run(ScaleUp, func(t *testing.T) {
 		res := rep.Result(ScaleUp)
@@ -285,25 +294,10 @@ func TestAdapterScenarios(t *testing.T) {
 		t.Skip("a fleet with placement and load")
 	}
 	scenarios := []string{AdapterJoin, AdapterUnload, AdapterHot, AdapterCrash}
-	var progress bytes.Buffer
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	rep, err := Run(ctx, Options{
+	rep := runScenarios(t, 4*time.Minute, Options{
 		Instances: 5, Replicas: 2, Keys: 8000, TimeScale: 20, LoadRate: 40,
-		TTL: 2 * time.Second, LoadWindow: 500 * time.Millisecond, Seed: 7, Scenarios: scenarios, Progress: &progress,
+		TTL: 2 * time.Second, LoadWindow: 500 * time.Millisecond, Seed: 7, Scenarios: scenarios,
 	})
-	t.Log("\n" + progress.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var md bytes.Buffer
-	if err := rep.WriteMarkdown(&md); err != nil {
-		t.Fatal(err)
-	}
-	t.Log("\n" + md.String())
-	if len(rep.Results) != len(scenarios) {
-		t.Fatalf("%d results, want %d", len(rep.Results), len(scenarios))
-	}
 	for _, res := range rep.Results {
 		if res.Adapter == nil {
 			t.Errorf("%s: no adapter movement measured", res.Scenario)

@@ -70,6 +70,22 @@ func (l *placementLog) sample(ctx context.Context, f *localfleet.Fleet) {
 	}
 }
 
+// startPlacing starts a fleet for the adapter tests: fast etcd with 5 s
+// leases, simulators in real time that answer 8 tokens, agents that place
+// adapters; o gives the rest. The fleet closes when the test ends.
+func startPlacing(t *testing.T, ctx context.Context, o localfleet.Options) *localfleet.Fleet {
+	t.Helper()
+	o.Endpoint, o.FastEtcd, o.Logger, o.TTL = ep, true, quiet, 5*time.Second
+	o.Sim.TimeScale, o.Sim.DefaultMaxTokens = 1, 8
+	o.Agent.PlaceAdapters = true
+	f, err := localfleet.Start(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.Close)
+	return f
+}
+
 // TestAdaptersPlaceThemselves is issue 11's acceptance: 6 simulated vLLM
 // servers with 4 adapter slots each, 12 catalogued adapters, Zipf-popular
 // traffic through 2 replicas.
@@ -78,17 +94,12 @@ func TestAdaptersPlaceThemselves(t *testing.T) {
 		t.Skip("a minute of traffic")
 	}
 	ctx := testsupport.Context(t, 3*time.Minute)
-	f, err := localfleet.Start(ctx, localfleet.Options{
-		Instances: 6, Replicas: 2, Endpoint: ep, FastEtcd: true, Logger: quiet, TTL: 5 * time.Second,
-		Sim:     sim.Options{MaxLoras: 4, AdapterLoadTime: 500 * time.Millisecond, TimeScale: 1, DefaultMaxTokens: 8},
+	f := startPlacing(t, ctx, localfleet.Options{
+		Instances: 6, Replicas: 2,
+		Sim:     sim.Options{MaxLoras: 4, AdapterLoadTime: 500 * time.Millisecond},
 		Routing: fleet.RoutingConfig{PrefixAwareRoutingConfig: &fleet.PrefixAwareConfig{ConcurrencyThreshold: 2}},
-		Agent: agent.Options{PlaceAdapters: true, LoadPollInterval: 50 * time.Millisecond, HotWindow: time.Second,
-			ActiveWindow: 10 * time.Second, ScaleCooldown: time.Second},
+		Agent:   agent.Options{LoadPollInterval: 50 * time.Millisecond, HotWindow: time.Second, ActiveWindow: 10 * time.Second, ScaleCooldown: time.Second},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(f.Close)
 	log := &placementLog{byRev: [2]map[int64]string{{}, {}}, targets: map[string][]int{}}
 	sctx, stopSampling := context.WithCancel(ctx)
 	var swg sync.WaitGroup

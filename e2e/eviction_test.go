@@ -32,15 +32,11 @@ func TestFullInstanceEvictsLeastRecentlyUsed(t *testing.T) {
 		t.Skip("a fleet with placement")
 	}
 	ctx := testsupport.Context(t, 2*time.Minute)
-	f, err := localfleet.Start(ctx, localfleet.Options{
-		Instances: 2, Replicas: 1, Endpoint: ep, FastEtcd: true, Logger: quiet, TTL: 5 * time.Second,
-		Sim:   sim.Options{MaxLoras: 2, AdapterLoadTime: 50 * time.Millisecond, TimeScale: 1, DefaultMaxTokens: 8},
-		Agent: agent.Options{PlaceAdapters: true, LoadPollInterval: 20 * time.Millisecond, ActiveWindow: time.Minute},
+	f := startPlacing(t, ctx, localfleet.Options{
+		Instances: 2, Replicas: 1,
+		Sim:   sim.Options{MaxLoras: 2, AdapterLoadTime: 50 * time.Millisecond},
+		Agent: agent.Options{LoadPollInterval: 20 * time.Millisecond, ActiveWindow: time.Minute},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(f.Close)
 	ids := f.IDs()
 	p, q := ids[0], ids[1]
 	// Names whose rendezvous choice is p (s1, s2) or q (n).

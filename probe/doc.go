@@ -43,5 +43,7 @@
 // ParseMetrics and Scrape read a Prometheus text exposition into Metrics;
 // Sum adds every series of named families (LoadMetrics), SumFirst reads the
 // first present of alternative names (PrefixCacheHits), Series gives the
-// labels (VLLMCacheConfigInfo). The metric names are defined here once.
+// labels (VLLMCacheConfigInfo), LoRAUse reads the adapters in use and the
+// adapter slots (VLLMLoRARequestsInfo). The metric names are defined here
+// once.
 package probe

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
+	"strconv"
 	"strings"
 
 	dto "github.com/prometheus/client_model/go"
@@ -23,6 +25,11 @@ const (
 	// VLLMCacheConfigInfo is an info gauge whose labels carry the KV cache
 	// configuration (num_gpu_blocks, block_size).
 	VLLMCacheConfigInfo = "vllm:cache_config_info"
+	// VLLMLoRARequestsInfo is an info gauge whose labels list the LoRA
+	// adapters with running and waiting requests (running_lora_adapters,
+	// waiting_lora_adapters, comma-separated) and the adapter slots
+	// (max_lora). Read it with Metrics.LoRAUse.
+	VLLMLoRARequestsInfo = "vllm:lora_requests_info"
 )
 
 // Lists of metric names. Callers must not modify them.
@@ -128,6 +135,24 @@ func (m Metrics) Series(name string) []Series {
 		out = append(out, Series{Labels: labels, Value: value(s)})
 	}
 	return out
+}
+
+// LoRAUse reads VLLMLoRARequestsInfo: the adapters that any of its series
+// lists as running or waiting, sorted and distinct, and the adapter slots
+// (max_lora) of its last series, 0 when absent or not a number.
+func (m Metrics) LoRAUse() (inUse []string, slots int) {
+	for _, s := range m.Series(VLLMLoRARequestsInfo) {
+		for _, label := range []string{"running_lora_adapters", "waiting_lora_adapters"} {
+			for _, a := range strings.Split(s.Labels[label], ",") {
+				if a != "" {
+					inUse = append(inUse, a)
+				}
+			}
+		}
+		slots, _ = strconv.Atoi(s.Labels["max_lora"])
+	}
+	slices.Sort(inUse)
+	return slices.Compact(inUse), slots
 }
 
 func sumFamily(f *dto.MetricFamily) float64 {

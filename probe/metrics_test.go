@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -92,6 +93,28 @@ func TestSeries(t *testing.T) {
 	}
 	if m.Series("absent") != nil {
 		t.Fatal("Series of an absent family is not nil")
+	}
+}
+
+func TestLoRAUse(t *testing.T) {
+	for _, tc := range []struct {
+		name, text string
+		inUse      []string
+		slots      int
+	}{
+		{"absent", "vllm:num_requests_running 1\n", nil, 0},
+		{"idle", `vllm:lora_requests_info{max_lora="2",running_lora_adapters="",waiting_lora_adapters=""} 1.7e9` + "\n", nil, 2},
+		{"running and waiting, every series", `vllm:lora_requests_info{max_lora="4",running_lora_adapters="sql,chat",waiting_lora_adapters="chat"} 1.7e9
+vllm:lora_requests_info{max_lora="8",running_lora_adapters="",waiting_lora_adapters="eu"} 1.8e9
+`, []string{"chat", "eu", "sql"}, 8},
+		{"slots not a number", `vllm:lora_requests_info{max_lora="many",running_lora_adapters="a",waiting_lora_adapters=""} 1` + "\n", []string{"a"}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			inUse, slots := mustParse(t, tc.text).LoRAUse()
+			if !slices.Equal(inUse, tc.inUse) || slots != tc.slots {
+				t.Fatalf("LoRAUse = %q, %d; want %q, %d", inUse, slots, tc.inUse, tc.slots)
+			}
+		})
 	}
 }
 

@@ -71,6 +71,41 @@ func ringOrder(t *testing.T, h *harness, key uint64) []string {
 	return order
 }
 
+// newBackends returns n backends, i-0 to i-(n-1).
+func newBackends(t *testing.T, n int) []*backend {
+	var bs []*backend
+	for i := range n {
+		bs = append(bs, newBackend(t, fmt.Sprintf("i-%d", i)))
+	}
+	return bs
+}
+
+// holdPicks picks n times for the key of body on endpoint "ep", with hot,
+// and holds every pick until the test ends (it releases them, before the
+// harness closes). It returns the key's ring order.
+func holdPicks(t *testing.T, h *harness, body string, hot hotChoice, n int) []string {
+	t.Helper()
+	rr, _ := parseRequest(kindInvoke, http.Header{}, []byte(body), 1024)
+	order := ringOrder(t, h, rr.key)
+	v := h.r.view.Load()
+	ev := v.endpoints["ep"]
+	set, _ := ev.table.Set("")
+	dones := make([]overload.Done, 0, n)
+	t.Cleanup(func() {
+		for _, d := range dones {
+			d(nil)
+		}
+	})
+	for range n {
+		p, ok := h.r.pick(ev, set, rr.key, hot, v.snap.Replicas, bitset{})
+		if !ok {
+			t.Fatal("no pick")
+		}
+		dones = append(dones, p.done)
+	}
+	return order
+}
+
 // TestBalanceSpillAndReturn runs real HTTP: one request blocked on the
 // primary puts it at the bound (ceil(1.25×2/3) = 1), so with a balance
 // factor the next request spills to the next candidate, and returns to the
@@ -180,29 +215,8 @@ func TestBalanceHotKeySpreads(t *testing.T) {
 	const n, reqs = 8, 400
 	for _, balance := range []float64{0, 1.25} {
 		t.Run(fmt.Sprint("balance=", balance), func(t *testing.T) {
-			var bs []*backend
-			for i := range n {
-				bs = append(bs, newBackend(t, fmt.Sprintf("i-%d", i)))
-			}
-			h := newHarness(t, hopts{cfg: prefixCfg(1000), balance: balance}, bs...)
-			rr, _ := parseRequest(kindInvoke, http.Header{}, []byte("hot prefix"), 1024)
-			order := ringOrder(t, h, rr.key)
-			v := h.r.view.Load()
-			ev := v.endpoints["ep"]
-			set, _ := ev.table.Set("")
-			var dones []overload.Done
-			defer func() {
-				for _, d := range dones {
-					d(nil)
-				}
-			}()
-			for range reqs {
-				p, ok := h.r.pick(ev, set, rr.key, hotChoice{}, v.snap.Replicas, bitset{})
-				if !ok {
-					t.Fatal("no pick")
-				}
-				dones = append(dones, p.done)
-			}
+			h := newHarness(t, hopts{cfg: prefixCfg(1000), balance: balance}, newBackends(t, n)...)
+			order := holdPicks(t, h, "hot prefix", hotChoice{}, reqs)
 			maxLoad, primary := int64(0), h.state(order[0]).InFlight()
 			for _, id := range order {
 				maxLoad = max(maxLoad, h.state(id).InFlight())

@@ -252,27 +252,35 @@ func BenchmarkServeHTTP(b *testing.B) {
 		{"chat", "/v1/chat/completions", chat},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
-			r, err := New(Options{DefaultEndpoint: "ep", Transport: cannedTransport{}})
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.Cleanup(func() { r.Close() })
-			ep := fleet.Endpoint{Name: "ep", Config: fleet.DefaultRoutingConfig()}
-			for i := range 16 {
-				ep.Instances = append(ep.Instances, fleet.Instance{ID: fmt.Sprintf("i-%02d", i), Addr: fmt.Sprintf("http://10.0.0.%d:8000", i)})
-			}
-			r.Update(fleet.NewSnapshot([]fleet.Endpoint{ep}, 0, 1, time.Now()))
-			b.SetBytes(int64(len(tc.body)))
-			b.ReportAllocs()
-			for b.Loop() {
-				req := httptest.NewRequest(http.MethodPost, tc.path, bytes.NewReader(tc.body))
-				w := httptest.NewRecorder()
-				r.ServeHTTP(w, req)
-				if w.Code != http.StatusOK {
-					b.Fatalf("status %d", w.Code)
-				}
-			}
+			benchRequests(b, Options{Transport: cannedTransport{}}, 16, func(i int) string { return fmt.Sprintf("http://10.0.0.%d:8000", i) }, tc.path, tc.body)
 		})
+	}
+}
+
+// benchRequests measures ServeHTTP of a POST of body to path, client side
+// in memory, on a router with o whose default endpoint "ep" has n
+// instances, instance i at addr(i).
+func benchRequests(b *testing.B, o Options, n int, addr func(i int) string, path string, body []byte) {
+	o.DefaultEndpoint = "ep"
+	r, err := New(o)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { r.Close() })
+	ep := fleet.Endpoint{Name: "ep", Config: fleet.DefaultRoutingConfig()}
+	for i := range n {
+		ep.Instances = append(ep.Instances, fleet.Instance{ID: fmt.Sprintf("i-%02d", i), Addr: addr(i)})
+	}
+	r.Update(fleet.NewSnapshot([]fleet.Endpoint{ep}, 0, 1, time.Now()))
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		req := httptest.NewRequest(http.MethodPost, path, bytes.NewReader(body))
+		w := httptest.NewRecorder()
+		r.ServeHTTP(w, req)
+		if w.Code != http.StatusOK {
+			b.Fatalf("status %d: %s", w.Code, w.Body)
+		}
 	}
 }
 
@@ -309,28 +317,9 @@ func BenchmarkRequestPath(b *testing.B) {
 		{"chat=16KiB", "/v1/chat/completions", chat},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
-			r, err := New(Options{DefaultEndpoint: "ep"})
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.Cleanup(func() { r.Close() })
-			ep := fleet.Endpoint{Name: "ep", Config: fleet.DefaultRoutingConfig()}
 			// Four instances, one server: the pick is real, the upstream
 			// connection pool is the one the transport keeps per host.
-			for i := range 4 {
-				ep.Instances = append(ep.Instances, fleet.Instance{ID: fmt.Sprintf("i-%02d", i), Addr: up.URL})
-			}
-			r.Update(fleet.NewSnapshot([]fleet.Endpoint{ep}, 0, 1, time.Now()))
-			b.SetBytes(int64(len(tc.body)))
-			b.ReportAllocs()
-			for b.Loop() {
-				req := httptest.NewRequest(http.MethodPost, tc.path, bytes.NewReader(tc.body))
-				w := httptest.NewRecorder()
-				r.ServeHTTP(w, req)
-				if w.Code != http.StatusOK {
-					b.Fatalf("status %d: %s", w.Code, w.Body)
-				}
-			}
+			benchRequests(b, Options{}, 4, func(int) string { return up.URL }, tc.path, tc.body)
 		})
 	}
 }

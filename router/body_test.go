@@ -62,31 +62,65 @@ func rawRequest(t *testing.T, addr, path string, n int, hdr map[string]string) n
 	return c
 }
 
-// TestBodyStreamsAfterPick (issue 9): the instance receives the first bytes
-// of a 256 KiB body, and the router has picked, while the client is still
-// holding back the rest of it.
-func TestBodyStreamsAfterPick(t *testing.T) {
-	got := make(chan struct{})
-	var received atomic.Value // []byte: the body the instance received
-	b := newBackend(t, "i-a")
+// streamRecorder is an instance that signals when the first byte of a
+// request body reaches it (the router has picked and forwards while the
+// client still sends) and keeps the whole body and its Content-Length.
+type streamRecorder struct {
+	got           chan struct{} // closed at the first byte
+	body          atomic.Value  // []byte
+	contentLength atomic.Int64
+}
+
+// recordStream makes b a streamRecorder; b must take one request.
+func recordStream(t *testing.T, b *backend) *streamRecorder {
+	s := &streamRecorder{got: make(chan struct{})}
 	b.handler = func(w http.ResponseWriter, r *http.Request) {
 		first := make([]byte, 1)
 		if _, err := io.ReadFull(r.Body, first); err != nil {
 			t.Errorf("upstream: %v", err)
 			return
 		}
-		close(got)
+		close(s.got)
 		rest, err := io.ReadAll(r.Body)
 		if err != nil {
 			t.Errorf("upstream: %v", err)
 			return
 		}
-		received.Store(append(first, rest...))
-		if r.ContentLength != int64(len(streamTestBody)) {
-			t.Errorf("upstream Content-Length %d, want %d (the client's)", r.ContentLength, len(streamTestBody))
-		}
+		s.contentLength.Store(r.ContentLength)
+		s.body.Store(append(first, rest...))
 		fmt.Fprint(w, `{"ok":true}`)
 	}
+	return s
+}
+
+// received returns the body the instance received, nil before it ended.
+func (s *streamRecorder) received() []byte {
+	b, _ := s.body.Load().([]byte)
+	return b
+}
+
+// finishRaw writes the rest of a rawRequest's body and reads the answer,
+// its body discarded.
+func finishRaw(t *testing.T, c net.Conn, rest []byte) *http.Response {
+	t.Helper()
+	if _, err := c.Write(rest); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp
+}
+
+// TestBodyStreamsAfterPick (issue 9): the instance receives the first bytes
+// of a 256 KiB body, and the router has picked, while the client is still
+// holding back the rest of it.
+func TestBodyStreamsAfterPick(t *testing.T) {
+	b := newBackend(t, "i-a")
+	rec := recordStream(t, b)
 	h := newHarness(t, hopts{cfg: prefixCfg(10)}, b, newBackend(t, "i-b"))
 	pr, pw := io.Pipe()
 	req, _ := http.NewRequest(http.MethodPost, h.srv.URL+"/invocations", pr)
@@ -106,7 +140,7 @@ func TestBodyStreamsAfterPick(t *testing.T) {
 	}
 	// The rest is not sent until the instance has bytes: with a router
 	// that reads the whole body first this waits in vain.
-	waitFor(t, got, "the instance received bytes before the body ended")
+	waitFor(t, rec.got, "the instance received bytes before the body ended")
 	if _, err := pw.Write(streamTestBody[half:]); err != nil {
 		t.Fatal(err)
 	}
@@ -120,8 +154,11 @@ func TestBodyStreamsAfterPick(t *testing.T) {
 	if a.resp.StatusCode != 200 || a.resp.Header.Get(HeaderInstance) != "i-a" {
 		t.Fatalf("status %d instance %q", a.resp.StatusCode, a.resp.Header.Get(HeaderInstance))
 	}
-	if body, _ := received.Load().([]byte); !bytes.Equal(body, streamTestBody) {
+	if body := rec.received(); !bytes.Equal(body, streamTestBody) {
 		t.Fatalf("instance received %d bytes, not the client's %d", len(body), len(streamTestBody))
+	}
+	if n := rec.contentLength.Load(); n != int64(len(streamTestBody)) {
+		t.Fatalf("upstream Content-Length %d, want %d (the client's)", n, len(streamTestBody))
 	}
 }
 
@@ -250,20 +287,8 @@ func TestClientAbortMidBody(t *testing.T) {
 // connection; the body, of which the client has sent only a part, goes to
 // the next candidate whole.
 func TestStreamedBodyRetriedAfterDialError(t *testing.T) {
-	got := make(chan struct{})
-	var received atomic.Value
 	b := newBackend(t, "i-a")
-	b.handler = func(w http.ResponseWriter, r *http.Request) {
-		first := make([]byte, 1)
-		if _, err := io.ReadFull(r.Body, first); err != nil {
-			t.Errorf("upstream: %v", err)
-			return
-		}
-		close(got)
-		rest, _ := io.ReadAll(r.Body)
-		received.Store(append(first, rest...))
-		fmt.Fprint(w, `{"ok":true}`)
-	}
+	rec := recordStream(t, b)
 	h := newHarness(t, hopts{cfg: prefixCfg(10)}, b)
 	h.ep.Instances = append(h.ep.Instances, fleet.Instance{ID: "i-dead", Addr: "http://" + deadAddr(t)})
 	h.update()
@@ -272,20 +297,12 @@ func TestStreamedBodyRetriedAfterDialError(t *testing.T) {
 	if _, err := c.Write(streamTestBody[:64<<10]); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, got, "the retried instance received bytes before the body ended")
-	if _, err := c.Write(streamTestBody[64<<10:]); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
+	waitFor(t, rec.got, "the retried instance received bytes before the body ended")
+	resp := finishRaw(t, c, streamTestBody[64<<10:])
 	if resp.StatusCode != 200 || resp.Header.Get(HeaderInstance) != "i-a" || resp.Header.Get(HeaderDecision) != DecisionSpill {
 		t.Fatalf("status %d instance %q decision %q", resp.StatusCode, resp.Header.Get(HeaderInstance), resp.Header.Get(HeaderDecision))
 	}
-	if body, _ := received.Load().([]byte); !bytes.Equal(body, streamTestBody) {
+	if body := rec.received(); !bytes.Equal(body, streamTestBody) {
 		t.Fatalf("retried instance received %d bytes, want %d", len(body), len(streamTestBody))
 	}
 	if got := counterValue(h.r.metrics.retries.WithLabelValues("ep")); got != 1 {
@@ -531,40 +548,20 @@ func TestOpenAIBodyStreamsAfterPick(t *testing.T) {
 		"messages": []any{msg("system", strings.Repeat("system prompt ", 200)), msg("user", strings.Repeat("a long document ", 16<<10))},
 	})
 	body = append([]byte(`{"model":"m","prompt_cache_key":"tenant-7",`), body[1:]...)
-	got := make(chan struct{})
-	var received atomic.Value
 	b := newBackend(t, "i-a")
-	b.handler = func(w http.ResponseWriter, r *http.Request) {
-		first := make([]byte, 1)
-		if _, err := io.ReadFull(r.Body, first); err != nil {
-			t.Errorf("upstream: %v", err)
-			return
-		}
-		close(got)
-		rest, _ := io.ReadAll(r.Body)
-		received.Store(append(first, rest...))
-		fmt.Fprint(w, `{"ok":true}`)
-	}
+	rec := recordStream(t, b)
 	h := newHarness(t, hopts{cfg: prefixCfg(10)}, b)
 	c := rawRequest(t, h.srv.Listener.Addr().String(), "/v1/chat/completions", len(body), nil)
 	half := 64 << 10
 	if _, err := c.Write(body[:half]); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, got, "the instance received bytes before the body ended")
-	if _, err := c.Write(body[half:]); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
+	waitFor(t, rec.got, "the instance received bytes before the body ended")
+	resp := finishRaw(t, c, body[half:])
 	if resp.StatusCode != 200 {
 		t.Fatalf("status %d", resp.StatusCode)
 	}
-	if r, _ := received.Load().([]byte); !bytes.Equal(r, body) {
+	if r := rec.received(); !bytes.Equal(r, body) {
 		t.Fatalf("instance received %d bytes, want the client's %d", len(r), len(body))
 	}
 }

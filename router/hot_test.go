@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -14,7 +13,6 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/internal/testsupport"
-	"github.com/prefixrouter/prefixrouter/overload"
 )
 
 func hotCfg(on bool) fleet.RoutingConfig {
@@ -51,14 +49,6 @@ func hotBody(d, i int) string {
 	return fmt.Sprintf(`{"inputs":%q}`, doc+fmt.Sprintf(" question %d?", i))
 }
 
-func sevenBackends(t *testing.T) []*backend {
-	var bs []*backend
-	for i := range 7 {
-		bs = append(bs, newBackend(t, fmt.Sprintf("i-%d", i)))
-	}
-	return bs
-}
-
 // TestHotKeyAgreement is issue 10's agreement test: two replicas with
 // independent estimators, over real HTTP, fed one Zipf(1.5) stream over 200
 // documents alternately (each sees half of it), at the default threshold
@@ -71,7 +61,7 @@ func sevenBackends(t *testing.T) []*backend {
 // must agree on ≥ 99 % of requests. Requests are sent one at a time, so
 // loads are equal and any disagreement comes from the estimators.
 func TestHotKeyAgreement(t *testing.T) {
-	bs := sevenBackends(t)
+	bs := newBackends(t, 7)
 	a := newHarness(t, hopts{cfg: hotCfg(true)}, bs...)
 	b := newHarness(t, hopts{cfg: hotCfg(true)}, bs...)
 	const warmup, measured = 3000, 6000
@@ -126,7 +116,7 @@ func TestHotKeyAgreement(t *testing.T) {
 func TestHotKeySpreadsByLoad(t *testing.T) {
 	for _, on := range []bool{false, true} {
 		t.Run(fmt.Sprintf("hot=%v", on), func(t *testing.T) {
-			bs := sevenBackends(t)
+			bs := newBackends(t, 7)
 			h := newHarness(t, hopts{cfg: hotCfg(on)}, bs...)
 			rng := rand.New(rand.NewPCG(3, 3))
 			for i := range 1500 {
@@ -248,31 +238,10 @@ func TestHotKeyReplicationReplacesBound(t *testing.T) {
 	const n, reqs = 8, 400
 	for _, on := range []bool{false, true} {
 		t.Run(fmt.Sprintf("hot=%v", on), func(t *testing.T) {
-			var bs []*backend
-			for i := range n {
-				bs = append(bs, newBackend(t, fmt.Sprintf("i-%d", i)))
-			}
 			cfg := prefixCfg(1000)
 			cfg.PrefixAwareRoutingConfig.HotKeyReplication = on
-			h := newHarness(t, hopts{cfg: cfg, balance: 1.25}, bs...)
-			rr, _ := parseRequest(kindInvoke, http.Header{}, []byte("cold prefix"), 1024)
-			order := ringOrder(t, h, rr.key)
-			v := h.r.view.Load()
-			ev := v.endpoints["ep"]
-			set, _ := ev.table.Set("")
-			var dones []overload.Done
-			defer func() {
-				for _, d := range dones {
-					d(nil)
-				}
-			}()
-			for range reqs {
-				p, ok := h.r.pick(ev, set, rr.key, hotChoice{k: 1}, v.snap.Replicas, bitset{})
-				if !ok {
-					t.Fatal("no pick")
-				}
-				dones = append(dones, p.done)
-			}
+			h := newHarness(t, hopts{cfg: cfg, balance: 1.25}, newBackends(t, n)...)
+			order := holdPicks(t, h, "cold prefix", hotChoice{k: 1}, reqs)
 			primary := h.state(order[0]).InFlight()
 			if bound := int64(math.Ceil(1.25 * reqs / n)); on && primary != reqs || !on && primary > bound {
 				t.Errorf("replication %v: primary holds %d of %d (bound %d)", on, primary, reqs, bound)

@@ -12,10 +12,16 @@ func TestOracle(t *testing.T) {
 	a2 := blk('a', 2)                          // 2 full blocks
 	a2b1 := a2 + blk('b', 1)                   // shares a2's 2 blocks
 	a2c := a2 + "c" + blk('c', 1)[1:] + "tail" // 3 full blocks + 4 chars
+	// An observation: the request (adapter, cache salt, prompt text),
+	// whether it is measured, and the cached and prompt tokens it reports.
 	type obs struct {
 		adapter, salt, text string
 		measure             bool
 		cached, prompt      int
+	}
+	// m is a measured request without adapter or salt.
+	m := func(text string, cached, prompt int) obs {
+		return obs{text: text, measure: true, cached: cached, prompt: prompt}
 	}
 	tests := []struct {
 		name         string
@@ -24,29 +30,16 @@ func TestOracle(t *testing.T) {
 		promptTotal  int64
 		distinctBlks int64
 	}{
-		{"cold then shared prefix", []obs{
-			{"", "", a2, true, 0, 32},
-			{"", "", a2b1, true, 32, 48},
-			{"", "", a2b1, true, 48, 48},
-		}, 80.0 / 128, 128, 3},
-		{"partial block is not cached", []obs{
-			{"", "", a2c, true, 0, 49},
-			{"", "", a2c, true, 48, 49},
-		}, 48.0 / 98, 98, 3},
+		{"cold then shared prefix", []obs{m(a2, 0, 32), m(a2b1, 32, 48), m(a2b1, 48, 48)}, 80.0 / 128, 128, 3},
+		{"partial block is not cached", []obs{m(a2c, 0, 49), m(a2c, 48, 49)}, 48.0 / 98, 98, 3},
 		{"salt and adapter separate caches", []obs{
-			{"", "t1", a2, true, 0, 32},
-			{"", "t2", a2, true, 0, 32},
-			{"lora", "t1", a2, true, 0, 32},
-			{"lora", "t1", a2, true, 32, 32},
+			{salt: "t1", text: a2, measure: true, prompt: 32},
+			{salt: "t2", text: a2, measure: true, prompt: 32},
+			{adapter: "lora", salt: "t1", text: a2, measure: true, prompt: 32},
+			{adapter: "lora", salt: "t1", text: a2, measure: true, cached: 32, prompt: 32},
 		}, 32.0 / 128, 128, 6},
-		{"warmup fills but does not count", []obs{
-			{"", "", a2, false, 0, 32},
-			{"", "", a2b1, true, 32, 48},
-		}, 32.0 / 48, 48, 3},
-		{"a different first block shares nothing", []obs{
-			{"", "", a2b1, true, 0, 48},
-			{"", "", "x" + a2b1[1:], true, 0, 48},
-		}, 0, 96, 6},
+		{"warmup fills but does not count", []obs{{text: a2, prompt: 32}, m(a2b1, 32, 48)}, 32.0 / 48, 48, 3},
+		{"a different first block shares nothing", []obs{m(a2b1, 0, 48), m("x"+a2b1[1:], 0, 48)}, 0, 96, 6},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"net/http"
@@ -8,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prefixrouter/prefixrouter/probe"
 )
 
 func loraCall(t *testing.T, ctx context.Context, base, path, name string) (int, string) {
@@ -85,6 +88,14 @@ func TestLoadUnloadCapLRU(t *testing.T) {
 	resp.Body.Close()
 	if !strings.Contains(string(b), `vllm:lora_requests_info{max_lora="2",running_lora_adapters="",waiting_lora_adapters=""}`) {
 		t.Fatalf("no lora info in /metrics:\n%.3000s", b)
+	}
+	// The agent reads it through probe.
+	m, err := probe.ParseMetrics(bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if inUse, slots := m.LoRAUse(); inUse != nil || slots != 2 {
+		t.Fatalf("LoRAUse = %q, %d; want none in use, 2 slots", inUse, slots)
 	}
 }
 
