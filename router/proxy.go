@@ -161,8 +161,8 @@ func (p *proxy) serve(w http.ResponseWriter, req *http.Request, body []byte, res
 	a.body = body
 	if rest == nil {
 		// Replay the body from the bytes already read, also for retries.
-		req.Body = io.NopCloser(bytes.NewReader(body))
-		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+		req.Body = newMemBody(body)
+		req.GetBody = func() (io.ReadCloser, error) { return newMemBody(body), nil }
 		req.ContentLength = int64(len(body))
 	} else {
 		// Replayable until a byte of rest has gone to an instance (then
@@ -436,7 +436,7 @@ func (a *attempt) clientBodyErr() error {
 // rest of a streamed body when none of it has gone to an instance yet.
 func (a *attempt) replayBody() (io.ReadCloser, error) {
 	if a.streamed == nil {
-		return io.NopCloser(bytes.NewReader(a.body)), nil
+		return newMemBody(a.body), nil
 	}
 	return a.streamed.body()
 }

@@ -8,7 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"net"
+
 	"net/http"
 	"net/url"
 	"sync"
@@ -22,6 +22,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/lora"
 	"github.com/prefixrouter/prefixrouter/overload"
 	"github.com/prefixrouter/prefixrouter/probe"
+	"github.com/prefixrouter/prefixrouter/upstream"
 )
 
 // Headers the router reads and sets.
@@ -153,39 +154,14 @@ func (r *Router) startProbes(tr http.RoundTripper, clock clockwork.Clock) error 
 	return err
 }
 
-// upstreamWriteBuffer is the transport's write buffer per upstream
-// connection: the headers and a body of up to 16 KiB leave in one write
-// (issue 9: with the default 4 KiB a 16 KiB request took three or more
-// writes, and the part beyond the buffer went through a copy buffer
-// allocated per request). The buffer lives as long as the connection, so
-// it is not larger: 32 KiB measured no cheaper than 20 KiB and put the
-// heap per in-flight streamed request at the streaming test's bound. A
-// streamed body's bytes wait in it at most until it holds this much or the
-// body ends.
-const upstreamWriteBuffer = 20 << 10
-
-// NewTransport returns the shared upstream transport: pooled keep-alive
-// connections sized for LLM concurrency (hundreds of long requests per
-// instance), short dial timeout so dead instances fail fast and are retried
-// elsewhere. responseHeaderTimeout bounds the wait for a response's headers
-// (zero: none, since a non-streamed generation sends headers only at its end).
-func NewTransport(responseHeaderTimeout time.Duration) *http.Transport {
-	return &http.Transport{
-		Proxy:                 nil, // upstreams are direct; never an env proxy
-		DialContext:           dialUpstream(&net.Dialer{Timeout: 2 * time.Second, KeepAlive: 30 * time.Second}),
-		MaxIdleConns:          4096,
-		MaxIdleConnsPerHost:   1024,
-		IdleConnTimeout:       90 * time.Second,
-		ResponseHeaderTimeout: responseHeaderTimeout,
-		ExpectContinueTimeout: 0,
-		ForceAttemptHTTP2:     false, // model servers speak HTTP/1.1 over cleartext
-		WriteBufferSize:       upstreamWriteBuffer,
-		// Pass the client's Accept-Encoding through as it is: without
-		// this the transport asks for gzip on the client's behalf and
-		// decompresses what comes back (an allocation per request, and
-		// CPU when an instance compresses).
-		DisableCompression: true,
-	}
+// NewTransport returns the shared upstream transport (package upstream):
+// pooled keep-alive HTTP/1.1 connections sized for LLM concurrency
+// (hundreds of long requests per instance), a short dial timeout so dead
+// instances fail fast and are retried elsewhere. responseHeaderTimeout
+// bounds the wait for a response's headers (zero: none, since a
+// non-streamed generation sends headers only at its end).
+func NewTransport(responseHeaderTimeout time.Duration) *upstream.Transport {
+	return upstream.New(upstream.Options{ResponseHeaderTimeout: responseHeaderTimeout})
 }
 
 // Close stops the load poller and the health checker, if any.

@@ -29,6 +29,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/membership"
 	"github.com/prefixrouter/prefixrouter/replica"
 	"github.com/prefixrouter/prefixrouter/router"
+	"github.com/prefixrouter/prefixrouter/upstream"
 )
 
 // Options describes the deployment. Zero values mean the documented defaults.
@@ -103,7 +104,7 @@ type Fleet struct {
 type fleetReplica struct {
 	*replica.Replica
 	client    *clientv3.Client
-	transport *http.Transport // nil when Options.Replica brought its own
+	transport *upstream.Transport // nil when Options.Replica brought its own
 }
 
 // Instance is one model server with what registers it: a simulator (or
@@ -280,7 +281,7 @@ func (f *Fleet) AddReplica(ctx context.Context) (*replica.Replica, error) {
 	o.Router.DefaultEndpoint = cfg.Endpoint
 	// The fleet owns the transport it makes (as router would by default),
 	// so that StopReplica can close its idle connections.
-	var tr *http.Transport
+	var tr *upstream.Transport
 	if o.Router.Transport == nil {
 		tr = router.NewTransport(o.Router.UpstreamHeaderTimeout)
 		o.Router.Transport = tr

@@ -1,0 +1,9 @@
+//go:build !unix
+
+package upstream
+
+import "net"
+
+// alive cannot peek without blocking here; a closed connection is found
+// when the request on it fails.
+func alive(net.Conn) bool { return true }

@@ -1,0 +1,472 @@
+// Package upstream is the router's HTTP/1.1 client for model-server
+// instances: an http.RoundTripper that sends a request and reads its answer
+// on the caller's goroutine, with pooled keep-alive connections.
+//
+// Why not net/http's Transport (issue 9, docs/benchmarks.md "The upstream
+// transport"): Transport hands every request to two goroutines of the
+// connection (a writer and a reader) and back over channels, writes the
+// headers of a body it cannot tell is in memory in a write of their own,
+// and keeps a 32 KiB copy buffer and a write buffer per request or
+// connection. Under proxybench's 16 KiB/16-client load those costs made the
+// router 1.3-1.5x the CPU per request of a proxy without them. This client
+// writes the request line, headers and as much of the body as has arrived in
+// one write, streams the rest through one pooled buffer, and parses the
+// answer with net/http's own http.ReadResponse.
+//
+// What it does not do, by design: HTTP/2, TLS (requests whose scheme is not
+// "http" go to Options.Fallback, a net/http Transport), proxies, 100-continue
+// (the body is sent at once), compression, and replays: a request that fails
+// is not re-sent here (the router's retry policy decides). An idle
+// connection the instance has closed is found before reuse by a
+// non-blocking peek and dropped.
+package upstream
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Options configures a Transport. Zero values mean the defaults.
+type Options struct {
+	// DialTimeout bounds a connection attempt (default 2 s, so a dead
+	// instance fails fast and the router retries elsewhere).
+	DialTimeout time.Duration
+	// KeepAlive is the TCP keep-alive period (default 30 s).
+	KeepAlive time.Duration
+	// MaxIdlePerHost bounds the idle connections kept per instance
+	// (default 1024: LLM servers hold hundreds of long requests each).
+	MaxIdlePerHost int
+	// IdleTimeout closes a connection idle for longer, found when it is
+	// next taken from the pool (default 90 s).
+	IdleTimeout time.Duration
+	// ResponseHeaderTimeout bounds the wait for a response's headers after
+	// the request was written; zero means none (a non-streamed generation
+	// sends its headers only at its end).
+	ResponseHeaderTimeout time.Duration
+	// Fallback sends requests whose scheme is not "http" (https
+	// instances). Nil means a net/http Transport with the same dial,
+	// idle and header-timeout settings.
+	Fallback http.RoundTripper
+}
+
+// Defaults.
+const (
+	DefaultDialTimeout    = 2 * time.Second
+	DefaultKeepAlive      = 30 * time.Second
+	DefaultMaxIdlePerHost = 1024
+	DefaultIdleTimeout    = 90 * time.Second
+)
+
+// Transport is an HTTP/1.1 RoundTripper; see the package comment. It is
+// safe for concurrent use; the zero value is not usable (use New).
+type Transport struct {
+	opts     Options
+	dialer   net.Dialer
+	hosts    sync.Map // host:port → *host
+	fallback http.RoundTripper
+	closed   atomic.Bool
+}
+
+// host is the idle pool of one instance address. A buffered channel: put
+// and take do not block, and a full pool closes the connection instead.
+type host struct{ idle chan *conn }
+
+// conn is one upstream connection and its response reader.
+type conn struct {
+	nc        net.Conn
+	br        *bufio.Reader
+	idleSince time.Time
+}
+
+// New returns a Transport with opts (zero values: the defaults).
+func New(opts Options) *Transport {
+	if opts.DialTimeout <= 0 {
+		opts.DialTimeout = DefaultDialTimeout
+	}
+	if opts.KeepAlive <= 0 {
+		opts.KeepAlive = DefaultKeepAlive
+	}
+	if opts.MaxIdlePerHost <= 0 {
+		opts.MaxIdlePerHost = DefaultMaxIdlePerHost
+	}
+	if opts.IdleTimeout <= 0 {
+		opts.IdleTimeout = DefaultIdleTimeout
+	}
+	t := &Transport{opts: opts, dialer: net.Dialer{Timeout: opts.DialTimeout, KeepAlive: opts.KeepAlive}}
+	t.fallback = opts.Fallback
+	if t.fallback == nil {
+		t.fallback = &http.Transport{
+			Proxy:                 nil, // upstreams are direct; never an env proxy
+			DialContext:           t.dialer.DialContext,
+			MaxIdleConnsPerHost:   opts.MaxIdlePerHost,
+			IdleConnTimeout:       opts.IdleTimeout,
+			ResponseHeaderTimeout: opts.ResponseHeaderTimeout,
+			DisableCompression:    true,
+		}
+	}
+	return t
+}
+
+// CloseIdleConnections closes the idle connections of every instance (and
+// of the fallback).
+func (t *Transport) CloseIdleConnections() {
+	t.hosts.Range(func(_, v any) bool {
+		h := v.(*host)
+		for {
+			select {
+			case c := <-h.idle:
+				c.nc.Close()
+			default:
+				return true
+			}
+		}
+	})
+	if ci, ok := t.fallback.(interface{ CloseIdleConnections() }); ok {
+		ci.CloseIdleConnections()
+	}
+}
+
+// Close closes the idle connections and stops pooling: connections in use
+// are closed when their requests end.
+func (t *Transport) Close() {
+	t.closed.Store(true)
+	t.CloseIdleConnections()
+}
+
+// aLongTimeAgo is a deadline in the past: setting it unblocks a read or
+// write at once (how a cancelled context stops I/O in progress).
+var aLongTimeAgo = time.Unix(1, 0)
+
+// RoundTrip sends req and returns the response whose headers were read; the
+// body streams from the connection, which returns to the pool when the body
+// has been read to its end. The request's context cancels the call at any
+// point, the body's read included; the error is then the context's cause.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.URL.Scheme != "http" {
+		return t.fallback.RoundTrip(req)
+	}
+	ctx := req.Context()
+	if err := ctx.Err(); err != nil {
+		closeBody(req)
+		return nil, context.Cause(ctx)
+	}
+	addr := req.URL.Host
+	if req.URL.Port() == "" {
+		addr = net.JoinHostPort(req.URL.Hostname(), "80")
+	}
+	h := t.host(addr)
+	c, err := t.get(ctx, h, addr)
+	if err != nil {
+		closeBody(req)
+		return nil, err
+	}
+	stop := context.AfterFunc(ctx, func() { _ = c.nc.SetDeadline(aLongTimeAgo) })
+	resp, err := t.send(c, req)
+	if err != nil {
+		stop()
+		c.nc.Close()
+		if ctx.Err() != nil {
+			return nil, context.Cause(ctx)
+		}
+		return nil, err
+	}
+	b := &body{rc: resp.Body, t: t, h: h, c: c, stop: stop, ctx: ctx}
+	b.reusable = !resp.Close && !req.Close && (resp.ContentLength >= 0 || isChunked(resp.TransferEncoding))
+	resp.Body = b
+	return resp, nil
+}
+
+func (t *Transport) host(addr string) *host {
+	if v, ok := t.hosts.Load(addr); ok {
+		return v.(*host)
+	}
+	v, _ := t.hosts.LoadOrStore(addr, &host{idle: make(chan *conn, t.opts.MaxIdlePerHost)})
+	return v.(*host)
+}
+
+// get takes an idle connection that is still open, or dials one.
+func (t *Transport) get(ctx context.Context, h *host, addr string) (*conn, error) {
+	for {
+		select {
+		case c := <-h.idle:
+			if time.Since(c.idleSince) > t.opts.IdleTimeout || c.br.Buffered() > 0 || !alive(c.nc) {
+				c.nc.Close()
+				continue
+			}
+			return c, nil
+		default:
+		}
+		break
+	}
+	nc, err := t.dialer.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	return &conn{nc: nc, br: bufio.NewReaderSize(nc, readBufferSize)}, nil
+}
+
+// put returns c to its pool, or closes it when the pool is full or the
+// transport closed.
+func (t *Transport) put(h *host, c *conn) {
+	if t.closed.Load() {
+		c.nc.Close()
+		return
+	}
+	c.idleSince = time.Now()
+	select {
+	case h.idle <- c:
+	default:
+		c.nc.Close()
+	}
+}
+
+// Buffer sizes. The response reader lives with its connection; the write
+// buffer only while a request is written.
+const (
+	readBufferSize  = 4 << 10
+	writeBufferSize = 16 << 10
+)
+
+// BytesBody is implemented by a request body held whole in memory. When
+// Bytes holds exactly the request's ContentLength bytes, the transport
+// sends them after the head in one vectored write, without copying them.
+type BytesBody interface {
+	io.ReadCloser
+	Bytes() []byte
+}
+
+var writeBuffers = sync.Pool{New: func() any { b := make([]byte, writeBufferSize); return &b }}
+
+// send writes req on c and reads the response's headers (skipping 1xx
+// informational answers).
+func (t *Transport) send(c *conn, req *http.Request) (*http.Response, error) {
+	if err := t.write(c.nc, req); err != nil {
+		return nil, err
+	}
+	if d := t.opts.ResponseHeaderTimeout; d > 0 {
+		_ = c.nc.SetReadDeadline(time.Now().Add(d))
+	}
+	for {
+		resp, err := http.ReadResponse(c.br, req)
+		if err != nil {
+			return nil, err
+		}
+		if resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
+			continue // 100 Continue, 103 Early Hints: the answer follows
+		}
+		if t.opts.ResponseHeaderTimeout > 0 {
+			_ = c.nc.SetReadDeadline(time.Time{})
+		}
+		return resp, nil
+	}
+}
+
+// excluded are the headers write sets itself, or never forwards.
+var excluded = map[string]bool{
+	"Host": true, "Content-Length": true, "Transfer-Encoding": true, "Trailer": true,
+	"Connection": true, "Expect": true, "User-Agent": true,
+}
+
+// errBadHost rejects a host that would break the request line.
+var errBadHost = errors.New("upstream: invalid host")
+
+// write sends req: the request line, the headers and the body's first
+// reads in one write, then the rest of the body as it arrives. A body of
+// unknown length (ContentLength -1) is sent chunked.
+func (t *Transport) write(w net.Conn, req *http.Request) (err error) {
+	defer closeBody(req)
+	hostHeader := req.Host
+	if hostHeader == "" {
+		hostHeader = req.URL.Host
+	}
+	if strings.ContainsAny(hostHeader, "\r\n ") {
+		return errBadHost
+	}
+	bp := writeBuffers.Get().(*[]byte)
+	defer writeBuffers.Put(bp)
+	buf := *bp
+	ab := appendBuffer{b: buf[:0]}
+	method := req.Method
+	if method == "" {
+		method = http.MethodGet
+	}
+	ab.b = append(ab.b, method...)
+	ab.b = append(ab.b, ' ')
+	ab.b = append(ab.b, req.URL.RequestURI()...)
+	ab.b = append(ab.b, " HTTP/1.1\r\nHost: "...)
+	ab.b = append(ab.b, hostHeader...)
+	ab.b = append(ab.b, "\r\n"...)
+	if ua := req.Header.Get("User-Agent"); ua != "" {
+		ab.b = append(ab.b, "User-Agent: "...)
+		ab.b = append(ab.b, ua...)
+		ab.b = append(ab.b, "\r\n"...)
+	}
+	if req.Close {
+		ab.b = append(ab.b, "Connection: close\r\n"...)
+	}
+	if err := req.Header.WriteSubset(&ab, excluded); err != nil {
+		return err
+	}
+	hasBody := req.Body != nil && req.Body != http.NoBody && req.ContentLength != 0
+	chunked := hasBody && req.ContentLength < 0
+	switch {
+	case chunked:
+		ab.b = append(ab.b, "Transfer-Encoding: chunked\r\n"...)
+	case hasBody:
+		ab.b = append(ab.b, "Content-Length: "...)
+		ab.b = strconv.AppendInt(ab.b, req.ContentLength, 10)
+		ab.b = append(ab.b, "\r\n"...)
+	case req.Method == http.MethodPost || req.Method == http.MethodPut || req.Method == http.MethodPatch:
+		ab.b = append(ab.b, "Content-Length: 0\r\n"...)
+	}
+	ab.b = append(ab.b, "\r\n"...)
+	if len(ab.b) > len(buf) {
+		// Headers larger than the buffer: write them alone.
+		if _, err := w.Write(ab.b); err != nil {
+			return err
+		}
+		ab.b = buf[:0]
+	}
+	if !hasBody {
+		_, err := w.Write(ab.b)
+		return err
+	}
+	if bb, ok := req.Body.(BytesBody); ok && int64(len(bb.Bytes())) == req.ContentLength {
+		bufs := net.Buffers{ab.b, bb.Bytes()}
+		_, err := bufs.WriteTo(w)
+		return err
+	}
+	if chunked {
+		return writeChunked(w, ab.b, buf, req.Body)
+	}
+	return writeBody(w, ab.b, buf, io.LimitReader(req.Body, req.ContentLength), req.ContentLength)
+}
+
+// writeBody sends head (the request's head, already in buf) and a body of
+// n bytes, in writes of a full buffer: a body that fits leaves with the
+// head in one write; a longer one streams in buffer-sized writes as it
+// arrives (the first when the head and the body's first bytes fill the
+// buffer, so an instance sees a streamed body before its end).
+func writeBody(w io.Writer, head, buf []byte, body io.Reader, n int64) error {
+	filled := len(head)
+	var sent int64
+	for {
+		m, rerr := body.Read(buf[filled:])
+		filled += m
+		sent += int64(m)
+		done := rerr != nil || sent == n
+		if (done || filled == len(buf)) && filled > 0 {
+			if _, err := w.Write(buf[:filled]); err != nil {
+				return err
+			}
+			filled = 0
+		}
+		switch {
+		case rerr == io.EOF && sent < n:
+			return fmt.Errorf("upstream: request body ended after %d of %d bytes: %w", sent, n, io.ErrUnexpectedEOF)
+		case rerr == io.EOF || (rerr == nil && sent == n):
+			return nil
+		case rerr != nil:
+			return rerr
+		}
+	}
+}
+
+// writeChunked sends head and body in HTTP/1.1 chunked encoding.
+func writeChunked(w io.Writer, head, buf []byte, body io.Reader) error {
+	if _, err := w.Write(head); err != nil {
+		return err
+	}
+	cw := httputil.NewChunkedWriter(w)
+	if _, err := io.CopyBuffer(cw, body, buf); err != nil {
+		return err
+	}
+	if err := cw.Close(); err != nil {
+		return err
+	}
+	_, err := io.WriteString(w, "\r\n") // no trailers
+	return err
+}
+
+func closeBody(req *http.Request) {
+	if req.Body != nil {
+		req.Body.Close()
+	}
+}
+
+func isChunked(te []string) bool {
+	return len(te) > 0 && te[0] == "chunked"
+}
+
+// appendBuffer is an io.Writer that appends (http.Header.WriteSubset's
+// destination).
+type appendBuffer struct{ b []byte }
+
+func (a *appendBuffer) Write(p []byte) (int, error) {
+	a.b = append(a.b, p...)
+	return len(p), nil
+}
+
+func (a *appendBuffer) WriteString(s string) (int, error) {
+	a.b = append(a.b, s...)
+	return len(s), nil
+}
+
+// body is a response body on a pooled connection: read to its end, the
+// connection goes back to the pool; closed before, it is closed.
+type body struct {
+	rc       io.ReadCloser
+	t        *Transport
+	h        *host
+	c        *conn
+	stop     func() bool // stops the context's watch; false once it fired
+	ctx      context.Context
+	reusable bool
+	done     bool
+}
+
+func (b *body) Read(p []byte) (int, error) {
+	if b.done {
+		return 0, io.EOF
+	}
+	n, err := b.rc.Read(p)
+	switch {
+	case err == io.EOF:
+		b.release(b.reusable)
+	case err != nil:
+		b.release(false)
+		if b.ctx.Err() != nil {
+			err = context.Cause(b.ctx)
+		}
+	}
+	return n, err
+}
+
+func (b *body) Close() error {
+	if !b.done {
+		// An empty body (204, HEAD, Content-Length 0) has nothing left
+		// to read: its connection is as good as after an EOF.
+		b.release(b.reusable && b.rc == http.NoBody)
+	}
+	return nil
+}
+
+func (b *body) release(reuse bool) {
+	b.done = true
+	if b.stop() && reuse {
+		b.t.put(b.h, b.c)
+		return
+	}
+	b.c.nc.Close()
+}
