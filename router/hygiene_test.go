@@ -276,3 +276,72 @@ func TestFirstByteTimeoutPerEndpoint(t *testing.T) {
 		t.Fatal("after the new snapshot, the endpoint's 50 ms did not apply")
 	}
 }
+
+// TestFirstByteTimeoutStartsAtBodyEnd (issue 9): a streamed body's client
+// may take longer than FirstByteTimeout to send it; the clock starts when
+// the instance has the whole body, so the call is not cut while the client
+// sends, and is cut when the instance then sends nothing.
+func TestFirstByteTimeoutStartsAtBodyEnd(t *testing.T) {
+	const timeout, pieces, gap = 150 * time.Millisecond, 5, 60 * time.Millisecond
+	body := invokeBody(256 << 10)
+	for _, hang := range []bool{false, true} {
+		t.Run(fmt.Sprintf("hang %v", hang), func(t *testing.T) {
+			b := newBackend(t, "slow-client")
+			b.handler = func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.Copy(io.Discard, r.Body)
+				if hang {
+					<-r.Context().Done()
+					return
+				}
+				fmt.Fprint(w, `{"ok":true}`)
+			}
+			r, err := New(Options{DefaultEndpoint: "ep", Logger: slog.New(slog.DiscardHandler), FirstByteTimeout: timeout})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r.Close()
+			r.Update(fleet.NewSnapshot([]fleet.Endpoint{{Name: "ep", Instances: []fleet.Instance{{ID: "slow-client", Addr: b.srv.URL}}}}, 0, 1, time.Now()))
+			srv := httptest.NewServer(r)
+			defer srv.Close()
+			pr, pw := io.Pipe()
+			go func() {
+				// The client sends its body over pieces*gap, twice the
+				// timeout.
+				n := len(body) / pieces
+				for i := range pieces {
+					if i > 0 {
+						time.Sleep(gap)
+					}
+					end := (i + 1) * n
+					if i == pieces-1 {
+						end = len(body)
+					}
+					if _, err := pw.Write(body[i*n : end]); err != nil {
+						return
+					}
+				}
+				pw.Close()
+			}()
+			req, _ := http.NewRequest(http.MethodPost, srv.URL+"/invocations", pr)
+			req.ContentLength = int64(len(body))
+			start := time.Now()
+			resp, err := srv.Client().Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			took := time.Since(start)
+			want := http.StatusOK
+			if hang {
+				want = http.StatusFailedDependency
+			}
+			if resp.StatusCode != want {
+				t.Fatalf("status %d after %v, want %d", resp.StatusCode, took, want)
+			}
+			if hang && took < (pieces-1)*gap+timeout {
+				t.Fatalf("cut after %v: before the body's end plus the timeout", took)
+			}
+		})
+	}
+}
