@@ -14,11 +14,13 @@ import (
 // PrefixLength bytes of the body: the router reads those, picks, and then
 // streams the rest of the body to the instance while the client is still
 // sending it. Memory per in-flight request is then PrefixLength plus the
-// copy buffers, not the body. Bodies that fit in the head behave exactly as
-// before (read whole, replayable).
+// transport's write buffer, not the body. Bodies that fit in the head, and
+// bodies declared at up to wholeBody bytes, are read whole before the pick
+// (replayable, and sent with their headers in one write).
 
 // readHead reads the start of the body: at most need+1 bytes, so that a
-// body of need bytes or fewer is known to be complete. It returns the bytes
+// body of need bytes or fewer is known to be complete, or all of a body
+// declared at under wholeBody bytes. It returns the bytes
 // read and, when the body goes on, the reader of the rest (nil when head is
 // the whole body). The limit is enforced on both: the rest reader fails
 // with *http.MaxBytesError past it.
