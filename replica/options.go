@@ -34,6 +34,14 @@ const (
 	// (--vanish-grace); in Options the zero value means off (library users
 	// and tests opt in). docs/operations.md weighs it.
 	DefaultVanishGrace = 30 * time.Second
+	// DefaultGCPercent is the GC target `serve` starts with (--gc-percent);
+	// in Options the zero value leaves the runtime's. A router's live heap
+	// is small (a few MB) and its garbage per request large (bodies,
+	// headers), so Go's default of 100 collects dozens of times a second
+	// under load: in the proxy benchmark, 400 cut the router's CPU per
+	// request by about a quarter (docs/benchmarks.md, issue 9) for a heap
+	// up to 5x the live one.
+	DefaultGCPercent = 400
 )
 
 // Options configures one router replica. It is the root of the one options
@@ -111,6 +119,14 @@ type Options struct {
 	// the process's internals and cost CPU while they run, and the admin
 	// token guards only the gRPC API.
 	Pprof bool
+	// GCPercent is Go's garbage-collection target for the whole process,
+	// as GOGC (--gc-percent, DefaultGCPercent in `serve`): the heap may grow
+	// to 1+GCPercent/100 times the live heap between collections; -1 turns
+	// collection off. Run applies it, unless GOGC is set in the environment
+	// (the operator's setting wins); Start, which harnesses run several of
+	// in one process, does not. Zero means the runtime's own target; below
+	// -1 is invalid.
+	GCPercent int
 	// Limits bound every client connection of both listeners (see Limits;
 	// zero values mean the Default* limits).
 	Limits Limits
@@ -276,6 +292,9 @@ func (o Options) Validate() error {
 		fleet.Duration{Name: "DrainDelay (--drain-delay)", Value: o.DrainDelay},
 		fleet.Duration{Name: "VanishGrace (--vanish-grace)", Value: o.VanishGrace},
 	)
+	if o.GCPercent < -1 {
+		bad("GCPercent (--gc-percent) %d must be -1 (off), 0 (the runtime's) or positive", o.GCPercent)
+	}
 	o.Limits.validate(bad)
 	o.Admin.validate(bad)
 	if err := o.Router.Validate(); err != nil {

@@ -62,17 +62,51 @@ var validateCases = []validateCase{
 	{"AllowedUpstreams", validStatic, func(o *Options) { o.AllowedUpstreams = []string{"10.0.0.0/8"} }, "outside the allowed upstreams"},
 	{"AllowedUpstreams", validStatic, func(o *Options) { o.Static[0].Addr = "http://169.254.169.254" }, "outside the allowed upstreams"},
 	{"AllowedUpstreams", validStatic, func(o *Options) { o.AllowedUpstreams = nil }, ""},
-	{"Routing", validStatic, func(o *Options) {
-		o.Routing = fleet.RoutingConfig{RoutingStrategy: fleet.Random}
-	}, ""},
-	{"Routing", validStatic, func(o *Options) { o.Routing = fleet.RoutingConfig{RoutingStrategy: "ROUND_ROBIN"} }, "RoutingStrategy"},
-	{"Routing", validStatic, func(o *Options) {
-		o.Routing = fleet.RoutingConfig{PrefixAwareRoutingConfig: &fleet.PrefixAwareConfig{PrefixLength: 100}}
-	}, "PrefixLength 100"},
-	{"Routing", validStatic, func(o *Options) {
-		o.Routing = fleet.RoutingConfig{PrefixAwareRoutingConfig: &fleet.PrefixAwareConfig{ConcurrencyThreshold: 2000}}
-	}, "ConcurrencyThreshold 2000"},
 	{"Routing", validStatic, func(o *Options) { o.Routing = fleet.RoutingConfig{} }, ""},
+	{"Routing.RoutingStrategy", validStatic, func(o *Options) { o.Routing.RoutingStrategy = fleet.Random }, ""},
+	{"Routing.RoutingStrategy", validStatic, func(o *Options) { o.Routing.RoutingStrategy = "ROUND_ROBIN" }, "RoutingStrategy"},
+	{"Routing.RoutingStrategy", validStatic, func(o *Options) { o.Routing.RoutingStrategy = "" }, ""},
+	{"Routing.PrefixAwareRoutingConfig.PrefixLength", validStatic, func(o *Options) { o.Routing.PrefixAwareRoutingConfig = &fleet.PrefixAwareConfig{PrefixLength: 8192} }, ""},
+	{"Routing.PrefixAwareRoutingConfig.PrefixLength", validStatic, func(o *Options) { o.Routing.PrefixAwareRoutingConfig = &fleet.PrefixAwareConfig{PrefixLength: 100} }, "PrefixLength 100"},
+	{"Routing.PrefixAwareRoutingConfig.PrefixLength", validStatic, func(o *Options) { o.Routing.PrefixAwareRoutingConfig = &fleet.PrefixAwareConfig{PrefixLength: 70000} }, "PrefixLength 70000"},
+	{"Routing.PrefixAwareRoutingConfig.PrefixLength", validStatic, func(o *Options) { o.Routing.PrefixAwareRoutingConfig = &fleet.PrefixAwareConfig{} }, ""},
+	{"Routing.PrefixAwareRoutingConfig.ConcurrencyThreshold", validStatic, func(o *Options) {
+		o.Routing.PrefixAwareRoutingConfig = &fleet.PrefixAwareConfig{ConcurrencyThreshold: 20}
+	}, ""},
+	{"Routing.PrefixAwareRoutingConfig.ConcurrencyThreshold", validStatic, func(o *Options) {
+		o.Routing.PrefixAwareRoutingConfig = &fleet.PrefixAwareConfig{ConcurrencyThreshold: 2000}
+	}, "ConcurrencyThreshold 2000"},
+	{"Routing.PrefixAwareRoutingConfig.ConcurrencyThreshold", validStatic, func(o *Options) {
+		o.Routing.PrefixAwareRoutingConfig = &fleet.PrefixAwareConfig{ConcurrencyThreshold: -1}
+	}, "ConcurrencyThreshold -1"},
+	{"Routing.PrefixAwareRoutingConfig.ConcurrencyThreshold", validStatic, func(o *Options) { o.Routing.PrefixAwareRoutingConfig = nil }, ""},
+	{"Routing.PrefixAwareRoutingConfig.HotKeyReplication", validStatic, func(o *Options) {
+		o.Routing.PrefixAwareRoutingConfig = &fleet.PrefixAwareConfig{HotKeyReplication: true}
+	}, ""},
+	{"Routing.PrefixAwareRoutingConfig.HotKeyReplication", validStatic, func(o *Options) { o.Routing.PrefixAwareRoutingConfig = &fleet.PrefixAwareConfig{} }, ""},
+	{"Routing.TenantCacheSalt", validStatic, func(o *Options) { o.Routing.TenantCacheSalt = true }, ""},
+	{"Routing.TenantCacheSalt", validStatic, func(o *Options) { o.Routing.TenantCacheSalt = false }, ""},
+	{"Routing.ProductionVariants", validStatic, func(o *Options) {
+		o.Routing.ProductionVariants = []fleet.ProductionVariant{{VariantName: "blue", InitialVariantWeight: 4}, {VariantName: "green", InitialVariantWeight: 0}}
+	}, ""},
+	{"Routing.ProductionVariants", validStatic, func(o *Options) {
+		o.Routing.ProductionVariants = []fleet.ProductionVariant{{VariantName: "blue", InitialVariantWeight: -1}}
+	}, `InitialVariantWeight -1 of "blue"`},
+	{"Routing.ProductionVariants", validStatic, func(o *Options) {
+		o.Routing.ProductionVariants = []fleet.ProductionVariant{{VariantName: "blue", InitialVariantWeight: 2e6}}
+	}, `InitialVariantWeight 2e+06 of "blue"`},
+	{"Routing.ProductionVariants", validStatic, func(o *Options) { o.Routing.ProductionVariants = []fleet.ProductionVariant{{VariantName: "blue"}} }, "sum to 0"},
+	{"Routing.ProductionVariants", validStatic, func(o *Options) {
+		o.Routing.ProductionVariants = []fleet.ProductionVariant{{VariantName: "a", InitialVariantWeight: 1}, {VariantName: "a", InitialVariantWeight: 1}}
+	}, "unique"},
+	{"Routing.ProductionVariants", validStatic, func(o *Options) { o.Routing.ProductionVariants = nil }, ""},
+	{"Routing.FirstByteTimeoutInMilliseconds", validStatic, func(o *Options) { o.Routing.FirstByteTimeoutInMilliseconds = 90_000 }, ""},
+	{"Routing.FirstByteTimeoutInMilliseconds", validStatic, func(o *Options) { o.Routing.FirstByteTimeoutInMilliseconds = fleet.MaxFirstByteTimeoutMillis }, ""},
+	{"Routing.FirstByteTimeoutInMilliseconds", validStatic, func(o *Options) { o.Routing.FirstByteTimeoutInMilliseconds = -1 }, "FirstByteTimeoutInMilliseconds -1"},
+	{"Routing.FirstByteTimeoutInMilliseconds", validStatic, func(o *Options) {
+		o.Routing.FirstByteTimeoutInMilliseconds = fleet.MaxFirstByteTimeoutMillis + 1
+	}, "FirstByteTimeoutInMilliseconds 3600001"},
+	{"Routing.FirstByteTimeoutInMilliseconds", validStatic, func(o *Options) { o.Routing.FirstByteTimeoutInMilliseconds = 0 }, ""},
 	{"Etcd", validEtcd, func(o *Options) { o.Etcd.Endpoints = []string{"http://10.0.0.1:2379", "http://10.0.0.2:2379"} }, ""},
 	{"Etcd", validEtcd, func(o *Options) { o.Etcd.Endpoints = []string{"ftp://10.0.0.1:2379"} }, "scheme"},
 	{"Etcd", validEtcd, func(o *Options) { o.Etcd.Cert = "c.pem" }, "etcd"},
@@ -108,37 +142,53 @@ var validateCases = []validateCase{
 	{"Router.CacheSaltKey", validStatic, func(o *Options) { o.Router.CacheSaltKey = "0123456789abcdef" }, ""},
 	{"Router.CacheSaltKey", validStatic, func(o *Options) { o.Router.CacheSaltKey = "short" }, "--cache-salt-key"},
 	{"Router.CacheSaltKey", validStatic, func(o *Options) { o.Router.CacheSaltKey = "" }, ""},
-	{"Routing", validStatic, func(o *Options) { o.Routing = fleet.RoutingConfig{TenantCacheSalt: true} }, ""},
 	{"Router.StaleAfter", validStatic, func(o *Options) { o.Router.StaleAfter = time.Minute }, ""},
 	{"Router.StaleAfter", validStatic, func(o *Options) { o.Router.StaleAfter = -time.Minute }, "StaleAfter"},
+	{"Router.StaleAfter", validStatic, func(o *Options) { o.Router.StaleAfter = 0 }, ""},
 	{"Limits.ReadHeaderTimeout", validStatic, func(o *Options) { o.Limits.ReadHeaderTimeout = time.Second }, ""},
 	{"Limits.ReadHeaderTimeout", validStatic, func(o *Options) { o.Limits.ReadHeaderTimeout = -time.Second }, "--read-header-timeout"},
+	{"Limits.ReadHeaderTimeout", validStatic, func(o *Options) { o.Limits.ReadHeaderTimeout = 0 }, ""},
 	{"Limits.BodyReadTimeout", validStatic, func(o *Options) { o.Limits.BodyReadTimeout = time.Second }, ""},
 	{"Limits.BodyReadTimeout", validStatic, func(o *Options) { o.Limits.BodyReadTimeout = -time.Second }, "--body-read-timeout"},
+	{"Limits.BodyReadTimeout", validStatic, func(o *Options) { o.Limits.BodyReadTimeout = 0 }, ""},
 	{"Limits.IdleTimeout", validStatic, func(o *Options) { o.Limits.IdleTimeout = time.Second }, ""},
 	{"Limits.IdleTimeout", validStatic, func(o *Options) { o.Limits.IdleTimeout = -time.Second }, "--idle-timeout"},
+	{"Limits.IdleTimeout", validStatic, func(o *Options) { o.Limits.IdleTimeout = 0 }, ""},
 	{"Limits.MaxHeaderBytes", validStatic, func(o *Options) { o.Limits.MaxHeaderBytes = 1 << 14 }, ""},
 	{"Limits.MaxHeaderBytes", validStatic, func(o *Options) { o.Limits.MaxHeaderBytes = -1 }, "--max-header-bytes"},
+	{"Limits.MaxHeaderBytes", validStatic, func(o *Options) { o.Limits.MaxHeaderBytes = 0 }, ""},
 	{"Limits.MaxConns", validStatic, func(o *Options) { o.Limits.MaxConns = 100 }, ""},
 	{"Limits.MaxConns", validStatic, func(o *Options) { o.Limits.MaxConns = -1 }, "--max-connections"},
+	{"Limits.MaxConns", validStatic, func(o *Options) { o.Limits.MaxConns = 0 }, ""},
 	{"Limits.WriteIdleTimeout", validStatic, func(o *Options) { o.Limits.WriteIdleTimeout = time.Second }, ""},
 	{"Limits.WriteIdleTimeout", validStatic, func(o *Options) { o.Limits.WriteIdleTimeout = -time.Second }, "--write-idle-timeout"},
+	{"Limits.WriteIdleTimeout", validStatic, func(o *Options) { o.Limits.WriteIdleTimeout = 0 }, ""},
 	{"Limits.MaxStreamDuration", validStatic, func(o *Options) { o.Limits.MaxStreamDuration = time.Hour }, ""},
 	{"Limits.MaxStreamDuration", validStatic, func(o *Options) { o.Limits.MaxStreamDuration = -time.Hour }, "--max-stream-duration"},
+	{"Limits.MaxStreamDuration", validStatic, func(o *Options) { o.Limits.MaxStreamDuration = 0 }, ""},
 	{"Admin.Token", validStatic, func(o *Options) { o.Admin.Token = "t" }, ""},
 	{"Admin.Token", validStatic, func(o *Options) { o.Admin.Token = "" }, ""},
 	{"Admin.OpenReads", validStatic, func(o *Options) { o.Admin.Token, o.Admin.OpenReads = "t", true }, ""},
 	{"Admin.OpenReads", validStatic, func(o *Options) { o.Admin.OpenReads = true }, "--admin-open-reads"},
+	{"Admin.OpenReads", validStatic, func(o *Options) { o.Admin.OpenReads = false }, ""},
 	{"Admin.TLSCert", validStatic, func(o *Options) { o.Admin.TLSCert, o.Admin.TLSKey = "c.pem", "k.pem" }, ""},
 	{"Admin.TLSCert", validStatic, func(o *Options) { o.Admin.TLSCert = "c.pem" }, "--admin-tls-key"},
+	{"Admin.TLSCert", validStatic, func(o *Options) { o.Admin.TLSCert = "" }, ""},
+	{"Admin.TLSKey", validStatic, func(o *Options) { o.Admin.TLSKey, o.Admin.TLSCert = "k.pem", "c.pem" }, ""},
 	{"Admin.TLSKey", validStatic, func(o *Options) { o.Admin.TLSKey = "k.pem" }, "--admin-tls-cert"},
 	{"Admin.TLSKey", validStatic, func(o *Options) { o.Admin.TLSKey = "" }, ""},
 	{"Admin.ClientCA", validStatic, func(o *Options) { o.Admin.TLSCert, o.Admin.TLSKey, o.Admin.ClientCA = "c", "k", "ca" }, ""},
 	{"Admin.ClientCA", validStatic, func(o *Options) { o.Admin.ClientCA = "ca.pem" }, "--admin-client-ca"},
+	{"Admin.ClientCA", validStatic, func(o *Options) { o.Admin.ClientCA = "" }, ""},
+	{"GCPercent", validStatic, func(o *Options) { o.GCPercent = DefaultGCPercent }, ""},
+	{"GCPercent", validStatic, func(o *Options) { o.GCPercent = -1 }, ""},
+	{"GCPercent", validStatic, func(o *Options) { o.GCPercent = -2 }, "--gc-percent"},
+	{"GCPercent", validStatic, func(o *Options) { o.GCPercent = 0 }, ""},
 	{"Pprof", validStatic, func(o *Options) { o.Pprof = true }, ""},
 	{"Pprof", validStatic, func(o *Options) { o.Pprof = false }, ""},
 	{"StartupTimeout", validStatic, func(o *Options) { o.StartupTimeout = time.Second }, ""},
 	{"StartupTimeout", validStatic, func(o *Options) { o.StartupTimeout = -time.Second }, "--startup-timeout"},
+	{"StartupTimeout", validStatic, func(o *Options) { o.StartupTimeout = 0 }, ""},
 	{"VanishGrace", validEtcd, func(o *Options) { o.VanishGrace = time.Minute }, ""},
 	{"VanishGrace", validEtcd, func(o *Options) { o.VanishGrace = -time.Second }, "--vanish-grace"},
 	{"VanishGrace", validEtcd, func(o *Options) { o.VanishGrace = 0 }, ""},
@@ -147,6 +197,7 @@ var validateCases = []validateCase{
 	{"DrainDelay", validStatic, func(o *Options) { o.DrainDelay = 0 }, ""},
 	{"ShutdownTimeout", validStatic, func(o *Options) { o.ShutdownTimeout = time.Second }, ""},
 	{"ShutdownTimeout", validStatic, func(o *Options) { o.ShutdownTimeout = -time.Second }, "--shutdown-timeout"},
+	{"ShutdownTimeout", validStatic, func(o *Options) { o.ShutdownTimeout = 0 }, ""},
 	{"Router.DefaultEndpoint", validStatic, func(o *Options) { o.Router.DefaultEndpoint = "embed" }, ""},
 	{"Router.DefaultEndpoint", validStatic, func(o *Options) { o.Router.DefaultEndpoint = "a b" }, "endpoint"},
 	{"Router.DefaultEndpoint", validStatic, func(o *Options) { o.Router.DefaultEndpoint = "" }, "--endpoint"},
@@ -166,29 +217,32 @@ var validateCases = []validateCase{
 	{"Router.HotKeyThreshold", validStatic, func(o *Options) { o.Router.HotKeyThreshold = -1 }, "--hot-key-threshold"},
 	{"Router.HotKeyThreshold", validStatic, func(o *Options) { o.Router.HotKeyThreshold = 20 }, "--hot-key-threshold"},
 	{"Router.HotKeyThreshold", validStatic, func(o *Options) { o.Router.HotKeyThreshold = 0 }, ""},
-	{"Routing", validStatic, func(o *Options) {
-		o.Routing = fleet.RoutingConfig{PrefixAwareRoutingConfig: &fleet.PrefixAwareConfig{HotKeyReplication: true}}
-	}, ""},
 	{"Router.BalanceFactor", validStatic, func(o *Options) { o.Router.BalanceFactor = 1.25 }, ""},
 	{"Router.BalanceFactor", validStatic, func(o *Options) { o.Router.BalanceFactor = 0.5 }, "--balance-factor"},
 	{"Router.BalanceFactor", validStatic, func(o *Options) { o.Router.BalanceFactor = 11 }, "--balance-factor"},
 	{"Router.BalanceFactor", validStatic, func(o *Options) { o.Router.BalanceFactor = 0 }, ""},
 	{"Router.UpstreamHeaderTimeout", validStatic, func(o *Options) { o.Router.UpstreamHeaderTimeout = time.Minute }, ""},
 	{"Router.UpstreamHeaderTimeout", validStatic, func(o *Options) { o.Router.UpstreamHeaderTimeout = -1 }, "--upstream-header-timeout"},
+	{"Router.UpstreamHeaderTimeout", validStatic, func(o *Options) { o.Router.UpstreamHeaderTimeout = 0 }, ""},
 	{"Router.Breaker.ConsecutiveFailures", validStatic, func(o *Options) { o.Router.Breaker.ConsecutiveFailures = 3 }, ""},
 	{"Router.Breaker.ConsecutiveFailures", validStatic, func(o *Options) { o.Router.Breaker.ConsecutiveFailures = 0 }, ""},
 	{"Router.Breaker.OpenTimeout", validStatic, func(o *Options) { o.Router.Breaker.OpenTimeout = time.Second }, ""},
 	{"Router.Breaker.OpenTimeout", validStatic, func(o *Options) { o.Router.Breaker.OpenTimeout = -time.Second }, "--breaker-open-timeout"},
+	{"Router.Breaker.OpenTimeout", validStatic, func(o *Options) { o.Router.Breaker.OpenTimeout = 0 }, ""},
 	{"Router.Breaker.HalfOpenMaxRequests", validStatic, func(o *Options) { o.Router.Breaker.HalfOpenMaxRequests = 2 }, ""},
 	{"Router.Breaker.HalfOpenMaxRequests", validStatic, func(o *Options) { o.Router.Breaker.HalfOpenMaxRequests = 0 }, ""},
 	{"Router.LoadPollInterval", validStatic, func(o *Options) { o.Router.LoadPollInterval = time.Second }, ""},
 	{"Router.LoadPollInterval", validStatic, func(o *Options) { o.Router.LoadPollInterval = -time.Second }, "--load-poll-interval"},
+	{"Router.LoadPollInterval", validStatic, func(o *Options) { o.Router.LoadPollInterval = 0 }, ""},
 	{"Router.LoadMetricsPath", validStatic, func(o *Options) { o.Router.LoadMetricsPath = "/metrics" }, ""},
 	{"Router.LoadMetricsPath", validStatic, func(o *Options) { o.Router.LoadMetricsPath = "metrics" }, "LoadMetricsPath"},
+	{"Router.LoadMetricsPath", validStatic, func(o *Options) { o.Router.LoadMetricsPath = "" }, ""},
 	{"Router.HealthCheckInterval", validStatic, func(o *Options) { o.Router.HealthCheckInterval = time.Second }, ""},
 	{"Router.HealthCheckInterval", validStatic, func(o *Options) { o.Router.HealthCheckInterval = -time.Second }, "--health-check-interval"},
+	{"Router.HealthCheckInterval", validStatic, func(o *Options) { o.Router.HealthCheckInterval = 0 }, ""},
 	{"Router.HealthCheckPath", validStatic, func(o *Options) { o.Router.HealthCheckPath = "/ping" }, ""},
 	{"Router.HealthCheckPath", validStatic, func(o *Options) { o.Router.HealthCheckPath = "ping" }, "--health-check-path"},
+	{"Router.HealthCheckPath", validStatic, func(o *Options) { o.Router.HealthCheckPath = "" }, ""},
 	{"Router.AdapterWait", validStatic, func(o *Options) { o.Router.AdapterWait = time.Second }, ""},
 	{"Router.AdapterWait", validStatic, func(o *Options) { o.Router.AdapterWait = 0 }, ""},
 	{"Router.AdapterWait", validStatic, func(o *Options) { o.Router.AdapterWait = -time.Second }, "--adapter-wait"},
@@ -197,6 +251,7 @@ var validateCases = []validateCase{
 	{"Router.AdapterWaitQueue", validStatic, func(o *Options) { o.Router.AdapterWaitQueue = -1 }, "--adapter-wait-queue"},
 	{"Router.HealthCheckTimeout", validStatic, func(o *Options) { o.Router.HealthCheckTimeout = time.Second }, ""},
 	{"Router.HealthCheckTimeout", validStatic, func(o *Options) { o.Router.HealthCheckTimeout = -time.Second }, "--health-check-timeout"},
+	{"Router.HealthCheckTimeout", validStatic, func(o *Options) { o.Router.HealthCheckTimeout = 0 }, ""},
 }
 
 func TestValidate(t *testing.T) {
@@ -219,11 +274,17 @@ func TestValidate(t *testing.T) {
 
 // settings lists the paths of the settings in the tree (dependencies, which
 // are pointers, funcs and interfaces, are not settings), descending into
-// the router's and the breaker's options.
+// the routing config and the router's, the breaker's, the limits' and the
+// admin port's options.
 func settings(t reflect.Type, prefix string) []string {
 	var out []string
 	for i := range t.NumField() {
 		f := t.Field(i)
+		path := prefix + f.Name
+		if f.Type == reflect.TypeFor[*fleet.PrefixAwareConfig]() {
+			out = append(out, settings(f.Type.Elem(), path+".")...)
+			continue
+		}
 		switch f.Type.Kind() {
 		case reflect.Pointer, reflect.Func, reflect.Interface:
 			continue
@@ -231,9 +292,9 @@ func settings(t reflect.Type, prefix string) []string {
 		if f.Type == reflect.TypeFor[[]any]() || f.Name == "RingOptions" {
 			continue
 		}
-		path := prefix + f.Name
 		switch f.Type {
-		case reflect.TypeFor[router.Options](), reflect.TypeFor[overload.BreakerOptions](), reflect.TypeFor[Limits](), reflect.TypeFor[AdminSecurity]():
+		case reflect.TypeFor[router.Options](), reflect.TypeFor[overload.BreakerOptions](), reflect.TypeFor[Limits](),
+			reflect.TypeFor[AdminSecurity](), reflect.TypeFor[fleet.RoutingConfig]():
 			out = append(out, settings(f.Type, path+".")...)
 		case reflect.TypeFor[membership.Options]():
 			out = append(out, path+".Layout", path+".TTL")
@@ -244,16 +305,64 @@ func settings(t reflect.Type, prefix string) []string {
 	return out
 }
 
-// TestValidateCoversEverySetting fails when a setting is added to the tree
-// without a row in validateCases: the field, its flag, its check, its test.
+// unranged are the settings that no value puts out of range: switches,
+// free-form strings and counts of which any is valid. Every other setting
+// needs a row that Validate rejects.
+var unranged = map[string]bool{
+	"Listen": true, "AdminListen": true, // checked when listening
+	"Membership.Layout": true, "Admin.Token": true, "Pprof": true,
+	"Router.HideInstanceID": true, "Routing.TenantCacheSalt": true,
+	"Routing.PrefixAwareRoutingConfig.HotKeyReplication": true,
+	"Router.Breaker.ConsecutiveFailures": true, "Router.Breaker.HalfOpenMaxRequests": true, // uint32
+}
+
+// zeroAt reports whether the setting at path in o is zero (a nil pointer
+// on the way counts as zero).
+func zeroAt(o Options, path string) bool {
+	v := reflect.ValueOf(o)
+	for _, name := range strings.Split(path, ".") {
+		if v.Kind() == reflect.Pointer {
+			if v.IsNil() {
+				return true
+			}
+			v = v.Elem()
+		}
+		v = v.FieldByName(name)
+	}
+	return v.IsZero()
+}
+
+// TestValidateCoversEverySetting fails when a setting of the tree lacks a
+// row in validateCases that is in range (valid, not zero), one that is out
+// of range (unless it is unranged) or one that is zero (the default): the
+// field, its flag, its check, its test.
 func TestValidateCoversEverySetting(t *testing.T) {
-	covered := map[string]bool{}
+	type coverage struct{ inRange, outOfRange, zero bool }
+	rows := map[string]*coverage{}
 	for _, tc := range validateCases {
-		covered[tc.field] = true
+		c := rows[tc.field]
+		if c == nil {
+			c = &coverage{}
+			rows[tc.field] = c
+		}
+		o := tc.base()
+		tc.set(&o)
+		zero := zeroAt(o, tc.field)
+		c.zero = c.zero || zero
+		c.inRange = c.inRange || (!zero && tc.want == "")
+		c.outOfRange = c.outOfRange || tc.want != ""
 	}
 	for _, s := range settings(reflect.TypeFor[Options](), "") {
-		if !covered[s] {
+		c := rows[s]
+		switch {
+		case c == nil:
 			t.Errorf("setting %s has no row in validateCases", s)
+		case !c.inRange:
+			t.Errorf("setting %s has no valid, non-zero row", s)
+		case !c.zero:
+			t.Errorf("setting %s has no row with its zero value (the default)", s)
+		case !c.outOfRange && !unranged[s]:
+			t.Errorf("setting %s has no row that Validate rejects (or add it to unranged)", s)
 		}
 	}
 }

@@ -14,6 +14,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -306,10 +308,20 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
+	setGCPercent(opts.GCPercent)
 	<-ctx.Done()
 	closeCtx, cancel := context.WithTimeout(context.Background(), r.opts.DrainDelay+r.opts.ShutdownTimeout)
 	defer cancel()
 	return r.Shutdown(closeCtx)
+}
+
+// setGCPercent applies Options.GCPercent unless it is zero or GOGC is set in
+// the environment, which the runtime has applied already.
+func setGCPercent(p int) {
+	if _, ok := os.LookupEnv("GOGC"); ok || p == 0 {
+		return
+	}
+	debug.SetGCPercent(p)
 }
 
 // Shutdown stops the replica in the order load balancers need (issue 12):

@@ -65,6 +65,7 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"relative health check path", []string{"serve", "--static-instances", "a=http://127.0.0.1:1", "--health-check-path", "health"}, "--health-check-path"},
 		{"api keys file missing", []string{"serve", "--static-instances", "a=http://127.0.0.1:1", "--api-keys-file", "/nonexistent/keys"}, "--api-keys-file"},
 		{"api keys file empty", []string{"serve", "--static-instances", "a=http://127.0.0.1:1", "--api-keys-file", os.DevNull}, "lists no key"},
+		{"gc percent below -1", []string{"serve", "--static-instances", "a=http://127.0.0.1:1", "--gc-percent", "-2"}, "--gc-percent"},
 		{"register without id", []string{"register", "--addr", "http://127.0.0.1:1"}, "--id and --addr are required"},
 		{"bench without target", []string{"bench"}, "--target"},
 		{"unknown preset", []string{"bench", "--target", "http://127.0.0.1:1", "--preset", "nope"}, "nope"},

@@ -2,8 +2,6 @@ package main
 
 import (
 	"log/slog"
-	"os"
-	"runtime/debug"
 
 	"github.com/spf13/cobra"
 
@@ -16,10 +14,9 @@ import (
 
 func newServeCmd() *cobra.Command {
 	var (
-		opts      replica.Options
-		static    staticValue
-		logLevel  slog.Level
-		gcPercent int
+		opts     replica.Options
+		static   staticValue
+		logLevel slog.Level
 	)
 	c := &cobra.Command{
 		Use:   "serve",
@@ -49,7 +46,6 @@ share the fleet, and keeps routing on its last good snapshot while etcd is unrea
 			}
 			opts.Static = static
 			opts.Logger = newLogger(logLevel)
-			setGCPercent(gcPercent)
 			return replica.Run(cmd.Context(), opts)
 		},
 	}
@@ -105,24 +101,8 @@ share the fleet, and keeps routing on its last good snapshot while etcd is unrea
 	f.DurationVar(&opts.DrainDelay, "drain-delay", replica.DefaultDrainDelay, "on SIGTERM, how long /readyz answers 503 while requests are still served before the listener closes (at least one readiness-probe period)")
 	f.DurationVar(&opts.ShutdownTimeout, "shutdown-timeout", replica.DefaultShutdownTimeout, "on SIGTERM, how long to wait for requests in flight")
 	bindLogLevel(f, &logLevel, slog.LevelInfo, "log level")
-	f.IntVar(&gcPercent, "gc-percent", defaultGCPercent, "Go's garbage-collection target for this process, as GOGC (the heap may grow to 1+N/100 times the live heap between collections; -1: off); GOGC in the environment wins")
+	f.IntVar(&opts.GCPercent, "gc-percent", replica.DefaultGCPercent, "Go's garbage-collection target for this process, as GOGC (the heap may grow to 1+N/100 times the live heap between collections; -1: off; 0: Go's own); GOGC in the environment wins")
 	bindEtcd(f, &opts.Etcd, &opts.Membership.Layout)
 	bindRouting(f, &opts.Routing)
 	return c
-}
-
-// defaultGCPercent is serve's GOGC. A router's live heap is small (a few
-// MB) and its garbage per request large (bodies, headers), so Go's default
-// of 100 collects dozens of times a second under load: in the proxy
-// benchmark, 400 cut the router's CPU per request by about a quarter
-// (docs/benchmarks.md, issue 9) for a heap up to 5x the live one.
-const defaultGCPercent = 400
-
-// setGCPercent applies --gc-percent unless GOGC is set in the environment,
-// which the runtime has applied already.
-func setGCPercent(p int) {
-	if _, ok := os.LookupEnv("GOGC"); ok {
-		return
-	}
-	debug.SetGCPercent(p)
 }

@@ -1,4 +1,4 @@
-package main
+package replica
 
 import (
 	"os"
@@ -6,8 +6,8 @@ import (
 	"testing"
 )
 
-// TestSetGCPercent: --gc-percent sets the GC target, unless GOGC is in the
-// environment (the operator's own setting wins).
+// TestSetGCPercent: Run's GCPercent sets the GC target, unless it is zero
+// or GOGC is in the environment (the operator's own setting wins).
 func TestSetGCPercent(t *testing.T) {
 	old := debug.SetGCPercent(100)
 	defer debug.SetGCPercent(old)
@@ -18,6 +18,10 @@ func TestSetGCPercent(t *testing.T) {
 	setGCPercent(250)
 	if got := debug.SetGCPercent(100); got != 250 {
 		t.Errorf("without GOGC: GC percent %d, want 250", got)
+	}
+	setGCPercent(0)
+	if got := debug.SetGCPercent(100); got != 100 {
+		t.Errorf("GCPercent 0: GC percent %d, want it untouched (100)", got)
 	}
 	t.Setenv("GOGC", "100")
 	setGCPercent(250)
