@@ -313,7 +313,7 @@ var unranged = map[string]bool{
 	"Membership.Layout": true, "Admin.Token": true, "Pprof": true,
 	"Router.HideInstanceID": true, "Routing.TenantCacheSalt": true,
 	"Routing.PrefixAwareRoutingConfig.HotKeyReplication": true,
-	"Router.Breaker.ConsecutiveFailures": true, "Router.Breaker.HalfOpenMaxRequests": true, // uint32
+	"Router.Breaker.ConsecutiveFailures":                 true, "Router.Breaker.HalfOpenMaxRequests": true, // uint32
 }
 
 // zeroAt reports whether the setting at path in o is zero (a nil pointer
