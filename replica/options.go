@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -154,6 +155,11 @@ type Options struct {
 	// Registry for metrics; nil means a new one with Go and process
 	// collectors. Also the router's.
 	Registry *prometheus.Registry
+	// Clock is the fleet watcher's (membership.WatcherOptions.Clock): it
+	// dates snapshots, paces progress requests and times the vanish
+	// guard's grace. Nil means the real clock; tests pass a fake one to
+	// move past the grace without waiting.
+	Clock clockwork.Clock
 }
 
 // usesEtcd reports whether the fleet comes from etcd.

@@ -309,11 +309,16 @@ func settings(t reflect.Type, prefix string) []string {
 // free-form strings and counts of which any is valid. Every other setting
 // needs a row that Validate rejects.
 var unranged = map[string]bool{
-	"Listen": true, "AdminListen": true, // checked when listening
-	"Membership.Layout": true, "Admin.Token": true, "Pprof": true,
-	"Router.HideInstanceID": true, "Routing.TenantCacheSalt": true,
+	"Listen":                  true, // checked when listening
+	"AdminListen":             true,
+	"Membership.Layout":       true,
+	"Admin.Token":             true,
+	"Pprof":                   true,
+	"Router.HideInstanceID":   true,
+	"Routing.TenantCacheSalt": true,
 	"Routing.PrefixAwareRoutingConfig.HotKeyReplication": true,
-	"Router.Breaker.ConsecutiveFailures":                 true, "Router.Breaker.HalfOpenMaxRequests": true, // uint32
+	"Router.Breaker.ConsecutiveFailures":                 true, // uint32
+	"Router.Breaker.HalfOpenMaxRequests":                 true,
 }
 
 // zeroAt reports whether the setting at path in o is zero (a nil pointer

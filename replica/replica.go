@@ -142,7 +142,7 @@ func Start(ctx context.Context, opts Options) (*Replica, error) {
 		// Validate parsed the list already.
 		allowed, _ := fleet.ParseUpstreams(opts.AllowedUpstreams)
 		r.stale.Store(startStaleMarker(opts.Client, opts.Membership.Layout, r.log))
-		r.watcher = membership.StartWatcher(opts.Client, membership.WatcherOptions{Options: mopts, DefaultConfig: opts.Routing, Upstreams: allowed, VanishGrace: opts.VanishGrace}, r.router.Update)
+		r.watcher = membership.StartWatcher(opts.Client, membership.WatcherOptions{Options: mopts, DefaultConfig: opts.Routing, Upstreams: allowed, VanishGrace: opts.VanishGrace, Clock: opts.Clock}, r.router.Update)
 		startCtx, cancel := context.WithTimeout(ctx, opts.StartupTimeout)
 		defer cancel()
 		select {

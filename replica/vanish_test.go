@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
@@ -23,12 +24,13 @@ import (
 // behind the default, and that scale-downs still move traffic.
 
 // vanishFleet starts etcd (1 s leases) and one replica with the given
-// grace and fast health checks, as serve runs them.
-func vanishFleet(t *testing.T, grace time.Duration, backend func(string) http.Handler) (*localfleet.Fleet, *replica.Replica) {
+// grace, fast health checks (three failures take 60 ms) and the watcher's
+// clock (nil: the real one), as serve runs them.
+func vanishFleet(t *testing.T, grace time.Duration, backend func(string) http.Handler, clock clockwork.Clock) (*localfleet.Fleet, *replica.Replica) {
 	t.Helper()
 	ctx := testsupport.Context(t, 30*time.Second)
 	f, err := localfleet.Start(ctx, localfleet.Options{Endpoint: "chat", FastEtcd: true, TTL: time.Second, Backend: backend, DrainTimeout: 5 * time.Second,
-		Replica: replica.Options{VanishGrace: grace, Router: router.Options{HealthCheckInterval: 50 * time.Millisecond, HealthCheckTimeout: 50 * time.Millisecond}}})
+		Replica: replica.Options{VanishGrace: grace, Clock: clock, Router: router.Options{HealthCheckInterval: 20 * time.Millisecond, HealthCheckTimeout: 50 * time.Millisecond}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +100,7 @@ func TestVanishGuardAgentsLoseEtcd(t *testing.T) {
 		wantFailed int
 	}{{"guard off", 0, n}, {"default grace", replica.DefaultVanishGrace, 0}} {
 		t.Run(tc.name, func(t *testing.T) {
-			f, rep := vanishFleet(t, tc.grace, nil)
+			f, rep := vanishFleet(t, tc.grace, nil, nil)
 			ctx := t.Context()
 			var ids []string
 			for i := range 4 {
@@ -137,10 +139,12 @@ func TestVanishGuardAgentsLoseEtcd(t *testing.T) {
 // crash (servers and agents). The guard holds them for its grace, during
 // which health checks already route around them, so no request fails once
 // their leases expired; after the grace they leave the snapshot and every
-// key is on the survivor. Only the grace is short here.
+// key is on the survivor. The leases expire on etcd's clock (1 s, real);
+// the grace runs on the watcher's fake clock, which the test moves past it.
 func TestVanishGuardMassCrashMovesAfterGrace(t *testing.T) {
-	const grace = 3 * time.Second
-	f, rep := vanishFleet(t, grace, localfleet.Stub)
+	const grace = replica.DefaultVanishGrace
+	clock := testsupport.NewFakeClock()
+	f, rep := vanishFleet(t, grace, localfleet.Stub, clock)
 	ctx := t.Context()
 	for range 4 {
 		if _, err := f.AddInstance(ctx); err != nil {
@@ -164,7 +168,7 @@ func TestVanishGuardMassCrashMovesAfterGrace(t *testing.T) {
 	if n := len(rep.Router().Snapshot().Endpoint("chat").Instances); n != 4 {
 		t.Fatalf("%d instances in the snapshot while the guard holds, want 4", n)
 	}
-	// Health checks (50 ms) have marked the dead ones by now.
+	// Health checks (20 ms) have marked the dead ones by now.
 	testsupport.Eventually(t, 5*time.Second, "crashed instances unhealthy", func() bool {
 		for _, in := range ins[:3] {
 			if st, ok := rep.Router().Status("chat", in.ID); !ok || st.Healthy {
@@ -177,8 +181,16 @@ func TestVanishGuardMassCrashMovesAfterGrace(t *testing.T) {
 	if failed != 0 || by[survivor] != 40 {
 		t.Fatalf("while held: %d failed, served by %v; want 0 failed, all on %s", failed, by, survivor)
 	}
-	// After the grace the crashed instances leave and the metric says so.
+	// Still held just before the grace ends.
+	clock.Advance(grace - time.Second)
+	if n := len(rep.Router().Snapshot().Endpoint("chat").Instances); n != 4 || heldGauge(t, rep) != 3 {
+		t.Fatalf("%d instances, held gauge %v before the grace ended; want 4 and 3", n, heldGauge(t, rep))
+	}
+	// After the grace the crashed instances leave (the watcher's progress
+	// tick prunes) and the metric says so.
+	clock.Advance(time.Second)
 	testsupport.Eventually(t, 10*time.Second, "held instances released after the grace", func() bool {
+		clock.Advance(100 * time.Millisecond) // the progress ticker's next tick
 		return f.HasInstances(survivor)(rep.Router().Snapshot()) && heldGauge(t, rep) == 0
 	})
 }
@@ -187,7 +199,7 @@ func TestVanishGuardMassCrashMovesAfterGrace(t *testing.T) {
 // of four instances through their agents (drain, then revoke) is never
 // held: draining instances left on purpose, and traffic moves at once.
 func TestVanishGuardIgnoresGracefulScaleDown(t *testing.T) {
-	f, rep := vanishFleet(t, replica.DefaultVanishGrace, localfleet.Stub)
+	f, rep := vanishFleet(t, replica.DefaultVanishGrace, localfleet.Stub, nil)
 	ctx := t.Context()
 	for range 4 {
 		if _, err := f.AddInstance(ctx); err != nil {
