@@ -18,6 +18,19 @@ import (
 // certificate auth. The replica (through its own client certificate) and an
 // agent with a certificate work; an agent or a replica with a certificate of
 // another CA fails at start with a message that says so.
+// waitRouted waits until rep's snapshot holds the one instance registered
+// for "chat" and checks that an invocation reaches it.
+func waitRouted(t *testing.T, rep *Replica) {
+	t.Helper()
+	testsupport.Eventually(t, 10*time.Second, "instance routed", func() bool {
+		s := rep.Router().Snapshot().Endpoint("chat")
+		return s != nil && len(s.Instances) == 1
+	})
+	if code := post(t, rep.URL()); code != 200 {
+		t.Fatalf("invocation: %d", code)
+	}
+}
+
 func TestEmbeddedEtcdMTLS(t *testing.T) {
 	pki, other := testsupport.NewPKI(t), testsupport.NewPKI(t)
 	ctx := testsupport.Context(t, 60*time.Second)
@@ -48,13 +61,7 @@ func TestEmbeddedEtcdMTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer reg.Close(context.Background())
-	testsupport.Eventually(t, 10*time.Second, "instance routed", func() bool {
-		s := rep.Router().Snapshot().Endpoint("chat")
-		return s != nil && len(s.Instances) == 1
-	})
-	if code := post(t, rep.URL()); code != 200 {
-		t.Fatalf("invocation: %d", code)
-	}
+	waitRouted(t, rep)
 
 	// Wrong credentials: a certificate of another CA.
 	bad, err := membership.NewClient(membership.ClientOptions{Endpoints: []string{url}, CACert: pki.CACert, Cert: other.ClientCert, Key: other.ClientKey, DialTimeout: 2 * time.Second})
@@ -142,13 +149,7 @@ func TestEtcdRolesWithAuth(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer reg.Close(context.Background())
-	testsupport.Eventually(t, 10*time.Second, "instance routed", func() bool {
-		s := rep.Router().Snapshot().Endpoint("chat")
-		return s != nil && len(s.Instances) == 1
-	})
-	if code := post(t, rep.URL()); code != 200 {
-		t.Fatalf("invocation: %d", code)
-	}
+	waitRouted(t, rep)
 	if _, err := agent.Put(ctx, l.InstanceKey("chat", "vllm-1"), `{"addr":"http://127.0.0.1:1"}`); err == nil || !strings.Contains(err.Error(), "permission denied") {
 		t.Fatalf("agent writing another instance's key = %v, want permission denied", err)
 	}

@@ -42,6 +42,21 @@ func vanishFleet(t *testing.T, grace time.Duration, backend func(string) http.Ha
 	return f, rep
 }
 
+// addInstances adds n instances (servers and agents) to f and returns every
+// instance once the fleet's replicas see them all.
+func addInstances(t *testing.T, f *localfleet.Fleet, n int) []*localfleet.Instance {
+	t.Helper()
+	for range n {
+		if _, err := f.AddInstance(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.WaitFor(t.Context(), f.HasInstances(f.IDs()...)); err != nil {
+		t.Fatal(err)
+	}
+	return f.Instances()
+}
+
 // keysGone waits until etcd holds no instance key of the endpoint and the
 // replica's snapshot has caught up with the deletions.
 func keysGone(t *testing.T, f *localfleet.Fleet, rep *replica.Replica) {
@@ -146,15 +161,7 @@ func TestVanishGuardMassCrashMovesAfterGrace(t *testing.T) {
 	clock := testsupport.NewFakeClock()
 	f, rep := vanishFleet(t, grace, localfleet.Stub, clock)
 	ctx := t.Context()
-	for range 4 {
-		if _, err := f.AddInstance(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := f.WaitFor(ctx, f.HasInstances(f.IDs()...)); err != nil {
-		t.Fatal(err)
-	}
-	ins := f.Instances()
+	ins := addInstances(t, f, 4)
 	survivor := ins[3].ID
 	for _, in := range ins[:3] {
 		f.CrashInstance(in)
@@ -201,15 +208,7 @@ func TestVanishGuardMassCrashMovesAfterGrace(t *testing.T) {
 func TestVanishGuardIgnoresGracefulScaleDown(t *testing.T) {
 	f, rep := vanishFleet(t, replica.DefaultVanishGrace, localfleet.Stub, nil)
 	ctx := t.Context()
-	for range 4 {
-		if _, err := f.AddInstance(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := f.WaitFor(ctx, f.HasInstances(f.IDs()...)); err != nil {
-		t.Fatal(err)
-	}
-	ins := f.Instances()
+	ins := addInstances(t, f, 4)
 	done := make(chan struct{})
 	for _, in := range ins[:3] {
 		go func() { f.StopInstance(in); done <- struct{}{} }()
