@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"runtime"
 	"strings"
 	"sync"
@@ -21,6 +23,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 	"github.com/prefixrouter/prefixrouter/overload"
+	"github.com/prefixrouter/prefixrouter/upstream"
 )
 
 // streamTestBody is a 256 KiB invoke body (issue 9's large case).
@@ -590,4 +593,45 @@ func TestStaleAdapterStreamedNotResent(t *testing.T) {
 	if s := h.state("i-a").Status().Breaker; s != gobreaker.StateClosed {
 		t.Fatalf("breaker %v", s)
 	}
+}
+
+// TestHTTPSInstanceBodies: an https instance goes through the transport's
+// net/http fallback, which may read a body after the answer: such bodies
+// stay out of the head pool, and concurrent requests (run with -race)
+// arrive intact.
+func TestHTTPSInstanceBodies(t *testing.T) {
+	inst := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		_, _ = w.Write(b)
+	}))
+	defer inst.Close()
+	tr := upstream.New(upstream.Options{Fallback: inst.Client().Transport})
+	defer tr.Close()
+	r, err := New(Options{DefaultEndpoint: "ep", Logger: slog.New(slog.DiscardHandler), Transport: tr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	r.Update(fleet.NewSnapshot([]fleet.Endpoint{{Name: "ep", Instances: []fleet.Instance{{ID: "tls", Addr: inst.URL}}}}, 0, 1, time.Now()))
+	srv := httptest.NewServer(r)
+	defer srv.Close()
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Go(func() {
+			for j := range 5 {
+				body := invokeBody(1<<10 + (i*5+j)*997)
+				resp, err := srv.Client().Post(srv.URL+"/invocations", "application/json", bytes.NewReader(body))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				got, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 || !bytes.Equal(got, body) {
+					t.Errorf("status %d, %d bytes back of %d", resp.StatusCode, len(got), len(body))
+				}
+			}
+		})
+	}
+	wg.Wait()
 }

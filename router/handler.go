@@ -333,6 +333,15 @@ func (r *Router) serve(w http.ResponseWriter, req *http.Request, kind apiKind, u
 		r.reject(w, req, kind, endpoint, strategy, berr)
 		return
 	}
+	var a *attempt
+	defer func() {
+		// Our upstream transport reads the body on this goroutine; the
+		// net/http fallback (https instances) may still read it after the
+		// answer, so such bodies are left to the collector.
+		if a == nil || !a.bodyAsync {
+			putHead(body)
+		}
+	}()
 	rr, rerr := parseRoute(kind, req.Header, body, ev.prefixLen, rest != nil && kind.openAI())
 	if rerr != nil {
 		r.reject(w, req, kind, endpoint, strategy, rerr)
@@ -422,7 +431,7 @@ func (r *Router) serve(w http.ResponseWriter, req *http.Request, kind apiKind, u
 		r.reject(w, req, kind, endpoint, strategy, &reqError{http.StatusServiceUnavailable, codeNoInstance, fmt.Sprintf("no instance of endpoint %q can take the request (all circuit breakers open)", endpoint)})
 		return
 	}
-	a := &attempt{
+	a = &attempt{
 		r: r, kind: kind, endpoint: endpoint, ev: ev, set: set, key: rr.key, hot: hc, model: rr.model, view: v,
 		replicas: v.snap.Replicas, upstreamPath: upstreamPath, stream: stream, cur: p, tried: skip, pinned: pinned,
 	}

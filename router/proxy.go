@@ -62,6 +62,7 @@ type attempt struct {
 	upCtx        context.Context // the upstream call's; its cause tells a first-byte timeout
 	firstByte    *firstByte      // the first-byte timeout; nil when off or stopped
 	stream       bool            // frame the answer as an AWS event stream (…/invocations-response-stream)
+	bodyAsync    bool            // a try went to a transport that may read body after answering (https)
 	pinned       bool            // a session's request: its instance only, no retry elsewhere
 
 	cur     pick   // the admitted instance; cur.done nil once released
@@ -136,6 +137,9 @@ func attemptFrom(ctx context.Context) *attempt { return ctx.Value(attemptKey{}).
 // setTarget points out at the current instance.
 func (a *attempt) setTarget(out *http.Request) {
 	t := a.cur.iv.target
+	if t.Scheme != "http" {
+		a.bodyAsync = true
+	}
 	out.URL.Scheme = t.Scheme
 	out.URL.Host = t.Host
 	out.URL.Path = joinPath(t.Path, a.upstreamPath)
