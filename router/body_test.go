@@ -379,9 +379,10 @@ func TestOpenAIModelAfterMessages(t *testing.T) {
 // TestStreamedBodyHeapPerRequest (issue 9 acceptance): 150 clients each
 // send 128 KiB of a 256 KiB invoke body and hold the rest; once every
 // instance connection has received that much, the heap in use grows by at
-// most 64 KiB per in-flight request (about 44 KB measured: the server
-// connection's buffers, the 4 KiB head, the upstream connection's reader
-// and the transport's 16 KiB write buffer; see docs/benchmarks.md). The
+// most 64 KiB per in-flight request (about 56 KB measured: the server
+// connection's buffers, the pooled 5 KiB head and the transport's 32 KiB
+// write buffer; the upstream reader is taken only for the answer; see
+// docs/benchmarks.md). The
 // clients write raw bytes from one shared slice and the instance only
 // counts bytes, so the growth is the router's.
 func TestStreamedBodyHeapPerRequest(t *testing.T) {

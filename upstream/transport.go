@@ -82,11 +82,30 @@ type Transport struct {
 // and take do not block, and a full pool closes the connection instead.
 type host struct{ idle chan *conn }
 
-// conn is one upstream connection and its response reader.
+// conn is one upstream connection. Its response reader comes from a pool
+// when a response is read and goes back when the connection is idle or
+// closed: a request whose body is still streaming, and an idle connection,
+// hold none.
 type conn struct {
 	nc        net.Conn
-	br        *bufio.Reader
+	br        *bufio.Reader // nil until the request is written
 	idleSince time.Time
+}
+
+var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, readBufferSize) }}
+
+// close closes the connection and returns its reader.
+func (c *conn) close() {
+	c.nc.Close()
+	c.releaseReader()
+}
+
+func (c *conn) releaseReader() {
+	if c.br != nil {
+		c.br.Reset(nil)
+		readers.Put(c.br)
+		c.br = nil
+	}
 }
 
 // New returns a Transport with opts (zero values: the defaults).
@@ -175,7 +194,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp, err := t.send(c, req)
 	if err != nil {
 		stop()
-		c.nc.Close()
+		c.close()
 		if ctx.Err() != nil {
 			return nil, context.Cause(ctx)
 		}
@@ -200,8 +219,8 @@ func (t *Transport) get(ctx context.Context, h *host, addr string) (*conn, error
 	for {
 		select {
 		case c := <-h.idle:
-			if time.Since(c.idleSince) > t.opts.IdleTimeout || c.br.Buffered() > 0 || !alive(c.nc) {
-				c.nc.Close()
+			if time.Since(c.idleSince) > t.opts.IdleTimeout || !alive(c.nc) {
+				c.close()
 				continue
 			}
 			return c, nil
@@ -213,16 +232,18 @@ func (t *Transport) get(ctx context.Context, h *host, addr string) (*conn, error
 	if err != nil {
 		return nil, err
 	}
-	return &conn{nc: nc, br: bufio.NewReaderSize(nc, readBufferSize)}, nil
+	return &conn{nc: nc}, nil
 }
 
-// put returns c to its pool, or closes it when the pool is full or the
-// transport closed.
+// put returns c to its pool, or closes it when the pool is full, the
+// transport closed, or bytes follow the answer.
 func (t *Transport) put(h *host, c *conn) {
-	if t.closed.Load() {
-		c.nc.Close()
+	if t.closed.Load() || (c.br != nil && c.br.Buffered() > 0) {
+		// Bytes after the answer's end: the instance broke the framing.
+		c.close()
 		return
 	}
+	c.releaseReader()
 	c.idleSince = time.Now()
 	select {
 	case h.idle <- c:
@@ -235,7 +256,7 @@ func (t *Transport) put(h *host, c *conn) {
 // buffer only while a request is written.
 const (
 	readBufferSize  = 4 << 10
-	writeBufferSize = 16 << 10
+	writeBufferSize = 32 << 10
 )
 
 // BytesBody is implemented by a request body held whole in memory. When
@@ -254,6 +275,8 @@ func (t *Transport) send(c *conn, req *http.Request) (*http.Response, error) {
 	if err := t.write(c.nc, req); err != nil {
 		return nil, err
 	}
+	c.br = readers.Get().(*bufio.Reader)
+	c.br.Reset(c.nc)
 	if d := t.opts.ResponseHeaderTimeout; d > 0 {
 		_ = c.nc.SetReadDeadline(time.Now().Add(d))
 	}
@@ -468,5 +491,5 @@ func (b *body) release(reuse bool) {
 		b.t.put(b.h, b.c)
 		return
 	}
-	b.c.nc.Close()
+	b.c.close()
 }

@@ -1,6 +1,7 @@
 package upstream
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -383,7 +384,7 @@ func TestWriteShapes(t *testing.T) {
 	}{
 		{"in memory", memBody{bytes.NewReader(body), body}, len(body), 2},
 		{"streamed, fits", io.NopCloser(io.MultiReader(bytes.NewReader(body[:4097]), bytes.NewReader(body[4097:]))), len(body), 1},
-		{"streamed, long", io.NopCloser(bytes.NewReader(bytes.Repeat([]byte("l"), 100<<10))), 100 << 10, 7},
+		{"streamed, long", io.NopCloser(bytes.NewReader(bytes.Repeat([]byte("l"), 100<<10))), 100 << 10, 0}, // full buffers
 	} {
 		req, _ := http.NewRequest(http.MethodPost, "http://instance:8080/invocations", tc.body)
 		req.ContentLength = int64(tc.size)
@@ -393,11 +394,54 @@ func TestWriteShapes(t *testing.T) {
 		}
 		all := bytes.Join(c.writes, nil)
 		head, sent, _ := bytes.Cut(all, []byte("\r\n\r\n"))
+		if tc.writes == 0 {
+			tc.writes = (len(all) + writeBufferSize - 1) / writeBufferSize
+		}
 		if len(c.writes) != tc.writes || len(sent) != tc.size || !bytes.HasPrefix(head, []byte("POST /invocations HTTP/1.1\r\nHost: instance:8080\r\n")) {
 			t.Fatalf("%s: %d writes, %d body bytes, head %q; want %d writes, %d bytes", tc.name, len(c.writes), len(sent), head, tc.writes, tc.size)
 		}
 		if _, ok := tc.body.(BytesBody); ok && &c.passed[1][0] != &body[0] {
 			t.Fatalf("%s: the body was copied before the write", tc.name)
 		}
+	}
+}
+
+// TestBytesAfterTheAnswerCloseTheConnection: an instance that sends more
+// than its Content-Length broke the framing; its connection is not reused.
+func TestBytesAfterTheAnswerCloseTheConnection(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var accepted atomic.Int64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			br := bufio.NewReader(c)
+			if req, err := http.ReadRequest(br); err == nil {
+				_, _ = io.Copy(io.Discard, req.Body)
+				_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokEXTRA")
+			}
+			// Leave the connection open: only the client can tell the
+			// answer was wrong.
+			defer c.Close()
+		}
+	}()
+	defer func() { ln.Close(); <-done }()
+	tr := newTransport(t, Options{})
+	for range 2 {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+ln.Addr().String()+"/", nil)
+		if code, got := do(t, tr, req); code != 200 || got != "ok" {
+			t.Fatalf("%d %q", code, got)
+		}
+	}
+	if n := accepted.Load(); n != 2 {
+		t.Fatalf("%d connections, want 2 (the first dropped for its extra bytes)", n)
 	}
 }
