@@ -18,11 +18,14 @@
 // (the body is sent at once), compression, and replays: a request that fails
 // is not re-sent here (the router's retry policy decides). An idle
 // connection the instance has closed is found before reuse by a
-// non-blocking peek and dropped.
+// non-blocking peek and dropped; connections idle past the idle timeout,
+// and the pools of addresses no longer used, are swept by the request that
+// finds the last sweep half an idle timeout old (no goroutine of its own).
 package upstream
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -76,11 +79,19 @@ type Transport struct {
 	hosts    sync.Map // host:port → *host
 	fallback http.RoundTripper
 	closed   atomic.Bool
+	swept    atomic.Int64 // unix nanoseconds of the last sweep
 }
 
 // host is the idle pool of one instance address. A buffered channel: put
 // and take do not block, and a full pool closes the connection instead.
-type host struct{ idle chan *conn }
+// A host that has been unused for two idle timeouts is removed from the map
+// by a sweep (instances come and go; their addresses would otherwise pile
+// up); dead tells a put that raced with the removal to close instead.
+type host struct {
+	idle     chan *conn
+	lastUsed atomic.Int64 // unix nanoseconds
+	dead     atomic.Bool
+}
 
 // conn is one upstream connection. Its response reader comes from a pool
 // when a response is read and goes back when the connection is idle or
@@ -110,19 +121,12 @@ func (c *conn) releaseReader() {
 
 // New returns a Transport with opts (zero values: the defaults).
 func New(opts Options) *Transport {
-	if opts.DialTimeout <= 0 {
-		opts.DialTimeout = DefaultDialTimeout
-	}
-	if opts.KeepAlive <= 0 {
-		opts.KeepAlive = DefaultKeepAlive
-	}
-	if opts.MaxIdlePerHost <= 0 {
-		opts.MaxIdlePerHost = DefaultMaxIdlePerHost
-	}
-	if opts.IdleTimeout <= 0 {
-		opts.IdleTimeout = DefaultIdleTimeout
-	}
+	opts.DialTimeout = cmp.Or(max(opts.DialTimeout, 0), DefaultDialTimeout)
+	opts.KeepAlive = cmp.Or(max(opts.KeepAlive, 0), DefaultKeepAlive)
+	opts.MaxIdlePerHost = cmp.Or(max(opts.MaxIdlePerHost, 0), DefaultMaxIdlePerHost)
+	opts.IdleTimeout = cmp.Or(max(opts.IdleTimeout, 0), DefaultIdleTimeout)
 	t := &Transport{opts: opts, dialer: net.Dialer{Timeout: opts.DialTimeout, KeepAlive: opts.KeepAlive}}
+	t.swept.Store(time.Now().UnixNano())
 	t.fallback = opts.Fallback
 	if t.fallback == nil {
 		t.fallback = &http.Transport{
@@ -141,15 +145,8 @@ func New(opts Options) *Transport {
 // of the fallback).
 func (t *Transport) CloseIdleConnections() {
 	t.hosts.Range(func(_, v any) bool {
-		h := v.(*host)
-		for {
-			select {
-			case c := <-h.idle:
-				c.nc.Close()
-			default:
-				return true
-			}
-		}
+		v.(*host).drain(func(*conn) bool { return false })
+		return true
 	})
 	if ci, ok := t.fallback.(interface{ CloseIdleConnections() }); ok {
 		ci.CloseIdleConnections()
@@ -214,8 +211,14 @@ func (t *Transport) host(addr string) *host {
 	return v.(*host)
 }
 
-// get takes an idle connection that is still open, or dials one.
+// get takes an idle connection that is still open, or dials one. Once per
+// sweep interval the caller also sweeps the pools.
 func (t *Transport) get(ctx context.Context, h *host, addr string) (*conn, error) {
+	now := time.Now()
+	h.lastUsed.Store(now.UnixNano())
+	if last := t.swept.Load(); now.UnixNano()-last > int64(t.sweepInterval()) && t.swept.CompareAndSwap(last, now.UnixNano()) {
+		t.sweep(now)
+	}
 	for {
 		select {
 		case c := <-h.idle:
@@ -247,8 +250,58 @@ func (t *Transport) put(h *host, c *conn) {
 	c.idleSince = time.Now()
 	select {
 	case h.idle <- c:
+		if h.dead.Load() {
+			h.drain(func(*conn) bool { return false }) // removed meanwhile: close
+		}
 	default:
 		c.nc.Close()
+	}
+}
+
+// sweepInterval is how often the pools are swept: half the idle timeout.
+func (t *Transport) sweepInterval() time.Duration { return t.opts.IdleTimeout / 2 }
+
+// sweep closes the connections idle for longer than the idle timeout
+// (without it, those of an instance that left the fleet would stay open:
+// nothing takes them again) and removes hosts unused for two idle
+// timeouts. It runs on the goroutine of the request that found the last
+// sweep old enough; its cost is one pass over the idle connections.
+func (t *Transport) sweep(now time.Time) {
+	t.hosts.Range(func(k, v any) bool {
+		h := v.(*host)
+		if now.UnixNano()-h.lastUsed.Load() > 2*int64(t.opts.IdleTimeout) {
+			h.dead.Store(true)
+			t.hosts.Delete(k)
+			h.drain(func(*conn) bool { return false })
+			return true
+		}
+		h.drain(func(c *conn) bool { return now.Sub(c.idleSince) <= t.opts.IdleTimeout })
+		return true
+	})
+}
+
+// drain takes every idle connection, puts back those keep accepts (as many
+// as fit) and closes the others.
+func (h *host) drain(keep func(*conn) bool) {
+	var kept []*conn
+	for done := false; !done; {
+		select {
+		case c := <-h.idle:
+			if keep(c) {
+				kept = append(kept, c)
+			} else {
+				c.nc.Close()
+			}
+		default:
+			done = true
+		}
+	}
+	for _, c := range kept {
+		select {
+		case h.idle <- c:
+		default:
+			c.nc.Close()
+		}
 	}
 }
 

@@ -445,3 +445,35 @@ func TestBytesAfterTheAnswerCloseTheConnection(t *testing.T) {
 		t.Fatalf("%d connections, want 2 (the first dropped for its extra bytes)", n)
 	}
 }
+
+// TestSweepClosesIdleConnectionsOfAnInstanceThatLeft: nothing takes the
+// idle connections of an instance that left the fleet again; a sweep, run
+// by a later request to another instance, closes them and forgets the
+// address.
+func TestSweepClosesIdleConnectionsOfAnInstanceThatLeft(t *testing.T) {
+	var closed atomic.Int64
+	gone := httptest.NewUnstartedServer(http.HandlerFunc(echo))
+	gone.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateClosed {
+			closed.Add(1)
+		}
+	}
+	gone.Start()
+	defer gone.Close()
+	stays := newServer(t, echo)
+	const idle = 20 * time.Millisecond
+	tr := newTransport(t, Options{IdleTimeout: idle})
+	req, _ := http.NewRequest(http.MethodGet, gone.URL+"/", nil)
+	do(t, tr, req)
+	goneAddr := strings.TrimPrefix(gone.URL, "http://")
+	if _, ok := tr.hosts.Load(goneAddr); !ok {
+		t.Fatal("no pool for the first instance")
+	}
+	time.Sleep(2*idle + 10*time.Millisecond) // past two idle timeouts
+	req, _ = http.NewRequest(http.MethodGet, stays.URL+"/", nil)
+	do(t, tr, req)
+	if _, ok := tr.hosts.Load(goneAddr); ok {
+		t.Fatal("the unused instance's pool is still there after a sweep")
+	}
+	testsupport.Eventually(t, 5*time.Second, "the idle connection to the unused instance closed", func() bool { return closed.Load() == 1 })
+}
