@@ -394,8 +394,13 @@ func (t *Transport) write(w net.Conn, req *http.Request) (err error) {
 	if err := req.Header.WriteSubset(&ab, excluded); err != nil {
 		return err
 	}
-	hasBody := req.Body != nil && req.Body != http.NoBody && req.ContentLength != 0
-	chunked := hasBody && req.ContentLength < 0
+	// As in net/http, a ContentLength of 0 with a body means unknown,
+	// unless the body says it is empty.
+	hasBody := req.Body != nil && req.Body != http.NoBody
+	if bb, ok := req.Body.(BytesBody); ok && req.ContentLength == 0 && len(bb.Bytes()) == 0 {
+		hasBody = false
+	}
+	chunked := hasBody && req.ContentLength <= 0
 	switch {
 	case chunked:
 		ab.b = append(ab.b, "Transfer-Encoding: chunked\r\n"...)

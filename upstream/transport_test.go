@@ -121,6 +121,12 @@ func TestRoundTripUnknownLengthIsChunked(t *testing.T) {
 	if string(got) != body || resp.Header.Get("X-Chunked") != "chunked" {
 		t.Fatalf("chunked body: %d bytes back, transfer encodings %q", len(got), resp.Header.Get("X-Chunked"))
 	}
+	// A ContentLength of 0 with a body is unknown too (net/http's rule).
+	req, _ = http.NewRequest(http.MethodPost, s.URL+"/", io.NopCloser(strings.NewReader("zero")))
+	req.ContentLength = 0
+	if code, got := do(t, tr, req); code != 200 || got != "zero" {
+		t.Fatalf("ContentLength 0 with a body: %d %q", code, got)
+	}
 	// The connection is still usable after a chunked request.
 	req, _ = http.NewRequest(http.MethodGet, s.URL+"/", nil)
 	if code, _ := do(t, tr, req); code != 200 || s.conns.Load() != 1 {
