@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
+	"net/textproto"
 	"strings"
 	"sync"
 	"testing"
@@ -270,5 +272,34 @@ func TestNewValidates(t *testing.T) {
 			r.Close()
 			t.Errorf("New(%+v) accepted", o)
 		}
+	}
+}
+
+// TestEarlyHintsReachTheClient: a 103 Early Hints from the instance goes to
+// the client before the answer, as through net/http's transport.
+func TestEarlyHintsReachTheClient(t *testing.T) {
+	b := newBackend(t, "i-a")
+	b.handler = func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Link", "</doc>; rel=preload")
+		w.WriteHeader(http.StatusEarlyHints)
+		w.Header().Del("Link")
+		fmt.Fprint(w, `{"ok":true}`)
+	}
+	h := newHarness(t, hopts{}, b)
+	var hints []string
+	trace := &httptrace.ClientTrace{Got1xxResponse: func(code int, hdr textproto.MIMEHeader) error {
+		hints = append(hints, fmt.Sprintf("%d %s", code, hdr.Get("Link")))
+		return nil
+	}}
+	req, _ := http.NewRequestWithContext(httptrace.WithClientTrace(t.Context(), trace), http.MethodPost, h.srv.URL+"/invocations", strings.NewReader(`{"inputs":"x"}`))
+	resp, err := h.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || len(hints) != 1 || hints[0] != "103 </doc>; rel=preload" {
+		t.Fatalf("status %d, hints %q; want 200 after one 103 with its Link", resp.StatusCode, hints)
 	}
 }

@@ -32,7 +32,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/http/httputil"
+	"net/textproto"
 	"strconv"
 	"strings"
 	"sync"
@@ -339,7 +341,16 @@ func (t *Transport) send(c *conn, req *http.Request) (*http.Response, error) {
 			return nil, err
 		}
 		if resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
-			continue // 100 Continue, 103 Early Hints: the answer follows
+			// 103 Early Hints and the like: the answer follows. They go
+			// to the request's httptrace hook, as net/http's Transport
+			// does (ReverseProxy's hook forwards them to the client); a
+			// 100 Continue nobody asked for is dropped.
+			if trace := httptrace.ContextClientTrace(req.Context()); trace != nil && trace.Got1xxResponse != nil && resp.StatusCode != http.StatusContinue {
+				if err := trace.Got1xxResponse(resp.StatusCode, textproto.MIMEHeader(resp.Header)); err != nil {
+					return nil, err
+				}
+			}
+			continue
 		}
 		if t.opts.ResponseHeaderTimeout > 0 {
 			_ = c.nc.SetReadDeadline(time.Time{})

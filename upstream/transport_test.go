@@ -9,6 +9,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
+	"net/textproto"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -300,7 +302,8 @@ func TestShortBodyFails(t *testing.T) {
 	}
 }
 
-// TestInformationalAnswersAreSkipped: 103 Early Hints before the answer.
+// TestInformationalAnswersAreSkipped: 103 Early Hints before the answer go
+// to the request's httptrace hook (ReverseProxy forwards them from there).
 func TestInformationalAnswersAreSkipped(t *testing.T) {
 	s := newServer(t, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Link", "</a>; rel=preload")
@@ -308,9 +311,17 @@ func TestInformationalAnswersAreSkipped(t *testing.T) {
 		_, _ = io.WriteString(w, "final")
 	})
 	tr := newTransport(t, Options{})
-	req, _ := http.NewRequest(http.MethodGet, s.URL+"/", nil)
+	var hints []string
+	trace := &httptrace.ClientTrace{Got1xxResponse: func(code int, h textproto.MIMEHeader) error {
+		hints = append(hints, strconv.Itoa(code)+" "+h.Get("Link"))
+		return nil
+	}}
+	req, _ := http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), trace), http.MethodGet, s.URL+"/", nil)
 	if code, got := do(t, tr, req); code != 200 || got != "final" {
 		t.Fatalf("after 103: %d %q", code, got)
+	}
+	if len(hints) != 1 || hints[0] != "103 </a>; rel=preload" {
+		t.Fatalf("the trace hook saw %q, want the 103 and its Link", hints)
 	}
 }
 
