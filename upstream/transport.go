@@ -30,6 +30,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptrace"
@@ -101,7 +102,8 @@ type host struct {
 // hold none.
 type conn struct {
 	nc        net.Conn
-	br        *bufio.Reader // nil until the request is written
+	lr        limitedReader // nc, limited while an answer's head is read
+	br        *bufio.Reader // reads lr; nil until the request is written
 	idleSince time.Time
 }
 
@@ -314,6 +316,33 @@ const (
 	writeBufferSize = 32 << 10
 )
 
+// maxResponseHeaderBytes bounds an answer's status line and headers (and
+// those of the informational answers before it), as net/http's Transport
+// does with MaxResponseHeaderBytes: an instance cannot make the router
+// buffer headers without end.
+const maxResponseHeaderBytes = 1 << 20
+
+// errHeaderTooLarge fails an answer whose head exceeds maxResponseHeaderBytes.
+var errHeaderTooLarge = fmt.Errorf("upstream: response headers exceed %d bytes", maxResponseHeaderBytes)
+
+// limitedReader reads from r until left bytes have been read, then fails.
+type limitedReader struct {
+	r    io.Reader
+	left int64
+}
+
+func (l *limitedReader) Read(p []byte) (int, error) {
+	if l.left <= 0 {
+		return 0, errHeaderTooLarge
+	}
+	if int64(len(p)) > l.left {
+		p = p[:l.left]
+	}
+	n, err := l.r.Read(p)
+	l.left -= int64(n)
+	return n, err
+}
+
 // BytesBody is implemented by a request body held whole in memory. When
 // Bytes holds exactly the request's ContentLength bytes, the transport
 // sends them after the head in one vectored write, without copying them.
@@ -331,7 +360,8 @@ func (t *Transport) send(c *conn, req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	c.br = readers.Get().(*bufio.Reader)
-	c.br.Reset(c.nc)
+	c.lr = limitedReader{r: c.nc, left: maxResponseHeaderBytes}
+	c.br.Reset(&c.lr)
 	if d := t.opts.ResponseHeaderTimeout; d > 0 {
 		_ = c.nc.SetReadDeadline(time.Now().Add(d))
 	}
@@ -355,6 +385,7 @@ func (t *Transport) send(c *conn, req *http.Request) (*http.Response, error) {
 		if t.opts.ResponseHeaderTimeout > 0 {
 			_ = c.nc.SetReadDeadline(time.Time{})
 		}
+		c.lr.left = math.MaxInt64 // the body is the caller's to bound
 		return resp, nil
 	}
 }

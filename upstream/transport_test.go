@@ -494,3 +494,39 @@ func TestSweepClosesIdleConnectionsOfAnInstanceThatLeft(t *testing.T) {
 	}
 	testsupport.Eventually(t, 5*time.Second, "the idle connection to the unused instance closed", func() bool { return closed.Load() == 1 })
 }
+
+// TestResponseHeadersAreBounded: an instance that sends headers without end
+// fails the request instead of growing the router's memory.
+func TestResponseHeadersAreBounded(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+			return
+		}
+		line := "X-Filler: " + strings.Repeat("f", 1000) + "\r\n"
+		if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\n"); err != nil {
+			return
+		}
+		for range 2 << 10 { // 2 MiB of headers
+			if _, err := io.WriteString(c, line); err != nil {
+				return
+			}
+		}
+	}()
+	defer func() { ln.Close(); <-done }()
+	tr := newTransport(t, Options{})
+	req, _ := http.NewRequest(http.MethodGet, "http://"+ln.Addr().String()+"/", nil)
+	if _, err := tr.RoundTrip(req); !errors.Is(err, errHeaderTooLarge) {
+		t.Fatalf("2 MiB of headers: %v, want errHeaderTooLarge", err)
+	}
+}
