@@ -137,11 +137,26 @@ func (m Metrics) Series(name string) []Series {
 	return out
 }
 
-// LoRAUse reads VLLMLoRARequestsInfo: the adapters that any of its series
-// lists as running or waiting, sorted and distinct, and the adapter slots
-// (max_lora) of its last series, 0 when absent or not a number.
+// LoRAUse reads VLLMLoRARequestsInfo: the adapters its current series
+// lists as running or waiting, sorted and distinct, and that series' adapter
+// slots (max_lora), 0 when absent or not a number. vLLM sets the gauge of
+// the label set it sees to the current time and never removes the label
+// sets of earlier moments, so the family holds one series per combination
+// ever seen; the current one has the largest value (series tied at it are
+// read together).
 func (m Metrics) LoRAUse() (inUse []string, slots int) {
-	for _, s := range m.Series(VLLMLoRARequestsInfo) {
+	series := m.Series(VLLMLoRARequestsInfo)
+	if len(series) == 0 {
+		return nil, 0
+	}
+	latest := series[0].Value
+	for _, s := range series[1:] {
+		latest = max(latest, s.Value)
+	}
+	for _, s := range series {
+		if s.Value != latest {
+			continue
+		}
 		for _, label := range []string{"running_lora_adapters", "waiting_lora_adapters"} {
 			for _, a := range strings.Split(s.Labels[label], ",") {
 				if a != "" {

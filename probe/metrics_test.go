@@ -104,9 +104,16 @@ func TestLoRAUse(t *testing.T) {
 	}{
 		{"absent", "vllm:num_requests_running 1\n", nil, 0},
 		{"idle", `vllm:lora_requests_info{max_lora="2",running_lora_adapters="",waiting_lora_adapters=""} 1.7e9` + "\n", nil, 2},
-		{"running and waiting, every series", `vllm:lora_requests_info{max_lora="4",running_lora_adapters="sql,chat",waiting_lora_adapters="chat"} 1.7e9
-vllm:lora_requests_info{max_lora="8",running_lora_adapters="",waiting_lora_adapters="eu"} 1.8e9
-`, []string{"chat", "eu", "sql"}, 8},
+		{"running and waiting", `vllm:lora_requests_info{max_lora="4",running_lora_adapters="sql,chat",waiting_lora_adapters="chat"} 1.7e9` + "\n", []string{"chat", "sql"}, 4},
+		// vLLM keeps the label sets of earlier moments, each at the time
+		// it was last set: only the newest says what is in use now.
+		{"earlier series are history", `vllm:lora_requests_info{max_lora="4",running_lora_adapters="sql,chat",waiting_lora_adapters="chat"} 1.7000001e9
+vllm:lora_requests_info{max_lora="4",running_lora_adapters="",waiting_lora_adapters="eu"} 1.7000003e9
+vllm:lora_requests_info{max_lora="4",running_lora_adapters="",waiting_lora_adapters=""} 1.7000002e9
+`, []string{"eu"}, 4},
+		{"nothing in use now", `vllm:lora_requests_info{max_lora="2",running_lora_adapters="sql",waiting_lora_adapters=""} 1.7e9
+vllm:lora_requests_info{max_lora="2",running_lora_adapters="",waiting_lora_adapters=""} 1.8e9
+`, nil, 2},
 		{"slots not a number", `vllm:lora_requests_info{max_lora="many",running_lora_adapters="a",waiting_lora_adapters=""} 1` + "\n", []string{"a"}, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
