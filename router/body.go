@@ -34,8 +34,8 @@ func readHead(w http.ResponseWriter, req *http.Request, limit int64, need int) (
 	if req.ContentLength >= 0 && (req.ContentLength < int64(size) || req.ContentLength < wholeBody) {
 		size = int(req.ContentLength) + 1 // all of it, and room for the EOF read
 	}
-	// Never allocate more than a client declared (issue 12), nor more than
-	// the head: what comes later is streamed, or grown as it arrives.
+	// Take no more than the head's pool class, whatever a client declares
+	// (issue 12): what comes later is streamed, or grown as it arrives.
 	head = getHead(size)
 	for len(head) < size {
 		n, err := body.Read(head[len(head):size])

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-
 	"net/http"
 	"net/url"
 	"sync"

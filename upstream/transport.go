@@ -224,16 +224,18 @@ func (t *Transport) get(ctx context.Context, h *host, addr string) (*conn, error
 		t.sweep(now)
 	}
 	for {
+		var c *conn
 		select {
-		case c := <-h.idle:
-			if time.Since(c.idleSince) > t.opts.IdleTimeout || !alive(c.nc) {
-				c.close()
-				continue
-			}
-			return c, nil
+		case c = <-h.idle:
 		default:
 		}
-		break
+		if c == nil {
+			break
+		}
+		if now.Sub(c.idleSince) <= t.opts.IdleTimeout && alive(c.nc) {
+			return c, nil
+		}
+		c.close()
 	}
 	nc, err := t.dialer.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -309,8 +311,8 @@ func (h *host) drain(keep func(*conn) bool) {
 	}
 }
 
-// Buffer sizes. The response reader lives with its connection; the write
-// buffer only while a request is written.
+// Buffer sizes. Both come from pools: the response reader while an answer
+// is read, the write buffer while a request is written.
 const (
 	readBufferSize  = 4 << 10
 	writeBufferSize = 32 << 10
