@@ -28,11 +28,16 @@ const (
 var chaosAdapters = []string{"chaos-a0", "chaos-a1", "chaos-a2", "chaos-a3"}
 
 // Placement settings of the chaos fleet's agents: quick, so that a hot
-// adapter grows within a load window or two.
+// adapter grows within a load window or two. The cooldown is long: the
+// scenarios' own resizes are written directly, and a set a scenario has
+// just grown must not shrink back (an adapter the sparse load never
+// catches in flight looks cold) while a later scenario measures it. A
+// scenario that grows the same adapter twice waits out the cooldown,
+// within convergeTimeout.
 const (
 	agentLoadPoll     = 100 * time.Millisecond
 	agentHotWindow    = 500 * time.Millisecond
-	agentScaleCooling = 2 * time.Second
+	agentScaleCooling = 30 * time.Second
 )
 
 // AdapterMovement compares the probes' primaries of one adapter before and
@@ -252,20 +257,29 @@ func (s *suite) adapterJoin(ctx context.Context, res *Result) error {
 
 func (s *suite) adapterUnload(ctx context.Context, res *Result) error {
 	a := chaosAdapters[0]
+	// The set must hold two members before the measurement starts, so that
+	// one can leave; a fresh fleet (or a scale-down since adapter-join)
+	// leaves one.
+	if err := s.ensureAdapters(ctx); err != nil {
+		return err
+	}
+	if k := len(lora.Place(s.adapterSnapshot()).Set(a)); k < 2 {
+		if err := s.resize(ctx, a, 2); err != nil {
+			return err
+		}
+		wctx, cancel := context.WithTimeout(ctx, convergeTimeout)
+		err := s.f.WaitFor(wctx, settledFor(s.f.Endpoint(), 2, a))
+		cancel()
+		if err != nil {
+			return fmt.Errorf("chaos: %s did not settle on two instances: %w", a, err)
+		}
+	}
 	var removed string
 	m, err := s.adapterEvent(ctx, res, nil, func() (string, error) {
-		ep := s.adapterSnapshot()
-		set := lora.Place(ep).Set(a)
+		set := lora.Place(s.adapterSnapshot()).Set(a)
 		k := len(set)
 		if k < 2 {
-			if err := s.resize(ctx, a, 2); err != nil {
-				return a, err
-			}
-			if err := s.settled(ctx, a); err != nil {
-				return a, err
-			}
-			ep = s.adapterSnapshot()
-			set, k = lora.Place(ep).Set(a), 2
+			return a, fmt.Errorf("chaos: %s is on %d instance(s); unload needs two", a, k)
 		}
 		removed = set[k-1]
 		res.Event = fmt.Sprintf("%s unloaded from %s (k %d→%d)", a, removed, k, k-1)
