@@ -273,7 +273,10 @@ func TestClientAbortMidBody(t *testing.T) {
 	if s := h.state("i-a").Status().Breaker; s != gobreaker.StateClosed {
 		t.Fatalf("breaker %v after a client abort", s)
 	}
-	if got := counterValue(h.r.metrics.requests.WithLabelValues("ep", string(fleet.PrefixAware), DecisionAffinity, "499")); got != 1 {
+	// The handler counts the request after it released the slot: wait for it.
+	aborted := h.r.metrics.requests.WithLabelValues("ep", string(fleet.PrefixAware), DecisionAffinity, "499")
+	testsupport.Eventually(t, 10*time.Second, "requests_total{code=499} counts the abort", func() bool { return counterValue(aborted) >= 1 })
+	if got := counterValue(aborted); got != 1 {
 		t.Fatalf("requests_total{code=499} %v, want 1 (the abort counts as a client that closed the request)", got)
 	}
 	if res := h.mustDo("/invocations", string(streamTestBody), nil); res.status != 200 {

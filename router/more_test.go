@@ -187,8 +187,11 @@ func TestMetrics(t *testing.T) {
 			t.Errorf("metric %s missing (have %v)", name, got)
 		}
 	}
-	ok := counterValue(h.r.metrics.requests.WithLabelValues("ep", "PREFIX_AWARE", DecisionAffinity, "200"))
-	nf := counterValue(h.r.metrics.requests.WithLabelValues("unknown", "", decisionNone, "400"))
+	// A proxied request is counted after its answer went out: wait for it.
+	okC := h.r.metrics.requests.WithLabelValues("ep", "PREFIX_AWARE", DecisionAffinity, "200")
+	nfC := h.r.metrics.requests.WithLabelValues("unknown", "", decisionNone, "400")
+	testsupport.Eventually(t, 10*time.Second, "both requests counted", func() bool { return counterValue(okC) >= 1 && counterValue(nfC) >= 1 })
+	ok, nf := counterValue(okC), counterValue(nfC)
 	if ok != 1 || nf != 1 {
 		t.Fatalf("requests: affinity/200 %v, unknown/400 %v", ok, nf)
 	}
