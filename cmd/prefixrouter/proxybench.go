@@ -65,7 +65,7 @@ if any request failed. See docs/benchmarks.md.`,
 	f.DurationVar(&o.Warmup, "warmup", 300*time.Millisecond, "unmeasured time before each run")
 	f.IntVar(&o.MaxRequests, "max-requests", 1_000_000, "requests per run at most")
 	f.StringVar(&o.Prefixrouter, "prefixrouter", "", "prefixrouter binary to run as the proxy (default: this one)")
-	f.StringVar(&o.Baseline, "baseline", "", "also run this prefixrouter binary (an older build) as the target \"baseline\": before and after in one run")
+	f.StringSliceVar(&o.Baselines, "baseline", nil, "also run this binary (an older build, or a measuring stick such as internal/proxybench/minproxy) with the same serve arguments, as the target \"baseline\" (repeat or comma-separate for several: \"baseline:<file name>\" each): before and after in one run")
 	f.StringVar(&o.HAProxy, "haproxy", "", "haproxy binary (default: haproxy in PATH; none: the HAProxy column is skipped)")
 	f.StringVar(&o.ProfileDir, "profile-dir", "", "run prefixrouter with --pprof and save CPU and allocation profiles of each cell's first round here")
 	f.StringVar(&out, "out", "", "write the table to this file instead of stdout")

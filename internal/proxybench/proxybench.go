@@ -36,12 +36,14 @@ type Options struct {
 	Backends, Documents int
 	// Prefixrouter is the binary run as `serve` (required).
 	Prefixrouter string
-	// Baseline, when set, is a second prefixrouter binary (an older build)
-	// run beside Prefixrouter as the target "baseline", so that a change is
-	// measured before and after in the same run.
-	Baseline string
+	// Baselines are more binaries run beside Prefixrouter, with the same
+	// `serve` arguments, so that a change (an older build) or a measuring
+	// stick (internal/proxybench/minproxy, rawfloor, eventloopfloor) is
+	// measured in the same run: the target "baseline" when there is one,
+	// "baseline:<file name>" each when there are more.
+	Baselines []string
 	// HAProxy is the haproxy binary; "" looks it up in PATH, and without
-	// it the HAProxy column is skipped.
+	// it (or with "none") the HAProxy column is skipped.
 	HAProxy string
 	// ProfileDir, when set, runs prefixrouter with --pprof and saves a CPU
 	// and an allocation profile of its first round in each cell there
@@ -92,7 +94,11 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	rep := &Report{Options: o, LoadBefore: loadavg()}
 	haproxy := o.HAProxy
-	if haproxy == "" {
+	switch haproxy {
+	case "none":
+		haproxy = ""
+		rep.Skipped = "HAProxy left out (--haproxy none)"
+	case "":
 		if p, err := exec.LookPath("haproxy"); err == nil {
 			haproxy = p
 		} else {
@@ -118,13 +124,16 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		return nil, err
 	}
 	defer pr.Close()
-	if o.Baseline != "" {
-		base, err := startPrefixrouter(ctx, o.Baseline, b, false)
+	for _, bin := range o.Baselines {
+		base, err := startPrefixrouter(ctx, bin, b, false)
 		if err != nil {
 			return nil, err
 		}
 		defer base.Close()
 		base.name = "baseline"
+		if len(o.Baselines) > 1 {
+			base.name += ":" + filepath.Base(bin)
+		}
 		targets = append(targets, base)
 	}
 	targets = append(targets, pr)

@@ -11,6 +11,9 @@
 //	go build -o /tmp/minproxy ./internal/proxybench/minproxy
 //	prefixrouter proxybench --baseline /tmp/minproxy --sizes 16384 --clients 16 --rounds 7
 //
+// With MINPROXY_SERVER=loop it serves the same handler through a
+// hand-written connection loop instead of net/http's server (loop.go).
+//
 // It accepts the arguments proxybench gives a baseline (`serve --listen
 // ADDR --static-instances id=URL,...`; the others are ignored).
 package main
@@ -18,43 +21,39 @@ package main
 import (
 	"bytes"
 	"errors"
-	"flag"
 	"fmt"
 	"hash/maphash"
 	"io"
 	"log"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
-	"strings"
 	"sync"
 
+	"github.com/prefixrouter/prefixrouter/internal/proxybench/stick"
 	"github.com/prefixrouter/prefixrouter/upstream"
 )
 
 func main() {
-	if len(os.Args) < 2 || os.Args[1] != "serve" {
-		log.Fatal("usage: minproxy serve --listen ADDR --static-instances id=URL,...")
+	args, err := stick.Parse(os.Args[1:])
+	if err != nil {
+		log.Fatal("minproxy: ", err)
 	}
-	fs := flag.NewFlagSet("serve", flag.ExitOnError)
-	listen := fs.String("listen", "127.0.0.1:8080", "listen address")
-	static := fs.String("static-instances", "", "backends: id=URL,...")
-	for _, ignored := range []string{"admin-listen", "prefix-length", "log-level"} {
-		fs.String(ignored, "", "ignored")
-	}
-	fs.Bool("pprof", false, "ignored")
-	_ = fs.Parse(os.Args[2:])
-	var backends []*url.URL
-	for _, kv := range strings.Split(*static, ",") {
-		_, raw, _ := strings.Cut(kv, "=")
-		u, err := url.Parse(raw)
-		if err != nil || u.Host == "" {
-			log.Fatalf("minproxy: backend %q: %v", kv, err)
-		}
-		backends = append(backends, u)
-	}
+	backends := args.Backends
 	p := &proxy{backends: backends, tr: upstream.New(upstream.Options{}), seed: maphash.MakeSeed()}
-	log.Fatal(http.ListenAndServe(*listen, p))
+	ln, err := net.Listen("tcp", args.Listen)
+	if err != nil {
+		log.Fatal(err)
+	}
+	switch os.Getenv("MINPROXY_SERVER") {
+	case "loop":
+		log.Fatal(serveLoop(ln, p))
+	case "":
+		log.Fatal(http.Serve(ln, p))
+	default:
+		log.Fatalf("minproxy: MINPROXY_SERVER %q: want loop or nothing", os.Getenv("MINPROXY_SERVER"))
+	}
 }
 
 type proxy struct {
