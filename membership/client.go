@@ -21,8 +21,12 @@ import (
 const DefaultDialTimeout = 5 * time.Second
 
 // reconnectMaxDelay caps gRPC's reconnect backoff (120 s by default) so that
-// watchers and keepalives resume within seconds after an etcd outage.
-const reconnectMaxDelay = 2 * time.Second
+// watchers and keepalives resume within seconds after an etcd outage. A
+// registration must get through within a TTL of the restart to resume its
+// lease (etcd extends leases by one TTL when a member becomes leader): at
+// most 1.2 s with gRPC's ±20 % jitter, under the shortest TTL the docs
+// suggest (2 s). At 2 s (2.4 s) agents lost their records after a restart.
+const reconnectMaxDelay = time.Second
 
 // ClientOptions says how to reach and authenticate to etcd. Only Endpoints is
 // required.

@@ -346,6 +346,29 @@ func (r *Registration) grant(ctx context.Context) (activeLease, error) {
 	return activeLease{id: resp.ID, ka: ka, stop: stop}, nil
 }
 
+// resume restarts the keepalive of lease id if etcd still holds it (alive);
+// a lease that expired or was revoked is not alive. Only the owner calls it.
+func (r *Registration) resume(id clientv3.LeaseID) (l activeLease, alive bool, err error) {
+	ctx, cancel := context.WithTimeout(r.ctx, r.opTimeout())
+	resp, err := r.cli.TimeToLive(ctx, id)
+	cancel()
+	if errors.Is(err, rpctypes.ErrLeaseNotFound) || (err == nil && resp.TTL <= 0) {
+		return activeLease{}, false, nil
+	}
+	if err != nil {
+		return activeLease{}, false, fmt.Errorf("membership: look up lease %x of %s: %w", int64(id), r.key, err)
+	}
+	kctx, stop := context.WithCancel(r.ctx)
+	ka, err := r.cli.KeepAlive(kctx, id)
+	if err != nil {
+		stop()
+		return activeLease{}, false, fmt.Errorf("membership: keepalive lease for %s: %w", r.key, err)
+	}
+	r.leaseID.Store(int64(id))
+	r.log.Info("membership: lease resumed", "lease", fmt.Sprintf("%x", id), "ttl_s", resp.TTL)
+	return activeLease{id: id, ka: ka, stop: stop}, true, nil
+}
+
 // put writes value under lease id if the key is absent or already held
 // under id, and returns the revision of the write; otherwise it fails with
 // ErrTaken. One round trip: the "absent" branch is a transaction nested in
@@ -394,8 +417,9 @@ func (r *Registration) run(lease activeLease, rev int64) {
 			lease.stop()
 		}
 	}()
-	var written uint64 // seq of the value last written under the current lease
-	dirty := false     // the current lease holds no value yet (granted, put failed)
+	var written uint64        // seq of the value last written under the current lease
+	dirty := false            // the current lease holds no value yet (granted, put failed)
+	var lost clientv3.LeaseID // a lease whose keepalive stream ended, until resumed or found gone
 	bo := retryBackoff{min: 100 * time.Millisecond, max: min(time.Duration(r.ttl)*time.Second/2, 2*time.Second)}
 	var retry <-chan time.Time
 	for {
@@ -411,7 +435,7 @@ func (r *Registration) run(lease activeLease, rev int64) {
 		}
 		value, seq := r.latest()
 		if (lease.id == 0 || dirty || seq != written) && retry == nil {
-			err := r.step(&lease, value, &dirty)
+			err := r.step(&lease, &lost, value, &dirty)
 			if err != nil && (r.cli.Ctx().Err() != nil || r.ctx.Err() != nil) {
 				continue // the checks above answer the waiters
 			}
@@ -431,9 +455,9 @@ func (r *Registration) run(lease activeLease, rev int64) {
 			retry = nil
 		case _, ok := <-lease.ka:
 			if !ok {
-				r.log.Warn("membership: lease lost, granting a new one", "lease", fmt.Sprintf("%x", lease.id))
-				r.metrics.leaseRegranted()
+				r.log.Warn("membership: lease keepalive ended; resuming the lease if etcd still holds it, else granting a new one", "lease", fmt.Sprintf("%x", lease.id))
 				lease.stop()
+				lost = lease.id
 				lease = activeLease{}
 				r.leaseID.Store(0)
 				retry = nil
@@ -488,13 +512,30 @@ func (r *Registration) watchDeletes(rev int64, deleted chan<- struct{}) {
 	}
 }
 
-// step grants a lease if there is none and writes value under it.
-func (r *Registration) step(lease *activeLease, value []byte, dirty *bool) error {
+// step resumes the lost lease if etcd still holds it, else grants a lease
+// if there is none, and writes value under it.
+func (r *Registration) step(lease *activeLease, lost *clientv3.LeaseID, value []byte, dirty *bool) error {
+	if lease.id == 0 && *lost != 0 {
+		// The keepalive stream ends when etcd has not answered for a TTL
+		// (an outage, a restart), but etcd may still hold the lease: a
+		// member that becomes leader extends every lease by its TTL. A new
+		// lease could not take the key before the old one expired, and
+		// every router would drop the instance until then.
+		l, alive, err := r.resume(*lost)
+		if err != nil {
+			return err
+		}
+		if alive {
+			*lease = l
+		}
+		*lost = 0
+	}
 	if lease.id == 0 {
 		l, err := r.grant(r.ctx)
 		if err != nil {
 			return err
 		}
+		r.metrics.leaseRegranted()
 		*lease = l
 		*dirty = true
 	}
@@ -502,7 +543,6 @@ func (r *Registration) step(lease *activeLease, value []byte, dirty *bool) error
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			// Expired while etcd was unreachable, or revoked by someone
 			// else: grant a new one next.
-			r.metrics.leaseRegranted()
 			lease.stop()
 			*lease = activeLease{}
 			r.leaseID.Store(0)

@@ -270,3 +270,60 @@ func TestRegistrationIsCompareAndSwap(t *testing.T) {
 	}
 	again.Close(context.Background())
 }
+
+// TestLeaseResumedAfterOutage: an outage longer than a TTL ends the
+// keepalive stream on the client's side, but the restarted etcd still holds
+// the lease (a new leader extends every lease by its TTL). The registration
+// resumes that lease: the record is never deleted, so no router drops the
+// instance. It is the regression test of a bug where the registration
+// granted a new lease, could not write the key held under the old one, and
+// the record vanished when the old lease expired about a TTL after the
+// restart (seen as replicas disagreeing after chaos's etcd-outage).
+func TestLeaseResumedAfterOutage(t *testing.T) {
+	e := etcdtest.Start(t)
+	cli := etcdtest.Client(t, e)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	// The shortest TTL the docs suggest: the client must get through
+	// within it after the restart (its reconnect backoff is capped below).
+	const ttl = 2 * time.Second
+	reg, err := membership.RegisterInstance(ctx, cli, "ep", fleet.Instance{ID: "i-1", Addr: "http://127.0.0.1:9"}, membership.Options{TTL: ttl, Logger: discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close(ctx)
+	old := reg.LeaseID()
+	resp, err := cli.Get(ctx, reg.Key())
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("record before the outage: %v, %v", resp, err)
+	}
+	rev := resp.Header.Revision
+
+	e.Close()
+	testsupport.Eventually(t, 10*time.Second, "keepalive ended", func() bool { return reg.LeaseID() == 0 })
+	e2 := etcdtest.Restart(t, e)
+	other := etcdtest.Client(t, e2)
+	testsupport.Eventually(t, 15*time.Second, "lease held again", func() bool { return reg.LeaseID() != 0 })
+	if got := reg.LeaseID(); got != old {
+		t.Errorf("lease %x after the outage, want the old %x resumed", int64(got), int64(old))
+	}
+	// Past the old lease's extended expiry (TTL plus an election timeout
+	// after the restart): had it been abandoned, it would have taken the
+	// record with it by then.
+	wctx, wcancel := context.WithTimeout(ctx, 2*ttl)
+	defer wcancel()
+	for wr := range other.Watch(wctx, reg.Key(), clientv3.WithRev(rev+1), clientv3.WithFilterPut()) {
+		if err := wr.Err(); err != nil && wctx.Err() == nil {
+			t.Fatalf("watch: %v", err)
+		}
+		for _, ev := range wr.Events {
+			t.Errorf("record deleted at revision %d after the outage", ev.Kv.ModRevision)
+		}
+	}
+	if in, ok := stored(other, reg.Key()); !ok || in.ID != "i-1" {
+		t.Fatalf("record after the outage: %+v, %v", in, ok)
+	}
+	if got := reg.LeaseID(); got != old {
+		t.Errorf("lease %x at the end, want %x", int64(got), int64(old))
+	}
+}
