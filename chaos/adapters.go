@@ -174,6 +174,46 @@ func (s *suite) resize(ctx context.Context, adapter string, k int) error {
 	return err
 }
 
+// startAt puts adapter's set at k members before a scenario measures, and
+// waits until every replica routes on it. A set at one member is reset
+// (ScaledAt zero): nothing can shrink it, and the agents may grow it at
+// once (adapter-hot needs that). A larger one is dated now, so that the
+// agents' cooldown keeps a cold adapter from shrinking under the
+// scenario. Scenarios that run again (--long) start from the same state
+// each time.
+func (s *suite) startAt(ctx context.Context, adapter string, k int) error {
+	if err := s.ensureAdapters(ctx); err != nil {
+		return err
+	}
+	// Every adapter settled first: an earlier scenario's crash or restart
+	// may have moved a set, and its new member may still be loading.
+	if err := s.settled(ctx, chaosAdapters...); err != nil {
+		return fmt.Errorf("chaos: adapters did not settle: %w", err)
+	}
+	ep := s.adapterSnapshot()
+	a, _ := ep.Adapter(adapter)
+	if len(lora.Place(ep).Set(adapter)) == k && a.Target() == k {
+		return nil
+	}
+	at := time.Now()
+	if k <= 1 {
+		at = time.Time{}
+	}
+	ok, err := membership.SetPlacement(ctx, s.f.Client(), membership.Layout{}, s.f.Endpoint(), adapter, a.PlacementRevision, membership.Placement{Replicas: k, ScaledAt: at})
+	if err == nil && !ok {
+		err = fmt.Errorf("chaos: placement of %s changed under the scenario", adapter)
+	}
+	if err != nil {
+		return err
+	}
+	wctx, cancel := context.WithTimeout(ctx, convergeTimeout)
+	defer cancel()
+	if err := s.f.WaitFor(wctx, settledFor(s.f.Endpoint(), k, adapter)); err != nil {
+		return fmt.Errorf("chaos: %s did not settle on %d instance(s): %w", adapter, k, err)
+	}
+	return nil
+}
+
 // adapterEvent runs the common frame of the adapter scenarios: measure,
 // load over every adapter across event, measure again. event returns the
 // adapter whose set changed.
@@ -236,6 +276,9 @@ func joinChecks(res *Result, m *AdapterMovement) {
 
 func (s *suite) adapterJoin(ctx context.Context, res *Result) error {
 	a := chaosAdapters[0]
+	if err := s.startAt(ctx, a, 1); err != nil {
+		return err
+	}
 	m, err := s.adapterEvent(ctx, res, nil, func() (string, error) {
 		ep := s.adapterSnapshot()
 		k := len(loaded(ep, a))
@@ -257,22 +300,10 @@ func (s *suite) adapterJoin(ctx context.Context, res *Result) error {
 
 func (s *suite) adapterUnload(ctx context.Context, res *Result) error {
 	a := chaosAdapters[0]
-	// The set must hold two members before the measurement starts, so that
-	// one can leave; a fresh fleet (or a scale-down since adapter-join)
-	// leaves one.
-	if err := s.ensureAdapters(ctx); err != nil {
+	// The set holds two members before the measurement starts, so that
+	// one can leave.
+	if err := s.startAt(ctx, a, 2); err != nil {
 		return err
-	}
-	if k := len(lora.Place(s.adapterSnapshot()).Set(a)); k < 2 {
-		if err := s.resize(ctx, a, 2); err != nil {
-			return err
-		}
-		wctx, cancel := context.WithTimeout(ctx, convergeTimeout)
-		err := s.f.WaitFor(wctx, settledFor(s.f.Endpoint(), 2, a))
-		cancel()
-		if err != nil {
-			return fmt.Errorf("chaos: %s did not settle on two instances: %w", a, err)
-		}
 	}
 	var removed string
 	m, err := s.adapterEvent(ctx, res, nil, func() (string, error) {
@@ -340,7 +371,7 @@ func hotLoad(urls []string, adapter string, n int, stop <-chan struct{}) (failed
 func (s *suite) adapterHot(ctx context.Context, res *Result) error {
 	a := chaosAdapters[1]
 	var hotFailed int
-	if err := s.ensureAdapters(ctx); err != nil {
+	if err := s.startAt(ctx, a, 1); err != nil {
 		return err
 	}
 	// Adapters that share an instance with the hot one get no background
@@ -386,23 +417,10 @@ func (s *suite) adapterHot(ctx context.Context, res *Result) error {
 
 func (s *suite) adapterCrash(ctx context.Context, res *Result) error {
 	a := chaosAdapters[2]
-	if err := s.ensureAdapters(ctx); err != nil {
+	if err := s.startAt(ctx, a, 1); err != nil {
 		return err
 	}
 	ep := s.adapterSnapshot()
-	if len(loaded(ep, a)) != 1 {
-		// Grown by an earlier scenario: back to one copy first.
-		if err := s.resize(ctx, a, 1); err != nil {
-			return err
-		}
-		wctx, cancel := context.WithTimeout(ctx, convergeTimeout)
-		err := s.f.WaitFor(wctx, settledFor(s.f.Endpoint(), 1, a))
-		cancel()
-		if err != nil {
-			return err
-		}
-		ep = s.adapterSnapshot()
-	}
 	set := loaded(ep, a)
 	victim := set[0]
 	// The other adapters that do not live on the victim must not notice.
