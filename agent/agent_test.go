@@ -26,6 +26,39 @@ func TestMain(m *testing.M) { testsupport.VerifyNoLeaks(m) }
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
+// registeredLogger is quiet, and reports whether the agent logged that
+// Run's registration returned. The record shows up in etcd before that (the
+// put is applied, its answer still on the way): a test that stops the agent
+// in between sees Run give up the registration as "stopped before
+// registering" and skip the drain.
+func registeredLogger() (*slog.Logger, func() bool) {
+	h := &msgHandler{Handler: quiet.Handler(), msg: "agent: registered", seen: new(atomic.Bool)}
+	return slog.New(h), h.seen.Load
+}
+
+type msgHandler struct {
+	slog.Handler
+	msg  string
+	seen *atomic.Bool
+}
+
+func (h *msgHandler) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h *msgHandler) Handle(ctx context.Context, r slog.Record) error {
+	if r.Message == h.msg {
+		h.seen.Store(true)
+	}
+	return nil
+}
+
+func (h *msgHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return &msgHandler{Handler: h.Handler.WithAttrs(as), msg: h.msg, seen: h.seen}
+}
+
+func (h *msgHandler) WithGroup(name string) slog.Handler {
+	return &msgHandler{Handler: h.Handler.WithGroup(name), msg: h.msg, seen: h.seen}
+}
+
 // fakeServer is a model server over real HTTP whose health, model list and
 // load the test controls.
 type fakeServer struct {
@@ -214,8 +247,10 @@ func TestAgentDrainTimeout(t *testing.T) {
 			tc.prep(f)
 			cfg := baseConfig(cli, f, "i-1")
 			cfg.DrainTimeout = 300 * time.Millisecond
+			var registered func() bool
+			cfg.Options.Logger, registered = registeredLogger()
 			r := start(t, cfg)
-			testsupport.Eventually(t, 5*time.Second, "registered", func() bool { _, ok := record(t, cli, "i-1"); return ok })
+			testsupport.Eventually(t, 5*time.Second, "registered", func() bool { _, ok := record(t, cli, "i-1"); return ok && registered() })
 			began := time.Now()
 			if err := r.stop(t, 5*time.Second); err != nil {
 				t.Fatal(err)
@@ -251,8 +286,10 @@ func TestAgentDrainEtcdGone(t *testing.T) {
 			f.running.Store(1) // busy until the drain timeout
 			cfg := baseConfig(agentCli, f, "i-1")
 			cfg.DrainTimeout = time.Second
+			var registered func() bool
+			cfg.Options.Logger, registered = registeredLogger()
 			r := start(t, cfg)
-			testsupport.Eventually(t, 5*time.Second, "registered", func() bool { _, ok := record(t, cli, "i-1"); return ok })
+			testsupport.Eventually(t, 5*time.Second, "registered", func() bool { _, ok := record(t, cli, "i-1"); return ok && registered() })
 			tc.cut(e, agentCli)
 			began := time.Now()
 			if err := r.stop(t, 15*time.Second); err != nil {
@@ -279,8 +316,10 @@ func TestAgentServerGoneEndsDrain(t *testing.T) {
 	f.running.Store(5)
 	cfg := baseConfig(cli, f, "i-1")
 	cfg.DrainTimeout = time.Minute
+	var registered func() bool
+	cfg.Options.Logger, registered = registeredLogger()
 	r := start(t, cfg)
-	testsupport.Eventually(t, 5*time.Second, "registered", func() bool { _, ok := record(t, cli, "i-1"); return ok })
+	testsupport.Eventually(t, 5*time.Second, "registered", func() bool { _, ok := record(t, cli, "i-1"); return ok && registered() })
 	f.Close()
 	if err := r.stop(t, 5*time.Second); err != nil {
 		t.Fatal(err)
