@@ -1,8 +1,6 @@
 package e2e
 
 import (
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	"context"
 	"fmt"
 	"os"
@@ -13,6 +11,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 	"github.com/prefixrouter/prefixrouter/membership"
 	"github.com/prefixrouter/prefixrouter/replica"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // propagation is the bound on a membership change reaching every
