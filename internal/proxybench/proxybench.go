@@ -92,6 +92,11 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if o.Prefixrouter == "" {
 		return nil, errors.New("proxybench: no prefixrouter binary")
 	}
+	if o.ProfileDir != "" {
+		if err := os.MkdirAll(o.ProfileDir, 0o755); err != nil {
+			return nil, fmt.Errorf("proxybench: profile directory: %w", err)
+		}
+	}
 	rep := &Report{Options: o, LoadBefore: loadavg()}
 	haproxy := o.HAProxy
 	switch haproxy {
