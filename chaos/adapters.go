@@ -455,6 +455,11 @@ func (s *suite) adapterCrash(ctx context.Context, res *Result) error {
 			err = s.settled(ctx, a)
 		}
 		res.Convergence = time.Since(start)
+		if err == nil {
+			// The other adapters the victim held reload elsewhere too;
+			// the measurement below probes every adapter.
+			err = s.settled(ctx, chaosAdapters...)
+		}
 	}
 	if err == nil {
 		err = sleep(ctx, s.cfg.LoadWindow)
