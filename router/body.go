@@ -193,23 +193,6 @@ func (b *streamBody) Read(p []byte) (int, error) {
 
 func (b *streamBody) Close() error { return nil }
 
-// memBody is an upstream body read whole: its Bytes let the upstream
-// transport send it with the request's head in one write, uncopied
-// (upstream.BytesBody).
-type memBody struct {
-	bytes.Reader
-	b []byte
-}
-
-func newMemBody(b []byte) *memBody {
-	m := &memBody{b: b}
-	m.Reset(b)
-	return m
-}
-
-func (m *memBody) Bytes() []byte { return m.b }
-func (m *memBody) Close() error  { return nil }
-
 // Head buffers are pooled (issue 9: a 16 KiB body allocated per request was
 // two thirds of the router's allocated bytes under load, and drove the
 // collector). Classes of 4 to 64 KiB, each with 1 KiB of room over its

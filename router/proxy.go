@@ -21,6 +21,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/lora"
 	"github.com/prefixrouter/prefixrouter/overload"
+	"github.com/prefixrouter/prefixrouter/upstream"
 )
 
 // proxy forwards a picked request with net/http/httputil.ReverseProxy. The
@@ -165,8 +166,8 @@ func (p *proxy) serve(w http.ResponseWriter, req *http.Request, body []byte, res
 	a.body = body
 	if rest == nil {
 		// Replay the body from the bytes already read, also for retries.
-		req.Body = newMemBody(body)
-		req.GetBody = func() (io.ReadCloser, error) { return newMemBody(body), nil }
+		req.Body = upstream.NewBytesBody(body)
+		req.GetBody = func() (io.ReadCloser, error) { return upstream.NewBytesBody(body), nil }
 		req.ContentLength = int64(len(body))
 	} else {
 		// Replayable until a byte of rest has gone to an instance (then
@@ -440,7 +441,7 @@ func (a *attempt) clientBodyErr() error {
 // rest of a streamed body when none of it has gone to an instance yet.
 func (a *attempt) replayBody() (io.ReadCloser, error) {
 	if a.streamed == nil {
-		return newMemBody(a.body), nil
+		return upstream.NewBytesBody(a.body), nil
 	}
 	return a.streamed.body()
 }

@@ -25,6 +25,7 @@ package upstream
 
 import (
 	"bufio"
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -352,6 +353,23 @@ type BytesBody interface {
 	io.ReadCloser
 	Bytes() []byte
 }
+
+// NewBytesBody returns b as a request body the transport sends uncopied
+// with the request's head. Each one reads b from the start, so a retry
+// (http.Request.GetBody) makes another.
+func NewBytesBody(b []byte) BytesBody {
+	m := &bytesBody{b: b}
+	m.Reset(b)
+	return m
+}
+
+type bytesBody struct {
+	bytes.Reader
+	b []byte
+}
+
+func (m *bytesBody) Bytes() []byte { return m.b }
+func (m *bytesBody) Close() error  { return nil }
 
 var writeBuffers = sync.Pool{New: func() any { b := make([]byte, writeBufferSize); return &b }}
 

@@ -363,15 +363,6 @@ func TestNoUserAgentIsSent(t *testing.T) {
 	}
 }
 
-// memBody is a BytesBody.
-type memBody struct {
-	*bytes.Reader
-	b []byte
-}
-
-func (m memBody) Bytes() []byte { return m.b }
-func (m memBody) Close() error  { return nil }
-
 // recordConn records the writes made to it (and the slices passed, to
 // tell a copy from the caller's bytes).
 type recordConn struct {
@@ -399,7 +390,7 @@ func TestWriteShapes(t *testing.T) {
 		size   int
 		writes int
 	}{
-		{"in memory", memBody{bytes.NewReader(body), body}, len(body), 2},
+		{"in memory", NewBytesBody(body), len(body), 2},
 		{"streamed, fits", io.NopCloser(io.MultiReader(bytes.NewReader(body[:4097]), bytes.NewReader(body[4097:]))), len(body), 1},
 		{"streamed, long", io.NopCloser(bytes.NewReader(bytes.Repeat([]byte("l"), 100<<10))), 100 << 10, 0}, // full buffers
 	} {

@@ -19,7 +19,6 @@
 package main
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"hash/maphash"
@@ -64,15 +63,6 @@ type proxy struct {
 
 var bodies = sync.Pool{New: func() any { b := make([]byte, 0, 64<<10); return &b }}
 
-// memBody lets the transport send the body with the headers in one write.
-type memBody struct {
-	*bytes.Reader
-	b []byte
-}
-
-func (m memBody) Bytes() []byte { return m.b }
-func (m memBody) Close() error  { return nil }
-
 func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	bp := bodies.Get().(*[]byte)
 	defer bodies.Put(bp)
@@ -96,7 +86,7 @@ func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	target := p.backends[maphash.Bytes(p.seed, key)%uint64(len(p.backends))]
 	out := r.Clone(r.Context())
 	out.URL.Scheme, out.URL.Host, out.Host, out.RequestURI = target.Scheme, target.Host, "", ""
-	out.Body, out.ContentLength = memBody{bytes.NewReader(body), body}, int64(len(body))
+	out.Body, out.ContentLength = upstream.NewBytesBody(body), int64(len(body))
 	resp, err := p.tr.RoundTrip(out)
 	if err != nil {
 		http.Error(w, fmt.Sprintf("upstream: %v", err), http.StatusBadGateway)
