@@ -164,10 +164,16 @@ func adapterMovement(adapter string, before, after map[string]owners) *AdapterMo
 }
 
 // resize writes adapter's target k as an agent's decision would
-// (compare-and-swap on the placement revision).
+// (compare-and-swap on the placement revision), dated now.
 func (s *suite) resize(ctx context.Context, adapter string, k int) error {
+	return s.place(ctx, adapter, k, time.Now())
+}
+
+// place writes adapter's target k, dated at (the agents' cooldown runs
+// from it; zero: never scaled).
+func (s *suite) place(ctx context.Context, adapter string, k int, at time.Time) error {
 	a, _ := s.adapterSnapshot().Adapter(adapter)
-	ok, err := membership.SetPlacement(ctx, s.f.Client(), membership.Layout{}, s.f.Endpoint(), adapter, a.PlacementRevision, membership.Placement{Replicas: k, ScaledAt: time.Now()})
+	ok, err := membership.SetPlacement(ctx, s.f.Client(), membership.Layout{}, s.f.Endpoint(), adapter, a.PlacementRevision, membership.Placement{Replicas: k, ScaledAt: at})
 	if err == nil && !ok {
 		err = fmt.Errorf("chaos: placement of %s changed under the scenario", adapter)
 	}
@@ -199,11 +205,7 @@ func (s *suite) startAt(ctx context.Context, adapter string, k int) error {
 	if k <= 1 {
 		at = time.Time{}
 	}
-	ok, err := membership.SetPlacement(ctx, s.f.Client(), membership.Layout{}, s.f.Endpoint(), adapter, a.PlacementRevision, membership.Placement{Replicas: k, ScaledAt: at})
-	if err == nil && !ok {
-		err = fmt.Errorf("chaos: placement of %s changed under the scenario", adapter)
-	}
-	if err != nil {
+	if err := s.place(ctx, adapter, k, at); err != nil {
 		return err
 	}
 	wctx, cancel := context.WithTimeout(ctx, convergeTimeout)
