@@ -30,11 +30,13 @@ type Instance interface {
 	SetExternalLoad(n int64)
 }
 
-// Target is one instance to probe: the full URL to GET and the state the
-// outcome goes to.
+// Target is one instance to probe: the full URL to GET, the state the
+// outcome goes to and the engine its record names ("" unknown: see
+// engine.Lookup), whose gauges give its load.
 type Target struct {
 	URL      string
 	Instance Instance
+	Engine   string
 }
 
 // Health is the active health check: GET of the health URL, healthy if any
