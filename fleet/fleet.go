@@ -212,7 +212,8 @@ type Instance struct {
 	Engine string `json:"engine,omitempty"`
 	// AdapterIndex gives, for an engine that selects adapters by position
 	// (llama-server: the order of its --lora flags), each adapter's
-	// position; nil for the others. Every key is one of Adapters.
+	// position; nil for the others. Every key is one of Adapters, and for
+	// such an engine every adapter has one.
 	AdapterIndex map[string]int `json:"adapterIndex,omitempty"`
 	// Hot is set by the agent while the server's requests in flight have
 	// stayed at or above the endpoint's concurrency threshold for its hot
@@ -288,6 +289,9 @@ func (in Instance) Validate() error {
 			return fmt.Errorf("fleet: %w instance: %q: adapters %q and %q have the same index %d", ErrInvalid, in.ID, min(name, other), max(name, other), i)
 		}
 		seen[i] = name
+	}
+	if p, _ := engine.Lookup(in.Engine); p.Adapters.Select == engine.ByIndex && len(in.AdapterIndex) != len(in.Adapters) {
+		return fmt.Errorf("fleet: %w instance: %q: engine %s selects adapters by position: adapterIndex must give each of %v one", ErrInvalid, in.ID, in.Engine, in.Adapters)
 	}
 	return nil
 }

@@ -96,6 +96,8 @@ func TestInstanceValidate(t *testing.T) {
 		{"adapter index not an adapter", Instance{ID: "a", Addr: ok.Addr, Adapters: []string{"x"}, AdapterIndex: map[string]int{"z": 0}}, false},
 		{"adapter index negative", Instance{ID: "a", Addr: ok.Addr, Adapters: []string{"x"}, AdapterIndex: map[string]int{"x": -1}}, false},
 		{"adapter index too large", Instance{ID: "a", Addr: ok.Addr, Adapters: []string{"x"}, AdapterIndex: map[string]int{"x": MaxAdapterIndex}}, false},
+		{"llamacpp adapter without index", Instance{ID: "a", Addr: ok.Addr, Engine: "llamacpp", Adapters: []string{"x", "y"}, AdapterIndex: map[string]int{"x": 0}}, false},
+		{"llamacpp adapters indexed", Instance{ID: "a", Addr: ok.Addr, Engine: "llamacpp", Adapters: []string{"x", "y"}, AdapterIndex: map[string]int{"x": 1, "y": 0}}, true},
 		{"adapter index repeated", Instance{ID: "a", Addr: ok.Addr, Adapters: []string{"x", "y"}, AdapterIndex: map[string]int{"x": 0, "y": 0}}, false},
 	}
 	for _, tt := range tests {
