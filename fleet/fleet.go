@@ -215,6 +215,11 @@ type Instance struct {
 	// position; nil for the others. Every key is one of Adapters, and for
 	// such an engine every adapter has one.
 	AdapterIndex map[string]int `json:"adapterIndex,omitempty"`
+	// Listed are the model ids the instance's own /v1/models lists (its
+	// base model and adapters), which the replica reads for a static fleet
+	// (issue 20). They name models in metric labels only: routing never
+	// reads them, so a static fleet routes as its flag declares.
+	Listed []string `json:"-"`
 	// Hot is set by the agent while the server's requests in flight have
 	// stayed at or above the endpoint's concurrency threshold for its hot
 	// window, and cleared after they stayed below half of it as long

@@ -62,6 +62,8 @@ type Replica struct {
 	// stale writes the router's stale-adapter reports to etcd; nil for a
 	// static fleet and until the watcher starts.
 	stale atomic.Pointer[staleMarker]
+	// static probes a static fleet's instances; nil with etcd.
+	static *staticProber
 }
 
 // Start validates opts, starts a replica and returns once it listens and,
@@ -132,7 +134,16 @@ func Start(ctx context.Context, opts Options) (*Replica, error) {
 	}
 
 	if !opts.usesEtcd() {
-		r.router.Update(fleet.NewSnapshot([]fleet.Endpoint{{Name: opts.Router.DefaultEndpoint, Config: opts.Routing, Instances: opts.Static}}, 0, 1, time.Now()))
+		ep := fleet.Endpoint{Name: opts.Router.DefaultEndpoint, Config: opts.Routing, Instances: opts.Static}
+		r.router.Update(fleet.NewSnapshot([]fleet.Endpoint{ep}, 0, 1, time.Now()))
+		tr := opts.Router.Transport
+		if tr == nil {
+			tr = http.DefaultTransport
+		}
+		if r.static, err = startStaticProber(ep, tr, opts.Clock, r.log, r.router.Update); err != nil {
+			r.closeParts()
+			return nil, err
+		}
 	} else {
 		mopts := opts.Membership
 		if mopts.Metrics == nil {
@@ -428,6 +439,9 @@ func (r *Replica) Close(ctx context.Context) error {
 func (r *Replica) closeParts() {
 	if r.watcher != nil {
 		_ = r.watcher.Close()
+	}
+	if r.static != nil {
+		r.static.Close()
 	}
 	_ = r.router.Close()
 	if m := r.stale.Load(); m != nil {
