@@ -410,9 +410,9 @@ func trimFloat(v float64) string {
 }
 
 var htmlPage = template.Must(template.New("page").Funcs(template.FuncMap{
-	"add":     func(a, b float64) float64 { return a + b },
-	"sub":     func(a, b float64) float64 { return a - b },
-	"legendY": func(i int) float64 { return padT + 8 + float64(i)*16 },
+	"add":           func(a, b float64) float64 { return a + b },
+	"sub":           func(a, b float64) float64 { return a - b },
+	"legendY":       func(i int) float64 { return padT + 8 + float64(i)*16 },
 	"capStepHeader": func([]string) []string { return capacityStepHeader },
 }).Parse(`<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{{.Title}}</title>
