@@ -314,7 +314,7 @@ func (p *placer) observe(ctx context.Context) {
 	now := p.clock.Now()
 	threshold := fleet.DefaultConcurrencyThreshold
 	if ep := p.endpoint(); ep != nil {
-		threshold = ep.Config.ConcurrencyThreshold()
+		threshold = ep.Resolved.ConcurrencyThreshold
 	}
 	if busy, err := p.a.busyIn(m); err == nil {
 		p.hotStep(busy, float64(threshold), now)
