@@ -7,8 +7,6 @@ import (
 	"maps"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -25,15 +23,6 @@ import (
 	"github.com/prefixrouter/prefixrouter/membership/etcdtest"
 )
 
-func testdata(t *testing.T, file string) []byte {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "engine", "testdata", file))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
 // fakeLlama answers as llama-server c392e50 did when captured
 // (engine/testdata/llamacpp-c392e50: its /v1/models, /lora-adapters and
 // Server header), with /metrics in its names whose request gauges the test
@@ -48,8 +37,8 @@ type fakeLlama struct {
 func newFakeLlama(t *testing.T) *fakeLlama {
 	f := &fakeLlama{}
 	f.metrics.Store(true)
-	models := testdata(t, "llamacpp-c392e50/models.json")
-	adapters := testdata(t, "llamacpp-c392e50/lora-adapters.json")
+	models := testsupport.EngineTestdata(t, "llamacpp-c392e50/models.json")
+	adapters := testsupport.EngineTestdata(t, "llamacpp-c392e50/lora-adapters.json")
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte(`{"status":"ok"}`)) })
 	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, r *http.Request) { w.Write(models) })
@@ -75,18 +64,9 @@ func newFakeLlama(t *testing.T) *fakeLlama {
 }
 
 func llamaConfig(cli *clientv3.Client, f *fakeLlama, id string) Options {
-	return Options{
-		Client:            cli,
-		Options:           membership.Options{TTL: 2 * time.Second, Logger: quiet},
-		Endpoint:          "ep",
-		Instance:          fleet.Instance{ID: id, Addr: f.URL},
-		HealthInterval:    10 * time.Millisecond,
-		DrainPollInterval: 10 * time.Millisecond,
-		DrainGrace:        50 * time.Millisecond,
-		DrainTimeout:      10 * time.Second,
-		PlaceAdapters:     true,
-		LoadPollInterval:  20 * time.Millisecond,
-	}
+	c := agentConfig(cli, f.URL, id)
+	c.PlaceAdapters, c.LoadPollInterval = true, 20*time.Millisecond
+	return c
 }
 
 // TestAgentLlamaCpp: beside llama-server the agent detects the engine
@@ -214,7 +194,7 @@ func newFakeSGLang(t *testing.T) *fakeSGLang {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {})
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
-		w.Write(testdata(t, "sglang-source/metrics.txt"))
+		w.Write(testsupport.EngineTestdata(t, "sglang-source/metrics.txt"))
 	})
 	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, r *http.Request) {
 		f.mu.Lock()

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -64,6 +62,16 @@ func TestLoadRound(t *testing.T) {
 		{URL: srv.URL + "/down", Instance: state("down", 7)},
 	}
 	want := map[string]int64{"busy": 5, "own-only": 0, "idle": 0, "other": -1, "nan": -1, "negative": -1, "huge": -1, "down": -1}
+	loadRound(t, targets, want)
+	if got := busy.Load(); got != 6 {
+		t.Fatalf("busy: Load = %d, want 6 (own 1 + external 5)", got)
+	}
+}
+
+// loadRound runs one round of load polling over targets and checks each
+// target's external load against want (by instance id).
+func loadRound(t *testing.T, targets []Target, want map[string]int64) {
+	t.Helper()
 	l := Load{Logger: discardLogger()}.withDefaults()
 	r, err := newRounds(Options{Interval: time.Hour}, func() []Target { return targets }, l.probe, l.observe)
 	if err != nil {
@@ -74,9 +82,6 @@ func TestLoadRound(t *testing.T) {
 		if got := tg.Instance.(*overload.State).ExternalLoad(); got != want[tg.Instance.ID()] {
 			t.Errorf("%s: external load %d, want %d", tg.Instance.ID(), got, want[tg.Instance.ID()])
 		}
-	}
-	if got := busy.Load(); got != 6 {
-		t.Fatalf("busy: Load = %d, want 6 (own 1 + external 5)", got)
 	}
 }
 
@@ -133,13 +138,12 @@ func TestLoadPerEngine(t *testing.T) {
 		"/vllm":     "vllm-source/metrics.txt",
 		"/sglang":   "sglang-source/metrics.txt",
 	}
+	bodies := map[string][]byte{}
+	for path, file := range files {
+		bodies[path] = testsupport.EngineTestdata(t, file)
+	}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		b, err := os.ReadFile(filepath.Join("..", "engine", "testdata", files[r.URL.Path]))
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusNotFound)
-			return
-		}
-		w.Write(b)
+		w.Write(bodies[r.URL.Path])
 	}))
 	defer srv.Close()
 	var targets []Target
@@ -157,15 +161,5 @@ func TestLoadPerEngine(t *testing.T) {
 	add("newer-engine", "/sglang", "tgi-next", 8) // unknown name: Generic
 	add("mismatch", "/llamacpp", engine.VLLM, -1)
 	add("tgi-on-vllm", "/vllm", engine.TGI, -1)
-	l := Load{Logger: discardLogger()}.withDefaults()
-	r, err := newRounds(Options{Interval: time.Hour}, func() []Target { return targets }, l.probe, l.observe)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.round(context.Background())
-	for _, tg := range targets {
-		if got := tg.Instance.(*overload.State).ExternalLoad(); got != want[tg.Instance.ID()] {
-			t.Errorf("%s: external load %d, want %d", tg.Instance.ID(), got, want[tg.Instance.ID()])
-		}
-	}
+	loadRound(t, targets, want)
 }

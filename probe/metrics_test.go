@@ -9,13 +9,12 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/prefixrouter/prefixrouter/engine"
+	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 )
 
 const vllmText = `# HELP vllm:num_requests_running Number of requests running.
@@ -240,10 +239,7 @@ func TestEngineLoad(t *testing.T) {
 		{"llamacpp-c392e50/metrics-busy.txt", "", EngineLoad{Running: 2, Waiting: 1, KVCacheUsage: 0.527832}},
 		{"sglang-source/metrics.txt", "", EngineLoad{Running: 5, Waiting: 3, KVCacheUsage: 0.37}},
 	} {
-		b, err := os.ReadFile(filepath.Join("..", "engine", "testdata", tc.file))
-		if err != nil {
-			t.Fatal(err)
-		}
+		b := testsupport.EngineTestdata(t, tc.file)
 		m, err := ParseMetrics(bytes.NewReader(b))
 		if err != nil {
 			t.Fatalf("%s: %v", tc.file, err)

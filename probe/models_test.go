@@ -5,11 +5,11 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 )
 
 func TestParseModels(t *testing.T) {
@@ -91,10 +91,7 @@ func TestParseModelsEngines(t *testing.T) {
 		{"vllm-source/models.json", "meta-llama/Llama-3.1-8B-Instruct", []string{"sql-lora"}, "vllm"},
 		{"sglang-source/models.json", "Qwen/Qwen2.5-7B-Instruct", []string{"sql-lora"}, "sglang"},
 	} {
-		b, err := os.ReadFile(filepath.Join("..", "engine", "testdata", tc.file))
-		if err != nil {
-			t.Fatal(err)
-		}
+		b := testsupport.EngineTestdata(t, tc.file)
 		m, err := ParseModels(bytes.NewReader(b))
 		if err != nil || m.Base != tc.base || !slices.Equal(m.Adapters, tc.adapters) || !slices.Equal(m.OwnedBy, []string{tc.ownedBy}) {
 			t.Errorf("%s: %+v, %v", tc.file, m, err)
@@ -105,10 +102,7 @@ func TestParseModelsEngines(t *testing.T) {
 // TestFetchIndexedAdapters serves llama-server's captured /lora-adapters
 // (two adapters loaded at start) and the answers it must refuse.
 func TestFetchIndexedAdapters(t *testing.T) {
-	captured, err := os.ReadFile(filepath.Join("..", "engine", "testdata", "llamacpp-c392e50", "lora-adapters.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	captured := testsupport.EngineTestdata(t, "llamacpp-c392e50/lora-adapters.json")
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/lora-adapters":

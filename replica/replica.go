@@ -137,7 +137,10 @@ func Start(ctx context.Context, opts Options) (*Replica, error) {
 		r.router.Update(fleet.NewSnapshot([]fleet.Endpoint{ep}, 0, 1, time.Now()))
 		tr := opts.Router.Transport
 		if tr == nil {
-			tr = http.DefaultTransport
+			// Its own connections, none kept between rounds 30 s apart.
+			own := http.DefaultTransport.(*http.Transport).Clone()
+			own.DisableKeepAlives = true
+			tr = own
 		}
 		if r.static, err = startStaticProber(ep, tr, opts.Clock, r.log, r.router.Update); err != nil {
 			r.closeParts()

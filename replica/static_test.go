@@ -8,8 +8,6 @@ import (
 	"maps"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -29,13 +27,7 @@ import (
 // keeps the last chat body it received.
 func fakeLlamaServer(t *testing.T) (*httptest.Server, func() []byte) {
 	t.Helper()
-	read := func(f string) []byte {
-		b, err := os.ReadFile(filepath.Join("..", "engine", "testdata", "llamacpp-c392e50", f))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
+	read := func(f string) []byte { return testsupport.EngineTestdata(t, "llamacpp-c392e50/"+f) }
 	models, adapters, chat := read("models.json"), read("lora-adapters.json"), read("chat-warm.json")
 	var (
 		mu   sync.Mutex

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -17,16 +15,6 @@ import (
 	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 )
-
-// captured reads a file of engine/testdata.
-func captured(t *testing.T, file string) []byte {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "engine", "testdata", file))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
 
 // TestEngineAdapterSelection: a request naming an adapter reaches each
 // engine in the form it serves it (issue 20): llama-server gets the
@@ -86,7 +74,7 @@ func TestEngineAdapterSelection(t *testing.T) {
 			h.ep.Instances = []fleet.Instance{in}
 			h.update()
 			mu.Lock()
-			reply = captured(t, tc.reply)
+			reply = testsupport.EngineTestdata(t, tc.reply)
 			mu.Unlock()
 			model := modelLabel(h.r.view.Load().endpoints["ep"], modelOf(t, tc.body))
 			cachedC := h.r.metrics.cachedTokens.WithLabelValues("ep", model, "i-a", DecisionAffinity)

@@ -2,12 +2,11 @@ package router
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/prefixrouter/prefixrouter/engine"
+	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 )
 
 func TestUsageScanner(t *testing.T) {
@@ -31,22 +30,7 @@ func TestUsageScanner(t *testing.T) {
 		{"cached above prompt", `{"usage":{"prompt_tokens":7,"prompt_tokens_details":{"cached_tokens":8}}}`, false, 0, 0},
 		{"TGI", `[{"generated_text":"usage"}]`, false, 0, 0},
 	} {
-		// Every split of the body into two reads, and byte by byte.
-		for cut := 0; cut <= len(tc.body); cut++ {
-			var u usageScanner
-			u.feed([]byte(tc.body[:cut]))
-			u.feed([]byte(tc.body[cut:]))
-			if u.found != tc.found || u.prompt != tc.prompt || u.cached != tc.cached {
-				t.Fatalf("%s, cut at %d: found %v prompt %d cached %d", tc.name, cut, u.found, u.prompt, u.cached)
-			}
-		}
-		var u usageScanner
-		for i := range len(tc.body) {
-			u.feed([]byte{tc.body[i]})
-		}
-		if u.found != tc.found || u.prompt != tc.prompt || u.cached != tc.cached {
-			t.Fatalf("%s, byte by byte: found %v prompt %d cached %d", tc.name, u.found, u.prompt, u.cached)
-		}
+		scanEverySplit(t, tc.name, []byte(tc.body), 0, tc.found, tc.prompt, tc.cached)
 	}
 }
 
@@ -83,27 +67,7 @@ func TestUsageScannerEngines(t *testing.T) {
 		{"vllm-source/chat.json", 0, 657, 640},
 		{"sglang-source/chat.json", profile(engine.SGLang).Cached, 657, 656},
 	} {
-		body, err := os.ReadFile(filepath.Join("..", "engine", "testdata", tc.file))
-		if err != nil {
-			t.Fatal(err)
-		}
-		check := func(how string, u *usageScanner) {
-			t.Helper()
-			if !u.found || u.prompt != tc.prompt || u.cached != tc.cached {
-				t.Fatalf("%s (from %b), %s: found %v prompt %d cached %d; want %d %d", tc.file, tc.from, how, u.found, u.prompt, u.cached, tc.prompt, tc.cached)
-			}
-		}
-		for cut := 0; cut <= len(body); cut++ {
-			u := usageScanner{from: tc.from}
-			u.feed(body[:cut])
-			u.feed(body[cut:])
-			check(fmt.Sprintf("cut at %d", cut), &u)
-		}
-		u := usageScanner{from: tc.from}
-		for i := range body {
-			u.feed(body[i : i+1])
-		}
-		check("byte by byte", &u)
+		scanEverySplit(t, tc.file, testsupport.EngineTestdata(t, tc.file), tc.from, true, tc.prompt, tc.cached)
 	}
 }
 
@@ -130,15 +94,32 @@ func TestUsageScannerTimings(t *testing.T) {
 		{"timings null", `{"usage":{"prompt_tokens":10},"timings":null}`, true, 10, 0},
 		{"quoted key in content", `{"content":"\"timings\":{\"prompt_n\":1}","usage":{"prompt_tokens":10}}`, true, 10, 0},
 	} {
-		for cut := 0; cut <= len(tc.body); cut++ {
-			var u usageScanner
-			u.feed([]byte(tc.body[:cut]))
-			u.feed([]byte(tc.body[cut:]))
-			if u.found != tc.found || u.prompt != tc.prompt || u.cached != tc.cached {
-				t.Fatalf("%s, cut at %d: found %v prompt %d cached %d", tc.name, cut, u.found, u.prompt, u.cached)
-			}
+		scanEverySplit(t, tc.name, []byte(tc.body), 0, tc.found, tc.prompt, tc.cached)
+	}
+}
+
+// scanEverySplit scans body split into two reads at every byte, and byte
+// by byte, reading cached tokens from where from says, and checks what
+// the scanner found each time.
+func scanEverySplit(t *testing.T, name string, body []byte, from engine.Cached, found bool, prompt, cached int64) {
+	t.Helper()
+	check := func(how string, u *usageScanner) {
+		t.Helper()
+		if u.found != found || u.prompt != prompt || u.cached != cached {
+			t.Fatalf("%s (from %b), %s: found %v prompt %d cached %d; want %v %d %d", name, from, how, u.found, u.prompt, u.cached, found, prompt, cached)
 		}
 	}
+	for cut := 0; cut <= len(body); cut++ {
+		u := usageScanner{from: from}
+		u.feed(body[:cut])
+		u.feed(body[cut:])
+		check(fmt.Sprintf("cut at %d", cut), &u)
+	}
+	u := usageScanner{from: from}
+	for i := range body {
+		u.feed(body[i : i+1])
+	}
+	check("byte by byte", &u)
 }
 
 func llamacpp() engine.Cached { return profile(engine.LlamaCpp).Cached }
