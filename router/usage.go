@@ -81,7 +81,7 @@ func (u *usageScanner) feed(p []byte) {
 		switch {
 		case u.state != scanIdle:
 			p = u.capture(p)
-		case u.partial(nk):
+		case u.partial():
 			// Continue the matches that straddle two reads, a byte at a
 			// time. A byte that fails every match is scanned again: it may
 			// start a key (only '"' can, and no key has one inside).
@@ -104,10 +104,10 @@ func (u *usageScanner) feed(p []byte) {
 				p = p[1:]
 			}
 		default:
-			at, k := -1, int8(0)
-			for i := range nk {
-				if j := bytes.Index(p, scanKeys[i]); j >= 0 && (at < 0 || j < at) {
-					at, k = j, i
+			at, k := bytes.Index(p, scanKeys[keyUsage]), keyUsage
+			if nk > keyTimings {
+				if j := bytes.Index(p, scanKeys[keyTimings]); j >= 0 && (at < 0 || j < at) {
+					at, k = j, keyTimings
 				}
 			}
 			if at >= 0 {
@@ -115,23 +115,18 @@ func (u *usageScanner) feed(p []byte) {
 				u.state, u.key = scanValue, k
 				continue
 			}
-			for i := range nk {
-				u.match[i] = int8(suffixPrefix(p, scanKeys[i]))
+			u.match[keyUsage] = int8(suffixPrefix(p, scanKeys[keyUsage]))
+			if nk > keyTimings {
+				u.match[keyTimings] = int8(suffixPrefix(p, scanKeys[keyTimings]))
 			}
 			return
 		}
 	}
 }
 
-// partial reports whether a key's match straddles the last read.
-func (u *usageScanner) partial(nk int8) bool {
-	for k := range nk {
-		if u.match[k] > 0 {
-			return true
-		}
-	}
-	return false
-}
+// partial reports whether a key's match straddles the last read (a key
+// not looked for has no match: nk only grows).
+func (u *usageScanner) partial() bool { return u.match != [numKeys]int8{} }
 
 // suffixPrefix is the length of the longest suffix of p that is a proper
 // prefix of key.
