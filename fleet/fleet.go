@@ -354,6 +354,11 @@ type Snapshot struct {
 	Revision int64
 	// Replicas is the number of router replicas registered (at least 1).
 	Replicas int
+	// ReplicaRates holds, by replica id, the request rate (requests per
+	// second) each registered router replica published in its record, -1
+	// for one that published none: the weights of the threshold's
+	// traffic share (docs/concurrency.md). Nil for a static fleet.
+	ReplicaRates map[string]float64
 	// BuiltAt is when the snapshot was built.
 	BuiltAt time.Time
 }
@@ -379,6 +384,15 @@ func NewSnapshot(endpoints []Endpoint, revision int64, replicas int, now time.Ti
 		s.Endpoints[ep.Name] = &Endpoint{Name: ep.Name, Config: ep.Config.WithDefaults(), Resolved: res, Instances: insts, Adapters: ads}
 	}
 	return s
+}
+
+// WithReplicas returns a snapshot of s's endpoints (shared, not copied:
+// both snapshots are immutable) at revision with other router replicas:
+// those of rates (see ReplicaRates), at least 1. A change of the replicas
+// alone (a rate published) builds this, and a router keeps its views of
+// endpoints that did not change.
+func (s *Snapshot) WithReplicas(revision int64, rates map[string]float64, now time.Time) *Snapshot {
+	return &Snapshot{Endpoints: s.Endpoints, Revision: revision, Replicas: max(1, len(rates)), ReplicaRates: rates, BuiltAt: now}
 }
 
 // Endpoint returns the named endpoint, or nil.

@@ -24,7 +24,7 @@ type Metrics struct {
 // NewMetrics creates the collectors and registers them with reg (nil means
 // do not register: useful in tests):
 //
-//	prefixrouter_membership_invalid_records_total{kind="instance|upstream|config|endpoint"}
+//	prefixrouter_membership_invalid_records_total{kind="instance|upstream|config|endpoint|router"}
 //	prefixrouter_membership_relists_total{reason="start|compacted|watch_closed|watch_error"}
 //	prefixrouter_membership_snapshots_published_total
 //	prefixrouter_membership_lease_regrants_total

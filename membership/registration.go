@@ -118,6 +118,27 @@ type putWaiter struct {
 type RouterInfo struct {
 	Addr    string `json:"addr"`
 	Version string `json:"version"`
+	// Rate is the replica's request rate in requests per second, as it
+	// last published it (replica.Options.RateInterval); nil for a replica
+	// that publishes none (older versions), whose peers then share the
+	// threshold by the count of replicas.
+	Rate *float64 `json:"rate,omitempty"`
+}
+
+// MaxRouterRate bounds a published rate: more requests per second than any
+// replica serves means a broken record.
+const MaxRouterRate = 1e9
+
+// ParseRouterInfo decodes and validates a router record.
+func ParseRouterInfo(data []byte) (RouterInfo, error) {
+	var ri RouterInfo
+	if err := json.Unmarshal(data, &ri); err != nil {
+		return RouterInfo{}, fmt.Errorf("membership: decode router record: %w", err)
+	}
+	if ri.Rate != nil && !(*ri.Rate >= 0 && *ri.Rate <= MaxRouterRate) {
+		return RouterInfo{}, fmt.Errorf("membership: router record's rate %v is not in 0..%g requests/s", *ri.Rate, float64(MaxRouterRate))
+	}
+	return ri, nil
 }
 
 // RegisterRouter registers a router replica under routers/<replicaID> with

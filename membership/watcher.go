@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sort"
 	"strconv"
 	"sync"
@@ -168,7 +169,7 @@ func (w *Watcher) markSynced() {
 type state struct {
 	instances map[string]map[string]fleet.Instance // endpoint → id → record
 	configs   map[string]fleet.RoutingConfig       // endpoint → last valid config
-	routers   map[string]struct{}
+	routers   map[string]float64                  // replica id → published rate, -1 for none
 	adapters  map[string]map[string]fleet.Adapter // endpoint → name → catalogue record
 	placement map[string]map[string]Placement     // endpoint → name → placement state
 	rev       int64
@@ -178,7 +179,7 @@ func newState() *state {
 	return &state{
 		instances: map[string]map[string]fleet.Instance{},
 		configs:   map[string]fleet.RoutingConfig{},
-		routers:   map[string]struct{}{},
+		routers:   map[string]float64{},
 		adapters:  map[string]map[string]fleet.Adapter{},
 		placement: map[string]map[string]Placement{},
 	}
@@ -282,8 +283,12 @@ func (w *Watcher) watch(st *state) string {
 			if len(resp.Events) == 0 {
 				continue // progress notification
 			}
+			routersOnly := true
 			for _, ev := range resp.Events {
 				key := string(ev.Kv.Key)
+				if kind, _, _ := w.layout.parseKey(key); kind != kindRouter {
+					routersOnly = false
+				}
 				switch ev.Type {
 				case mvccpb.PUT:
 					w.applyPut(st, st, key, ev.Kv.Value, ev.Kv.ModRevision)
@@ -293,7 +298,11 @@ func (w *Watcher) watch(st *state) string {
 				}
 			}
 			st.rev = resp.Header.Revision
-			w.emit(st)
+			if routersOnly {
+				w.emitReplicas(st)
+			} else {
+				w.emit(st)
+			}
 		}
 	}
 }
@@ -331,7 +340,16 @@ func (w *Watcher) applyPut(st, prev *state, key string, value []byte, modRev int
 		p.revision = modRev
 		putIn(st.placement, ep, id, p)
 	case kindRouter:
-		st.routers[id] = struct{}{}
+		// A record that does not parse still counts as a replica (its
+		// lease says it runs), with no rate.
+		rate := -1.0
+		if ri, err := ParseRouterInfo(value); err != nil {
+			w.metrics.invalidRecord("router")
+			w.log.Warn("membership: router record without a usable rate", "key", key, "err", err)
+		} else if ri.Rate != nil {
+			rate = *ri.Rate
+		}
+		st.routers[id] = rate
 	case kindConfig:
 		c, err := ParseRoutingConfig(value)
 		if err != nil {
@@ -473,6 +491,26 @@ func (w *Watcher) emit(st *state) {
 	}
 	sort.Slice(eps, func(i, j int) bool { return eps[i].Name < eps[j].Name })
 	s := fleet.NewSnapshot(eps, st.rev, len(st.routers), w.clock.Now())
+	s.ReplicaRates = maps.Clone(st.routers)
+	w.store(s)
+}
+
+// emitReplicas publishes a snapshot after a change of router records
+// alone (a replica came, went or published its rate): the last snapshot's
+// endpoints, shared, with st's replicas. It costs O(replicas), not
+// O(instances): at 100 replicas publishing rates, a full rebuild per record
+// would rebuild every replica's fleet view many times a second.
+func (w *Watcher) emitReplicas(st *state) {
+	prev := w.snap.Load()
+	if prev == nil {
+		w.emit(st)
+		return
+	}
+	w.store(prev.WithReplicas(st.rev, maps.Clone(st.routers), w.clock.Now()))
+}
+
+// store publishes s.
+func (w *Watcher) store(s *fleet.Snapshot) {
 	w.snap.Store(s)
 	w.syncOnce.Do(func() { close(w.synced) })
 	w.metrics.snapshotPublished()

@@ -13,10 +13,18 @@ func ExampleReplicaShare() {
 	// Output: 4
 }
 
+func ExampleTrafficShare() {
+	// ConcurrencyThreshold 8; this replica routes 60 of the fleet's 80
+	// requests per second (a skewed DNS share), so it may put 6 on one
+	// instance; a replica routing 2 of them keeps 1.
+	fmt.Println(overload.TrafficShare(8, 60, 80), overload.TrafficShare(8, 2, 80))
+	// Output: 6 1
+}
+
 func ExampleState_TryAcquire() {
 	st := overload.NewState("i-1", overload.BreakerOptions{})
-	done, ok := st.TryAcquire(1, 1)
-	_, again := st.TryAcquire(1, 1)
+	done, ok := st.TryAcquire(overload.Whole(1))
+	_, again := st.TryAcquire(overload.Whole(1))
 	fmt.Println(ok, again, st.InFlight())
 	done(overload.UpstreamStatus(200)) // the response ended
 	fmt.Println(st.InFlight())

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -89,33 +90,74 @@ func TestBreakerOptions(t *testing.T) {
 	}
 }
 
-func TestTryAcquireThreshold(t *testing.T) {
+func TestTrafficShare(t *testing.T) {
 	tests := []struct {
-		threshold, replicas int
-		external            int64
-		admitted            int
+		t          int
+		own, total float64
+		want       int
 	}{
-		{threshold: 4, replicas: 1, external: -1, admitted: 4},
-		{threshold: 4, replicas: 2, external: -1, admitted: 2},
-		{threshold: 4, replicas: 3, external: -1, admitted: 2},
-		{threshold: 4, replicas: 8, external: -1, admitted: 1},
-		{threshold: 4, replicas: 2, external: 1, admitted: 3}, // known load replaces the share
-		{threshold: 4, replicas: 1, external: 4, admitted: 0},
+		{8, 1, 2, 4},   // half the traffic: half the threshold, no rounding up of an exact quotient
+		{8, 3, 4, 6},   // a skewed DNS share
+		{8, 0.7, 1, 6}, // ceil(5.6)
+		{8, 1, 100, 1}, // a light replica keeps one
+		{8, 0, 10, 1},  // no traffic of its own yet
+		{8, 5, 5, 8},   // alone
+		{8, 6, 5, 8},   // a local rate above a stale total: never above t
+		{8, 5, 0, 8},   // nothing published: nothing to share with
+		{8, 1, math.NaN(), 8},
+		{0, 1, 2, 1},
+		{1, 1, 32, 1},
+		{32, 24, 32, 24},
 	}
 	for _, tc := range tests {
-		t.Run(fmt.Sprintf("T%d_R%d_ext%d", tc.threshold, tc.replicas, tc.external), func(t *testing.T) {
+		if got := TrafficShare(tc.t, tc.own, tc.total); got != tc.want {
+			t.Errorf("TrafficShare(%d, %v, %v) = %d, want %d", tc.t, tc.own, tc.total, got, tc.want)
+		}
+	}
+	// Shares of replicas that carry all the traffic sum to at most t plus
+	// one per replica (each rounds up by less than one).
+	rates := []float64{70, 10, 10, 5, 3, 1, 1}
+	total, sum := 0.0, 0
+	for _, r := range rates {
+		total += r
+	}
+	for _, r := range rates {
+		sum += TrafficShare(10, r, total)
+	}
+	if sum > 10+len(rates) {
+		t.Errorf("shares sum to %d, above t + r = %d", sum, 10+len(rates))
+	}
+}
+
+func TestTryAcquireThreshold(t *testing.T) {
+	tests := []struct {
+		threshold, share int
+		external         int64
+		admitted         int
+	}{
+		{threshold: 4, share: 4, external: -1, admitted: 4},
+		{threshold: 4, share: 2, external: -1, admitted: 2},
+		{threshold: 4, share: 1, external: -1, admitted: 1},
+		{threshold: 4, share: 0, external: -1, admitted: 1}, // a share is at least 1
+		{threshold: 4, share: 4, external: 1, admitted: 3},  // known load: within the whole threshold
+		{threshold: 4, share: 2, external: 1, admitted: 2},  // ... and within the share: a burst between polls stays bounded
+		{threshold: 4, share: 4, external: 4, admitted: 0},
+	}
+	for _, tc := range tests {
+		t.Run(fmt.Sprintf("T%d_share%d_ext%d", tc.threshold, tc.share, tc.external), func(t *testing.T) {
 			s := NewState("a", BreakerOptions{})
 			s.SetExternalLoad(tc.external)
+			l := Limit{Threshold: tc.threshold, Share: tc.share}
 			var dones []Done
 			for range tc.threshold + 5 {
-				if d, ok := s.TryAcquire(tc.threshold, tc.replicas); ok {
+				if d, ok := s.TryAcquire(l); ok {
 					dones = append(dones, d)
 				}
 			}
 			if len(dones) != tc.admitted {
 				t.Fatalf("admitted %d, want %d", len(dones), tc.admitted)
 			}
-			if s.HasRoom(tc.threshold, tc.replicas) {
+			if s.HasRoom(l) {
 				t.Fatal("HasRoom after filling")
 			}
 			for _, d := range dones {
@@ -149,7 +191,7 @@ func TestTryAcquireBounded(t *testing.T) {
 			s.SetExternalLoad(tc.external)
 			var dones []Done
 			for range tc.threshold + 5 {
-				if d, ok := s.TryAcquireBounded(tc.threshold, 1, tc.bound); ok {
+				if d, ok := s.TryAcquireBounded(Whole(tc.threshold), tc.bound); ok {
 					dones = append(dones, d)
 				}
 			}
@@ -176,7 +218,7 @@ func TestTryAcquireConcurrentNeverOvershoots(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for range 2000 {
-				d, ok := s.TryAcquire(threshold, 1)
+				d, ok := s.TryAcquire(Whole(threshold))
 				if !ok {
 					continue
 				}
@@ -222,7 +264,7 @@ func TestBreakerOpensAndRecovers(t *testing.T) {
 		if _, ok := s.Acquire(); ok {
 			t.Fatal("open breaker admitted")
 		}
-		if _, ok := s.TryAcquire(10, 1); ok {
+		if _, ok := s.TryAcquire(Whole(10)); ok {
 			t.Fatal("open breaker admitted under threshold")
 		}
 		time.Sleep(timeout - time.Nanosecond)
@@ -342,7 +384,7 @@ func BenchmarkTryAcquire(b *testing.B) {
 	s := NewState("a", BreakerOptions{})
 	b.ReportAllocs()
 	for b.Loop() {
-		d, ok := s.TryAcquire(10, 1)
+		d, ok := s.TryAcquire(Whole(10))
 		if !ok {
 			b.Fatal("rejected")
 		}
@@ -362,7 +404,7 @@ func BenchmarkTryAcquireParallel(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		s := tr.Get(ids[int(n.Add(1))%len(ids)])
 		for pb.Next() {
-			if d, ok := s.TryAcquire(1024, 1); ok {
+			if d, ok := s.TryAcquire(Whole(1024)); ok {
 				d(nil)
 			}
 		}

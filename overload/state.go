@@ -28,8 +28,8 @@ type State struct {
 	inFlight atomic.Int64
 	// external is the instance's load from other sources (other router
 	// replicas, direct clients), as estimated by load polls (probe.Load);
-	// -1 means unknown, in which case this replica uses its share of the
-	// threshold instead.
+	// -1 means unknown, in which case admission holds this replica to
+	// its share of the threshold alone.
 	external atomic.Int64
 	// brState mirrors the breaker's state and openUntil the time (unix ns)
 	// at which an open breaker half-opens, so that Open needs no lock.
@@ -74,8 +74,8 @@ func (s *State) InFlight() int64 { return s.inFlight.Load() }
 func (s *State) ExternalLoad() int64 { return s.external.Load() }
 
 // SetExternalLoad records the instance's load from other sources (requests
-// this replica did not send); a negative n means unknown, which makes
-// admission fall back to this replica's share of the threshold.
+// this replica did not send); a negative n means unknown, which leaves
+// admission to this replica's share of the threshold alone.
 func (s *State) SetExternalLoad(n int64) {
 	if n < 0 {
 		n = -1
@@ -134,29 +134,31 @@ func ReplicaShare(t, r int) int {
 	return max(1, (t+r-1)/r)
 }
 
-// hasRoom reports whether an instance with n requests in flight (this one
-// included) stays within the threshold.
-func (s *State) hasRoom(n int64, threshold, replicas int) bool {
-	if e := s.external.Load(); e >= 0 {
-		// The instance told us its fleet-wide load: compare it with the
-		// whole threshold rather than our share.
-		return n+e <= int64(threshold)
+// hasRoom reports whether an instance with n requests in flight from this
+// replica (this one included) stays within the limit: n within the share,
+// and, when the instance told its fleet-wide load (a load poll), that load
+// within the whole threshold. The share still applies then: a scrape is up
+// to one poll interval old, and every replica compares with the same stale
+// figure, so a burst between two scrapes is held to the shares' sum.
+func (s *State) hasRoom(n int64, l Limit) bool {
+	if n > int64(max(l.Share, 1)) {
+		return false
 	}
-	return n <= int64(ReplicaShare(threshold, replicas))
+	e := s.external.Load()
+	return e < 0 || n+e <= int64(l.Threshold)
 }
 
-// HasRoom reports whether one more request would stay within the threshold
-// (threshold is the per-instance ConcurrencyThreshold, replicas the number of
-// router replicas). It does not reserve anything; use TryAcquire to admit.
-func (s *State) HasRoom(threshold, replicas int) bool {
-	return !s.Open() && s.hasRoom(s.inFlight.Load()+1, threshold, replicas)
+// HasRoom reports whether one more request would stay within the limit. It
+// does not reserve anything; use TryAcquire to admit.
+func (s *State) HasRoom(l Limit) bool {
+	return !s.Open() && s.hasRoom(s.inFlight.Load()+1, l)
 }
 
-// TryAcquire admits one request if the instance has room under the threshold
+// TryAcquire admits one request if the instance has room under the limit
 // and its breaker lets it through, reserving the in-flight slot at once so
 // that concurrent picks cannot overshoot. ok is false if it was not admitted.
-func (s *State) TryAcquire(threshold, replicas int) (done Done, ok bool) {
-	return s.TryAcquireBounded(threshold, replicas, 0)
+func (s *State) TryAcquire(l Limit) (done Done, ok bool) {
+	return s.TryAcquireBounded(l, 0)
 }
 
 // TryAcquireBounded is TryAcquire with a second, balance bound (consistent
@@ -166,12 +168,12 @@ func (s *State) TryAcquire(threshold, replicas int) (done Done, ok bool) {
 // checks, so concurrent picks cannot both take the instance's last place
 // under either bound; the bound itself is computed by the caller from a
 // racy sum and is therefore soft.
-func (s *State) TryAcquireBounded(threshold, replicas int, bound int64) (done Done, ok bool) {
+func (s *State) TryAcquireBounded(l Limit, bound int64) (done Done, ok bool) {
 	if s.Open() {
 		return nil, false
 	}
 	n := s.inFlight.Add(1)
-	if !s.hasRoom(n, threshold, replicas) || (bound > 0 && n-1+max(s.external.Load(), 0) >= bound) {
+	if !s.hasRoom(n, l) || (bound > 0 && n-1+max(s.external.Load(), 0) >= bound) {
 		s.inFlight.Add(-1)
 		return nil, false
 	}

@@ -131,6 +131,13 @@ type Options struct {
 	// Limits bound every client connection of both listeners (see Limits;
 	// zero values mean the Default* limits).
 	Limits Limits
+	// RateInterval is how often the replica measures its request rate
+	// and, when it moved by more than a fifth, writes it into its record
+	// under routers/ (--rate-interval): the weights of the threshold's
+	// traffic share (router.ShareTraffic). At most one write per interval
+	// per replica; none while traffic holds steady. Zero means
+	// DefaultRateInterval. Ignored with a static fleet.
+	RateInterval time.Duration
 	// StartupTimeout bounds the wait for the first fleet snapshot from etcd
 	// (--startup-timeout); zero means DefaultStartupTimeout.
 	StartupTimeout time.Duration
@@ -187,6 +194,13 @@ func (o Options) withDefaults() Options {
 	}
 	if o.usesEtcd() && o.ID == "" {
 		o.ID = defaultID()
+	}
+	if o.usesEtcd() {
+		// The router finds its own record under routers/ by it.
+		o.Router.ReplicaID = o.ID
+	}
+	if o.RateInterval == 0 {
+		o.RateInterval = DefaultRateInterval
 	}
 	if o.EmbeddedEtcdDir != "" && o.EmbeddedEtcdClientURL == "" {
 		o.EmbeddedEtcdClientURL = membership.DefaultClientURL
@@ -297,6 +311,7 @@ func (o Options) Validate() error {
 		fleet.Duration{Name: "ShutdownTimeout (--shutdown-timeout)", Value: o.ShutdownTimeout},
 		fleet.Duration{Name: "DrainDelay (--drain-delay)", Value: o.DrainDelay},
 		fleet.Duration{Name: "VanishGrace (--vanish-grace)", Value: o.VanishGrace},
+		fleet.Duration{Name: "RateInterval (--rate-interval)", Value: o.RateInterval},
 	)
 	if o.GCPercent < -1 {
 		bad("GCPercent (--gc-percent) %d must be -1 (off), 0 (the runtime's) or positive", o.GCPercent)

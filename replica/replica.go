@@ -47,6 +47,7 @@ type Replica struct {
 	router   *router.Router
 	watcher  *membership.Watcher
 	reg      *membership.Registration
+	rates    *ratePublisher // nil for a static fleet
 	data     *http.Server
 	admin    *http.Server
 	adminRPC *admin.Server
@@ -164,18 +165,21 @@ func Start(ctx context.Context, opts Options) (*Replica, error) {
 			r.closeParts()
 			return nil, fmt.Errorf("replica: no fleet snapshot from etcd %v within the startup timeout %v (is etcd reachable?): %w", opts.Etcd.Endpoints, opts.StartupTimeout, startCtx.Err())
 		}
-		r.reg, err = membership.RegisterRouter(startCtx, opts.Client, opts.ID, membership.RouterInfo{Addr: r.dataLn.Addr().String(), Version: Version}, mopts)
+		info := membership.RouterInfo{Addr: r.dataLn.Addr().String(), Version: Version}
+		zero := 0.0
+		withRate := info
+		withRate.Rate = &zero
+		r.reg, err = membership.RegisterRouter(startCtx, opts.Client, opts.ID, withRate, mopts)
 		if err != nil {
 			r.closeParts()
 			return nil, fmt.Errorf("replica: registering under routers/: %w", err)
 		}
+		r.rates = startRatePublisher(r.reg, r.router, info, opts.RateInterval, r.log)
 	}
 
 	adminTLS, err := opts.Admin.tlsConfig()
 	if err != nil {
-		if r.reg != nil {
-			_ = r.reg.Close(ctx)
-		}
+		r.closeRegistration(ctx)
 		r.closeParts()
 		return nil, err
 	}
@@ -194,9 +198,7 @@ func Start(ctx context.Context, opts Options) (*Replica, error) {
 		aopts.Adapters = configStore{cli: opts.Client, layout: opts.Membership.Layout}
 	}
 	if r.adminRPC, err = admin.NewServer(aopts); err != nil {
-		if r.reg != nil {
-			_ = r.reg.Close(ctx)
-		}
+		r.closeRegistration(ctx)
 		r.closeParts()
 		return nil, err
 	}
@@ -244,9 +246,7 @@ func Start(ctx context.Context, opts Options) (*Replica, error) {
 	if r.eppLn != nil {
 		r.epp, err = extproc.Start(r.eppLn, extproc.Options{Picker: r.router, Ready: r.router.Ready, TracerProvider: opts.Router.TracerProvider, Logger: opts.Logger})
 		if err != nil {
-			if r.reg != nil {
-				_ = r.reg.Close(ctx)
-			}
+			r.closeRegistration(ctx)
 			r.closeParts()
 			return nil, err
 		}
@@ -414,6 +414,9 @@ func (r *Replica) Close(ctx context.Context) error {
 		// while this one deregisters and drains.
 		r.epp.Drain()
 	}
+	if r.rates != nil {
+		r.rates.Close()
+	}
 	if r.reg != nil {
 		if err := r.reg.Close(ctx); err != nil {
 			errs = append(errs, err)
@@ -436,6 +439,17 @@ func (r *Replica) Close(ctx context.Context) error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// closeRegistration stops the rate publisher and deregisters, on a start
+// that failed after registering.
+func (r *Replica) closeRegistration(ctx context.Context) {
+	if r.rates != nil {
+		r.rates.Close()
+	}
+	if r.reg != nil {
+		_ = r.reg.Close(ctx)
+	}
 }
 
 func (r *Replica) closeParts() {

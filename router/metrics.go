@@ -105,6 +105,10 @@ var (
 		"Load other sources put on the instance, from its /metrics (-1 unknown or not polled).", []string{"endpoint", "instance"}, nil)
 	healthyDesc = prometheus.NewDesc("prefixrouter_instance_healthy",
 		"1 unless active health checks marked the instance down (always 1 when they are off).", []string{"endpoint", "instance"}, nil)
+	shareDesc = prometheus.NewDesc("prefixrouter_endpoint_threshold_share",
+		"The most requests this replica puts on one of the endpoint's instances now: its share of the ConcurrencyThreshold (--threshold-share).", []string{"endpoint"}, nil)
+	rateDesc = prometheus.NewDesc("prefixrouter_replica_request_rate",
+		"This replica's request rate as last measured (requests per second, smoothed), which it publishes in its record under routers/ for the threshold's traffic share.", nil, nil)
 	thresholdDesc = prometheus.NewDesc("prefixrouter_endpoint_concurrency_threshold",
 		"The endpoint's ConcurrencyThreshold: requests in flight on one instance, summed over router replicas, beyond which PREFIX_AWARE spills (each replica admits its share of it, or compares it with the polled load).", []string{"endpoint"}, nil)
 )
@@ -119,6 +123,8 @@ func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- externalDesc
 	ch <- healthyDesc
 	ch <- thresholdDesc
+	ch <- shareDesc
+	ch <- rateDesc
 }
 
 func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
@@ -126,8 +132,10 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	if v == nil {
 		return
 	}
+	ch <- prometheus.MustNewConstMetric(rateDesc, prometheus.GaugeValue, c.r.Rate())
 	for name, ev := range v.endpoints {
 		ch <- prometheus.MustNewConstMetric(thresholdDesc, prometheus.GaugeValue, float64(ev.threshold), name)
+		ch <- prometheus.MustNewConstMetric(shareDesc, prometheus.GaugeValue, float64(c.r.limit(v, ev).Share), name)
 		for id, iv := range ev.instances {
 			st := iv.state.Status()
 			ch <- prometheus.MustNewConstMetric(inFlightDesc, prometheus.GaugeValue, float64(st.InFlight), name, id)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/internal/testsupport"
+	"github.com/prefixrouter/prefixrouter/overload"
 )
 
 func TestStrategiesSwitchLive(t *testing.T) {
@@ -226,7 +227,7 @@ func TestLoadPoller(t *testing.T) {
 	if got := st.ExternalLoad(); got != 9 {
 		t.Fatalf("polled external load %d, want 9", got)
 	}
-	if st.HasRoom(9, 1) || !st.HasRoom(10, 1) {
+	if st.HasRoom(overload.Whole(9)) || !st.HasRoom(overload.Whole(10)) {
 		t.Fatal("external load not used for admission")
 	}
 }

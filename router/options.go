@@ -96,6 +96,15 @@ type Options struct {
 	// it to admission (see probe.Load; --load-poll-interval). Zero
 	// means off.
 	LoadPollInterval time.Duration
+	// ThresholdShare is how this replica divides each instance's
+	// ConcurrencyThreshold with the other replicas (--threshold-share; see
+	// Share and docs/concurrency.md). Empty means ShareTraffic.
+	ThresholdShare Share
+	// ReplicaID is this replica's id under routers/, by which
+	// ShareTraffic finds its own record; replica.Start sets it to its ID
+	// (--replica-id). Empty means ShareTraffic falls back to
+	// ShareReplicas.
+	ReplicaID string
 	// LoadMetricsPath is the path polled on each instance; empty means
 	// "/metrics".
 	LoadMetricsPath string
@@ -203,6 +212,9 @@ func (o Options) withDefaults() Options {
 	if o.AdapterWaitQueue == 0 {
 		o.AdapterWaitQueue = DefaultAdapterWaitQueue
 	}
+	if o.ThresholdShare == "" {
+		o.ThresholdShare = ShareTraffic
+	}
 	if o.Registry == nil {
 		o.Registry = prometheus.NewRegistry()
 	}
@@ -246,6 +258,11 @@ func (o Options) Validate() error {
 		fleet.Duration{Name: "StaleAfter", Value: o.StaleAfter},
 		fleet.Duration{Name: "AdapterWait (--adapter-wait)", Value: o.AdapterWait},
 	)
+	switch o.ThresholdShare {
+	case "", ShareTraffic, ShareReplicas, ShareNone:
+	default:
+		bad("ThresholdShare (--threshold-share) %q must be %s, %s or %s", o.ThresholdShare, ShareTraffic, ShareReplicas, ShareNone)
+	}
 	if o.AdapterWaitQueue < 0 {
 		bad("AdapterWaitQueue (--adapter-wait-queue) %d is negative", o.AdapterWaitQueue)
 	}

@@ -161,7 +161,7 @@ func (ev *endpointView) instance(set *lora.Set, i int) *instanceView {
 // is false when no instance can take the request. It never blocks and
 // takes no lock beyond the chosen breaker's own.
 func (r *Router) pick(rt *route, skip bitset) (pick, bool) {
-	ev, set, key, hc, replicas := rt.ev, rt.set, rt.key, rt.hot, rt.view.snap.Replicas
+	ev, set, key, hc := rt.ev, rt.set, rt.key, rt.hot
 	h := healthFilter{ev: ev, set: set}
 	switch ev.strategy {
 	case fleet.Random:
@@ -169,7 +169,7 @@ func (r *Router) pick(rt *route, skip bitset) (pick, bool) {
 	case fleet.LeastOutstanding:
 		return r.pickLeast(ev, set, skip, &h, DecisionLeastOutstanding)
 	default:
-		return r.pickPrefix(ev, set, key, hc, replicas, skip, &h)
+		return r.pickPrefix(ev, set, key, hc, r.limit(rt.view, ev), skip, &h)
 	}
 }
 
@@ -208,7 +208,7 @@ func (h *healthFilter) skip(iv *instanceView) bool {
 // key's ring order with room under the threshold (and, with a balance
 // factor, a load below the balance bound) and a breaker that lets it
 // through; else the least loaded instance whose breaker is closed.
-func (r *Router) pickPrefix(ev *endpointView, set *lora.Set, key uint64, hc hotChoice, replicas int, skip bitset, h *healthFilter) (pick, bool) {
+func (r *Router) pickPrefix(ev *endpointView, set *lora.Set, key uint64, hc hotChoice, limit overload.Limit, skip bitset, h *healthFilter) (pick, bool) {
 	n := set.Len()
 	var bound int64 // 0: no balance bound
 	// An endpoint that replicates hot keys balances them with warm copies
@@ -258,7 +258,7 @@ func (r *Router) pickPrefix(ev *endpointView, set *lora.Set, key uint64, hc hotC
 			}
 			continue
 		}
-		if done, ok := iv.state.TryAcquireBounded(ev.threshold, replicas, bound); ok {
+		if done, ok := iv.state.TryAcquireBounded(limit, bound); ok {
 			d := DecisionSpill
 			if j == 0 {
 				d = DecisionAffinity
@@ -266,7 +266,7 @@ func (r *Router) pickPrefix(ev *endpointView, set *lora.Set, key uint64, hc hotC
 			return pick{iv: iv, idx: i, done: done, decision: d, spill: why}, true
 		}
 		if j == 0 {
-			why = spillReason(iv.state, ev.threshold, replicas, bound)
+			why = spillReason(iv.state, limit, bound)
 		}
 	}
 	p, ok := r.pickLeast(ev, set, skip, h, DecisionFallback)

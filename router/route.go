@@ -289,6 +289,7 @@ func (r *Router) stepPick(rt *route, in *routeInput) *routeError {
 	if in.explain {
 		return nil // Explain reads the ring order itself (explain.go)
 	}
+	r.rate.requests.Add(1) // the replica's traffic, for ShareTraffic
 	defer func() {
 		r.metrics.pickSeconds.WithLabelValues(string(rt.ev.strategy)).Observe(time.Since(rt.start).Seconds())
 	}()

@@ -45,6 +45,7 @@ type Router struct {
 	metrics *metrics
 	load    *probe.Prober // nil unless LoadPollInterval > 0
 	health  *probe.Prober // nil unless HealthCheckInterval > 0
+	rate    rateMeter     // this replica's request rate (ShareTraffic)
 
 	view         atomic.Pointer[view] // nil until the first Update
 	shuttingDown atomic.Bool          // set by Drain: readiness fails, routing goes on
@@ -59,6 +60,7 @@ type Router struct {
 // view is everything a request needs, published as one immutable value.
 type view struct {
 	snap      *fleet.Snapshot
+	rates     replicaRates // the snapshot's replica rates, for ShareTraffic
 	endpoints map[string]*endpointView
 	ready     bool // at least one non-draining instance
 	draining  int  // draining instances, for Readiness
@@ -183,7 +185,16 @@ func (r *Router) Update(s *fleet.Snapshot) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	v := &view{snap: s, endpoints: make(map[string]*endpointView, len(s.Endpoints)), next: make(chan struct{})}
+	rates := newReplicaRates(s, r.opts.ReplicaID)
+	if old := r.view.Load(); old != nil && sameEndpoints(old.snap, s) {
+		// Only the replicas changed (a rate published): the endpoint
+		// views, their rings and their sketches stay.
+		v := &view{snap: s, rates: rates, endpoints: old.endpoints, ready: old.ready, draining: old.draining, next: make(chan struct{})}
+		r.view.Store(v)
+		close(old.next)
+		return
+	}
+	v := &view{snap: s, rates: rates, endpoints: make(map[string]*endpointView, len(s.Endpoints)), next: make(chan struct{})}
 	trackers := make(map[string]*overload.Tracker, len(s.Endpoints))
 	moves := make(map[string]*movement, len(s.Endpoints))
 	hot := make(map[string]*hotkey.Sketch)
@@ -257,6 +268,20 @@ func (r *Router) Update(s *fleet.Snapshot) {
 	if old := r.view.Swap(v); old != nil {
 		close(old.next) // wakes the requests waiting for an adapter
 	}
+}
+
+// sameEndpoints reports whether b holds the very endpoint values of a, as
+// fleet.Snapshot.WithReplicas builds it.
+func sameEndpoints(a, b *fleet.Snapshot) bool {
+	if len(a.Endpoints) != len(b.Endpoints) {
+		return false
+	}
+	for name, ep := range a.Endpoints {
+		if b.Endpoints[name] != ep {
+			return false
+		}
+	}
+	return true
 }
 
 // Snapshot returns the snapshot in use, or nil before the first Update.

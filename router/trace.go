@@ -52,11 +52,11 @@ func (s spill) String() string { return spillNames[s] }
 
 // spillReason classifies a refused admission of s, read just after the
 // refusal (racy, as every load read is; it labels a trace, not a decision).
-func spillReason(s *overload.State, threshold, replicas int, bound int64) spill {
+func spillReason(s *overload.State, limit overload.Limit, bound int64) spill {
 	switch {
 	case s.Open():
 		return spillBreaker
-	case !s.HasRoom(threshold, replicas):
+	case !s.HasRoom(limit):
 		return spillThreshold
 	case bound > 0:
 		return spillBalance

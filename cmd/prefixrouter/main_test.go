@@ -69,6 +69,8 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"relative health check path", []string{"serve", "--static-instances", "a=http://127.0.0.1:1", "--health-check-path", "health"}, "--health-check-path"},
 		{"api keys file missing", []string{"serve", "--static-instances", "a=http://127.0.0.1:1", "--api-keys-file", "/nonexistent/keys"}, "--api-keys-file"},
 		{"api keys file empty", []string{"serve", "--static-instances", "a=http://127.0.0.1:1", "--api-keys-file", os.DevNull}, "lists no key"},
+		{"unknown threshold share", []string{"serve", "--static-instances", "a=http://127.0.0.1:1", "--threshold-share", "even"}, "--threshold-share"},
+		{"negative rate interval", []string{"serve", "--static-instances", "a=http://127.0.0.1:1", "--rate-interval", "-1s"}, "--rate-interval"},
 		{"gc percent below -1", []string{"serve", "--static-instances", "a=http://127.0.0.1:1", "--gc-percent", "-2"}, "--gc-percent"},
 		{"register without id", []string{"register", "--addr", "http://127.0.0.1:1"}, "--id and --addr are required"},
 		{"register unknown engine", []string{"register", "--id", "a", "--addr", "http://127.0.0.1:1", "--engine", "vllm2"}, "unknown engine \"vllm2\" (want one of vllm, sglang, llamacpp, tgi"},
