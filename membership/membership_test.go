@@ -541,3 +541,66 @@ func TestDefaultConfigForUnsetEndpoints(t *testing.T) {
 		return ep != nil && ep.Config.RoutingStrategy == fleet.LeastOutstanding && ep.Resolved.PrefixLength == fleet.DefaultPrefixLength
 	})
 }
+
+// TestReplicaRates: the rates replicas publish in their records reach the
+// snapshot (-1 for a record without one, or one that does not parse, which
+// still counts as a replica), and a change of router records alone keeps
+// the endpoints of the last snapshot (the same values), so a router keeps
+// its views of them.
+func TestReplicaRates(t *testing.T) {
+	e := startEtcd(t)
+	cli := newClient(t, e.ClientURL())
+	ctx := testsupport.Context(t, 20*time.Second)
+	m := NewMetrics(nil)
+	w := startWatcher(t, cli, m, nil)
+	l := Layout{}
+	opts := Options{TTL: 2 * time.Second, Logger: quiet}
+	rate := 12.5
+	r0, err := RegisterRouter(ctx, cli, "r0", RouterInfo{Addr: "127.0.0.1:8080", Version: "test", Rate: &rate}, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r0.Close(ctx)
+	r1, err := RegisterRouter(ctx, cli, "r1", RouterInfo{Addr: "127.0.0.1:8081", Version: "old"}, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r1.Close(ctx)
+	for id, raw := range map[string]string{"garbage": `{"addr":`, "negative": `{"addr":"x","rate":-3}`, "huge": `{"addr":"x","rate":1e300}`} {
+		if _, err := cli.Put(ctx, l.RouterKey(id), raw); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := cli.Put(ctx, l.InstanceKey("ep1", "i1"), `{"addr":"http://127.0.0.1:9"}`); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]float64{"r0": 12.5, "r1": -1, "garbage": -1, "negative": -1, "huge": -1}
+	testsupport.Eventually(t, 5*time.Second, "every router record", func() bool {
+		s := w.Snapshot()
+		return s.Replicas == len(want) && s.Endpoint("ep1") != nil && fmt.Sprint(s.ReplicaRates) == fmt.Sprint(want)
+	})
+	if got := counterValue(t, m.invalid.WithLabelValues("router")); got != 3 {
+		t.Fatalf("invalid router records counted %v, want 3", got)
+	}
+	before := w.Snapshot()
+	rate = 40
+	data, _ := json.Marshal(RouterInfo{Addr: "127.0.0.1:8080", Version: "test", Rate: &rate})
+	if err := r0.Put(ctx, data); err != nil {
+		t.Fatal(err)
+	}
+	testsupport.Eventually(t, 5*time.Second, "the new rate", func() bool { return w.Snapshot().ReplicaRates["r0"] == 40 })
+	after := w.Snapshot()
+	if after.Revision <= before.Revision || after.Endpoint("ep1") != before.Endpoint("ep1") {
+		t.Fatalf("a rate change rebuilt the endpoints (revision %d → %d, endpoint %p → %p)", before.Revision, after.Revision, before.Endpoint("ep1"), after.Endpoint("ep1"))
+	}
+	if before.ReplicaRates["r0"] != 12.5 {
+		t.Fatal("the rate change modified the previous snapshot")
+	}
+	if _, err := cli.Put(ctx, l.InstanceKey("ep1", "i2"), `{"addr":"http://127.0.0.1:9"}`); err != nil {
+		t.Fatal(err)
+	}
+	testsupport.Eventually(t, 5*time.Second, "the new instance", has(w, "ep1", "i2"))
+	if s := w.Snapshot(); s.ReplicaRates["r0"] != 40 || s.Replicas != len(want) {
+		t.Fatalf("a full rebuild lost the replicas: %d %v", s.Replicas, s.ReplicaRates)
+	}
+}

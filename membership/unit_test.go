@@ -184,3 +184,32 @@ func TestParseInstanceEngine(t *testing.T) {
 		}
 	}
 }
+
+func TestParseRouterInfo(t *testing.T) {
+	tests := []struct {
+		raw     string
+		rate    float64 // -1: none
+		wantErr string
+	}{
+		{`{"addr":"127.0.0.1:8080","version":"v1","rate":3.5}`, 3.5, ""},
+		{`{"addr":"127.0.0.1:8080","version":"v1","rate":0}`, 0, ""},
+		{`{"addr":"127.0.0.1:8080","version":"v1"}`, -1, ""},
+		{`{"addr":"127.0.0.1:8080","rate":-1}`, 0, "rate -1"},
+		{`{"addr":"127.0.0.1:8080","rate":2e9}`, 0, "rate 2e+09"},
+		{`{"addr":"127.0.0.1:8080","rate":"fast"}`, 0, "decode router record"},
+		{`not json`, 0, "decode router record"},
+	}
+	for _, tc := range tests {
+		ri, err := ParseRouterInfo([]byte(tc.raw))
+		switch {
+		case tc.wantErr != "":
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("ParseRouterInfo(%s) = %v, want an error mentioning %q", tc.raw, err, tc.wantErr)
+			}
+		case err != nil:
+			t.Errorf("ParseRouterInfo(%s): %v", tc.raw, err)
+		case tc.rate < 0 && ri.Rate != nil, tc.rate >= 0 && (ri.Rate == nil || *ri.Rate != tc.rate):
+			t.Errorf("ParseRouterInfo(%s) rate = %v, want %v", tc.raw, ri.Rate, tc.rate)
+		}
+	}
+}

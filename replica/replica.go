@@ -388,6 +388,9 @@ func (r *Replica) ExtProcAddr() string {
 // URL is the data plane's base URL.
 func (r *Replica) URL() string { return "http://" + r.Addr() }
 
+// ID is the replica's id under routers/ ("" for a static fleet).
+func (r *Replica) ID() string { return r.opts.ID }
+
 // Router is the replica's data plane.
 func (r *Replica) Router() *router.Router { return r.router }
 

@@ -88,13 +88,15 @@ type hopts struct {
 	hTimeout time.Duration   // HealthCheckTimeout
 	clock    clockwork.Clock // paces health checks; nil means the real clock
 	hide     bool            // HideInstanceID
+	share    Share           // ThresholdShare
+	self     string          // ReplicaID
 }
 
 func newHarness(t *testing.T, o hopts, backends ...*backend) *harness {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	tr := NewTransport(0)
-	r, err := newRouter(Options{DefaultEndpoint: "ep", Registry: reg, Transport: tr, Breaker: o.breaker, MaxBodyBytes: o.maxBody, BalanceFactor: o.balance, HealthCheckInterval: o.health, HealthCheckTimeout: o.hTimeout, HideInstanceID: o.hide}, o.clock)
+	r, err := newRouter(Options{DefaultEndpoint: "ep", Registry: reg, Transport: tr, Breaker: o.breaker, MaxBodyBytes: o.maxBody, BalanceFactor: o.balance, HealthCheckInterval: o.health, HealthCheckTimeout: o.hTimeout, HideInstanceID: o.hide, ThresholdShare: o.share, ReplicaID: o.self}, o.clock)
 	if err != nil {
 		t.Fatal(err)
 	}

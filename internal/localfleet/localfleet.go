@@ -265,6 +265,14 @@ func Start(ctx context.Context, cfg Options) (f *Fleet, err error) {
 // returns once it has its first snapshot (other replicas count it once its
 // record reaches them; WaitFor that if it matters).
 func (f *Fleet) AddReplica(ctx context.Context) (*replica.Replica, error) {
+	return f.AddReplicaWith(ctx, nil)
+}
+
+// AddReplicaWith is AddReplica with tune applied to the replica's options
+// after the fleet's template (nil: none), for harnesses that compare
+// replica settings on one fleet. The fleet still sets what makes the
+// replica its own (see Options.Replica).
+func (f *Fleet) AddReplicaWith(ctx context.Context, tune func(*replica.Options)) (*replica.Replica, error) {
 	f.mu.Lock()
 	id := fmt.Sprintf("router-%d", f.nextReplica)
 	f.nextReplica++
@@ -275,6 +283,9 @@ func (f *Fleet) AddReplica(ctx context.Context) (*replica.Replica, error) {
 	}
 	cfg := f.cfg
 	o := cfg.Replica
+	if tune != nil {
+		tune(&o)
+	}
 	o.ID, o.Listen, o.AdminListen = id, "127.0.0.1:0", "127.0.0.1:0"
 	o.Client, o.Logger, o.Registry = cli, cfg.Logger, nil
 	o.Membership.TTL, o.Membership.Logger = cfg.TTL, cfg.Logger
