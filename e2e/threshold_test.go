@@ -50,7 +50,7 @@ const (
 	thrMaxTokens      = 16
 	thrKVTokens       = 8192
 	thrSkew           = 0.75
-	thrRate           = 60  // requests per second offered
+	thrRate           = 60 // requests per second offered
 	thrPoll           = 100 * time.Millisecond
 	thrSample         = 2 * time.Millisecond
 	thrSeed           = 22

@@ -169,9 +169,9 @@ func (w *Watcher) markSynced() {
 type state struct {
 	instances map[string]map[string]fleet.Instance // endpoint → id → record
 	configs   map[string]fleet.RoutingConfig       // endpoint → last valid config
-	routers   map[string]float64                  // replica id → published rate, -1 for none
-	adapters  map[string]map[string]fleet.Adapter // endpoint → name → catalogue record
-	placement map[string]map[string]Placement     // endpoint → name → placement state
+	routers   map[string]float64                   // replica id → published rate, -1 for none
+	adapters  map[string]map[string]fleet.Adapter  // endpoint → name → catalogue record
+	placement map[string]map[string]Placement      // endpoint → name → placement state
 	rev       int64
 }
 
