@@ -49,8 +49,10 @@ type optResult struct {
 // a hot prefix's primary exceeds ConcurrencyThreshold T with 3 replicas:
 //
 //	(a) no coordination: each replica admits T (static fleets, Replicas = 1)
-//	(b) per-replica share ceil(T/R) (the default; etcd counts the replicas)
-//	(c) (b) plus the instances' reported load (LoadPollInterval)
+//	(b) per-replica share ceil(T/R) (--threshold-share replicas; etcd counts the replicas)
+//	(c) the instances' reported load against T (--threshold-share none, LoadPollInterval)
+//
+// The default share, by traffic, is measured by TestThresholdAtManyReplicas.
 //
 // The default run asserts the acceptance for (b) at T = 8; with
 // PREFIXROUTER_E2E_SWEEP=1 it runs every option for T in {2, 8, 32}, with
@@ -128,7 +130,11 @@ func optionReplicas(t *testing.T, opt string, T int, bs []*backend, clusters map
 	c := clusters[opt]
 	if c == nil {
 		c = newCluster(t, 0, func(cfg *localfleet.Options) {
+			cfg.Replica.Router.ThresholdShare = router.ShareReplicas
 			if opt == "c" {
+				// The poll alone, as (c) was measured: every replica
+				// compares the polled load with the whole T.
+				cfg.Replica.Router.ThresholdShare = router.ShareNone
 				cfg.Replica.Router.LoadPollInterval = optPoll
 			}
 		})

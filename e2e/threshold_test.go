@@ -55,6 +55,9 @@ const (
 	thrSample         = 2 * time.Millisecond
 	thrSeed           = 22
 	thrMaxOutstanding = 1024
+	// thrCompareRequests is the sample the 2-point comparison with R = 1
+	// needs: a standard error of 40/√1600 = 1 point a run.
+	thrCompareRequests = 1600
 )
 
 // thrOption is one way of sharing the threshold.
@@ -99,24 +102,39 @@ func (r thrResult) hitRate() float64 {
 // primary share and KV hit rate under the hot-prefix load with a skewed
 // DNS share, for R replicas and each way of sharing the threshold T.
 //
-// The default run asserts the acceptance with the default
-// (--threshold-share traffic, no load poll) at R = 32: p99 ≤ 1.25·T + 1,
-// and primary share and hit rate within 2 points of R = 1's. With
-// PREFIXROUTER_E2E_THRESHOLD_SWEEP=1 it runs R in {1, 2, 8, 32} for every
-// option and prints the table of docs/concurrency.md.
+// The default run is R = 1 and R = 32 with the default share (traffic, no
+// load poll) over a 4 s window, and asserts the bound at R = 32:
+// in flight at the hottest instance p99 ≤ 1.25·T + 1. The other half of
+// the acceptance, primary share and hit rate within 2 points of R = 1's,
+// needs a larger sample than a fast test sends (a share near 80 % from n
+// requests has a standard error of 40/√n points: 2.6 at the 240 requests
+// of 4 s), so it is asserted only when both runs answered at least
+// thrCompareRequests (PREFIXROUTER_E2E_THRESHOLD_WINDOW=30s).
+// PREFIXROUTER_E2E_THRESHOLD_SWEEP=1 runs R in {1, 2, 8, 32} for every
+// option (8 s windows) and prints the table of docs/concurrency.md;
+// PREFIXROUTER_E2E_THRESHOLD_RUNS picks runs by hand.
 func TestThresholdAtManyReplicas(t *testing.T) {
 	if testing.Short() {
 		t.Skip("32 replicas under load")
 	}
 	sweep := os.Getenv("PREFIXROUTER_E2E_THRESHOLD_SWEEP") != ""
 	warm, measure := 3*time.Second, 4*time.Second
+	if sweep {
+		measure = 8 * time.Second
+	}
+	if w := os.Getenv("PREFIXROUTER_E2E_THRESHOLD_WINDOW"); w != "" {
+		d, err := time.ParseDuration(w)
+		if err != nil || d <= 0 || d > 10*time.Minute {
+			t.Fatalf("PREFIXROUTER_E2E_THRESHOLD_WINDOW %q: want a duration up to 10m", w)
+		}
+		measure = d
+	}
 	type run struct {
 		replicas int
 		opt      thrOption
 	}
 	runs := []run{{1, thrTraffic}, {32, thrTraffic}}
 	if sweep {
-		warm, measure = 3*time.Second, 8*time.Second
 		runs = []run{{1, thrTraffic}}
 		for _, r := range []int{2, 8, 32} {
 			for _, o := range thrOptions {
@@ -157,6 +175,11 @@ func TestThresholdAtManyReplicas(t *testing.T) {
 		}
 		if r.p99 > bound {
 			t.Errorf("R=32 %s: in flight at the hottest instance p99 %.0f, want ≤ 1.25·T+1 = %.0f", r.option, r.p99, bound)
+		}
+		if min(base.requests, r.requests) < thrCompareRequests {
+			t.Logf("R=32 %s: primary share %.1f %% (R=1: %.1f %%), hit rate %.1f %% (R=1: %.1f %%); not compared: fewer than %d requests a run",
+				r.option, 100*r.primaryShare(), 100*base.primaryShare(), 100*r.hitRate(), 100*base.hitRate(), thrCompareRequests)
+			continue
 		}
 		if d := 100 * (base.primaryShare() - r.primaryShare()); d > 2 {
 			t.Errorf("R=32 %s: primary share %.1f %%, %.1f points below R=1's %.1f %%", r.option, 100*r.primaryShare(), d, 100*base.primaryShare())

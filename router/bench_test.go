@@ -323,3 +323,33 @@ func BenchmarkRequestPath(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkUpdate is what a snapshot costs the router: a full one (new
+// endpoints: the views, their lora tables and states are rebuilt) against
+// one that changes only the replicas (a rate a replica published:
+// fleet.Snapshot.WithReplicas), at 100 replicas.
+func BenchmarkUpdate(b *testing.B) {
+	for _, n := range []int{1024, 10000} {
+		r, _, _ := benchRouter(b, n, 0)
+		r.opts.ReplicaID = "router-0" // the rates are read
+		s := r.Snapshot()
+		ep := *s.Endpoint("ep")
+		rates := make(map[string]float64, 100)
+		for i := range 100 {
+			rates[fmt.Sprintf("router-%d", i)] = float64(i)
+		}
+		b.Run(fmt.Sprintf("instances=%d/full", n), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				r.Update(fleet.NewSnapshot([]fleet.Endpoint{ep}, 1, 100, time.Now()))
+			}
+		})
+		b.Run(fmt.Sprintf("instances=%d/rates_only", n), func(b *testing.B) {
+			b.ReportAllocs()
+			s := r.Snapshot()
+			for b.Loop() {
+				r.Update(s.WithReplicas(2, rates, time.Now()))
+			}
+		})
+	}
+}
