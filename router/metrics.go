@@ -81,7 +81,16 @@ func newMetrics(reg prometheus.Registerer, r *Router) (*metrics, error) {
 	for i := range m.codes {
 		m.codes[i] = strconv.Itoa(i)
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.pickSeconds, m.retries, m.upstreamErrors, m.keysMoved, m.promptTokens, m.cachedTokens, m.adapterWaits, m.staleRetries, stateCollector{r}} {
+	collectors := []prometheus.Collector{m.requests, m.pickSeconds, m.retries, m.upstreamErrors, m.keysMoved, m.promptTokens, m.cachedTokens, m.adapterWaits, m.staleRetries, stateCollector{r}}
+	if tr, ok := r.opts.Transport.(interface{ Resent() int64 }); ok {
+		// The upstream transport's own re-sends (issue 20), which the
+		// router never sees as failures.
+		collectors = append(collectors, prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "prefixrouter_upstream_resent_total",
+			Help: "Requests the upstream transport sent again on a new connection because a reused keep-alive connection broke (closed or reset) before the instance read them.",
+		}, func() float64 { return float64(tr.Resent()) }))
+	}
+	for _, c := range collectors {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
