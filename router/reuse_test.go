@@ -101,4 +101,3 @@ func TestInstanceThatClosesAfterEveryStreamFailsNoRequest(t *testing.T) {
 		})
 	}
 }
-

@@ -188,7 +188,7 @@ func TestWhatIsNotSentAgain(t *testing.T) {
 		resent int64
 	}{
 		{
-			name:  "the answer had begun",
+			name: "the answer had begun",
 			serve: answerThen(func(_ int64, c net.Conn, br *bufio.Reader) {
 				if _, err := readRequest(br); err == nil {
 					_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\n")
