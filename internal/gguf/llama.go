@@ -1,6 +1,7 @@
 package gguf
 
 import (
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -22,16 +23,11 @@ type Llama struct {
 }
 
 func (c Llama) withDefaults() Llama {
-	def := func(v *int, d int) {
-		if *v <= 0 {
-			*v = d
-		}
-	}
-	def(&c.Layers, 4)
-	def(&c.Embed, 256)
-	def(&c.Heads, 4)
-	def(&c.FFN, 768)
-	def(&c.Context, 16384)
+	c.Layers = cmp.Or(max(c.Layers, 0), 4)
+	c.Embed = cmp.Or(max(c.Embed, 0), 256)
+	c.Heads = cmp.Or(max(c.Heads, 0), 4)
+	c.FFN = cmp.Or(max(c.FFN, 0), 768)
+	c.Context = cmp.Or(max(c.Context, 0), 16384)
 	return c
 }
 

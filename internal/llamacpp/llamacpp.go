@@ -24,6 +24,7 @@ package llamacpp
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -35,10 +36,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/prefixrouter/prefixrouter/internal/gguf"
+	"github.com/prefixrouter/prefixrouter/internal/subprocess"
 	"github.com/prefixrouter/prefixrouter/probe"
 )
 
@@ -137,21 +138,12 @@ type Options struct {
 }
 
 func (o Options) withDefaults() Options {
-	def := func(v *int, d int) {
-		if *v <= 0 {
-			*v = d
-		}
-	}
-	def(&o.Instances, 1)
-	def(&o.Threads, 1)
-	def(&o.Slots, 2)
-	def(&o.Context, 4096)
-	if o.Alias == "" {
-		o.Alias = "tiny"
-	}
-	if o.StartTimeout <= 0 {
-		o.StartTimeout = 60 * time.Second
-	}
+	o.Instances = cmp.Or(max(o.Instances, 0), 1)
+	o.Threads = cmp.Or(max(o.Threads, 0), 1)
+	o.Slots = cmp.Or(max(o.Slots, 0), 2)
+	o.Context = cmp.Or(max(o.Context, 0), 4096)
+	o.Alias = cmp.Or(o.Alias, "tiny")
+	o.StartTimeout = cmp.Or(max(o.StartTimeout, 0), 60*time.Second)
 	return o
 }
 
@@ -160,10 +152,8 @@ type Server struct {
 	ID  string
 	URL string // http://127.0.0.1:PORT
 
-	cmd    *exec.Cmd
-	out    *output
-	exited chan struct{} // closed when the process has been waited for
-	err    error         // its exit error, once exited is closed
+	proc *subprocess.Process
+	out  *output
 }
 
 // Fleet is the servers Start started.
@@ -224,44 +214,36 @@ func start(ctx context.Context, opts Options, id string) (*Server, error) {
 		cmd.Env = append(cmd.Env, "LD_LIBRARY_PATH="+lib)
 	}
 	setParentDeathSignal(cmd)
-	s := &Server{ID: id, cmd: cmd, out: newOutput(), exited: make(chan struct{})}
+	s := &Server{ID: id, out: newOutput()}
 	cmd.Stdout, cmd.Stderr = s.out, s.out
-	if err := cmd.Start(); err != nil {
+	var err error
+	if s.proc, err = subprocess.Start(cmd); err != nil {
 		return nil, fmt.Errorf("llamacpp: starting %s: %w", id, err)
 	}
-	go func() {
-		s.err = cmd.Wait()
-		close(s.exited)
-	}()
+	// Wait for the line that names the address, then poll /health.
 	timer := time.NewTimer(opts.StartTimeout)
 	defer timer.Stop()
-	select {
-	case s.URL = <-s.out.url:
-	case <-s.exited:
-		return nil, fmt.Errorf("llamacpp: %s exited at start (%v); its output ends:\n%s", id, s.err, s.out.tail())
-	case <-timer.C:
-		s.stop()
-		return nil, fmt.Errorf("llamacpp: %s not listening within %v; its output ends:\n%s", id, opts.StartTimeout, s.out.tail())
-	case <-ctx.Done():
-		s.stop()
-		return nil, ctx.Err()
-	}
 	hc := &http.Client{Timeout: 2 * time.Second}
 	defer hc.CloseIdleConnections()
 	for {
-		if healthy(hc, s.URL) {
-			return s, nil
+		var poll <-chan time.Time
+		if s.URL != "" {
+			if healthy(hc, s.URL) {
+				return s, nil
+			}
+			poll = time.After(50 * time.Millisecond)
 		}
 		select {
-		case <-s.exited:
-			return nil, fmt.Errorf("llamacpp: %s exited (%v); its output ends:\n%s", id, s.err, s.out.tail())
+		case s.URL = <-s.out.url:
+		case <-poll:
+		case <-s.proc.Exited():
+			return nil, fmt.Errorf("llamacpp: %s exited at start (%v); its output ends:\n%s", id, s.proc.Err(), s.out.tail())
 		case <-timer.C:
 			s.stop()
-			return nil, fmt.Errorf("llamacpp: %s not healthy within %v; its output ends:\n%s", id, opts.StartTimeout, s.out.tail())
+			return nil, fmt.Errorf("llamacpp: %s not ready within %v; its output ends:\n%s", id, opts.StartTimeout, s.out.tail())
 		case <-ctx.Done():
 			s.stop()
 			return nil, ctx.Err()
-		case <-time.After(50 * time.Millisecond): // the next /health poll
 		}
 	}
 }
@@ -276,20 +258,7 @@ func healthy(hc *http.Client, base string) bool {
 }
 
 // stop ends the process and waits for it.
-func (s *Server) stop() {
-	select {
-	case <-s.exited:
-		return
-	default:
-	}
-	_ = s.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-s.exited:
-	case <-time.After(10 * time.Second):
-		_ = s.cmd.Process.Kill()
-		<-s.exited
-	}
-}
+func (s *Server) stop() { s.proc.Stop(10 * time.Second) }
 
 // Output returns the server's last lines of output (for a failing test's
 // log).

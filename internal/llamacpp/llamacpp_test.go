@@ -117,7 +117,7 @@ func TestStartServesAndStops(t *testing.T) {
 	}
 	f.Close()
 	select {
-	case <-s.exited:
+	case <-s.proc.Exited():
 	default:
 		t.Fatal("the server still runs after Close")
 	}

@@ -94,18 +94,7 @@ func run(ctx context.Context, c config, out, progress io.Writer) error {
 	if err != nil {
 		return err
 	}
-	cmp := &bench.Comparison{
-		Title: "prefixrouter on real llama.cpp llama-server instances",
-		Environment: fmt.Sprintf("%d llama.cpp llama-server instances (%s), each -t %d -np %d -c %d, serving %s, "+
-			"on %d CPU cores shared with other work; one router replica (static fleet, as `serve --static-instances`), "+
-			"in process; each strategy gets freshly started servers (cold caches); warm-up %d requests not measured; "+
-			"%s; PREFIX_AWARE ConcurrencyThreshold %d, PrefixLength %d. A server's prefix cache holds one prompt per slot "+
-			"(the regime line counts its capacity as slots × document tokens). Hit (metrics) is 1 - the prompt tokens the engines "+
-			"evaluated (llamacpp:prompt_tokens_total) / the prompt tokens their answers reported; hit (usage) reads each "+
-			"answer's timings (usage.prompt_tokens - timings.prompt_n).",
-			c.instances, kit.Server, c.threads, c.slots, c.context, modelName(kit, shape), runtime.NumCPU(), c.warmup,
-			load(c), c.threshold, fleet.MinPrefixLength),
-	}
+	cmp := &bench.Comparison{Title: "prefixrouter on real llama.cpp llama-server instances", Environment: environment(c, kit, shape)}
 	for _, st := range strategies {
 		res, urlToID, err := runOne(ctx, c, kit, model, st, progress)
 		if res != nil {
@@ -128,6 +117,19 @@ func run(ctx context.Context, c config, out, progress io.Writer) error {
 		}
 	}
 	return cmp.WriteMarkdown(out)
+}
+
+// environment says what served the runs, for the report.
+func environment(c config, kit llamacpp.Kit, shape gguf.Llama) string {
+	return fmt.Sprintf("%d llama.cpp llama-server instances (%s), each -t %d -np %d -c %d, serving %s, "+
+		"on %d CPU cores shared with other work; one router replica (static fleet, as `serve --static-instances`), "+
+		"in process; each strategy gets freshly started servers (cold caches); warm-up %d requests not measured; "+
+		"%s; PREFIX_AWARE ConcurrencyThreshold %d, PrefixLength %d. A server's prefix cache holds one prompt per slot "+
+		"(the regime line counts its capacity as slots × document tokens). Hit (metrics) is 1 - the prompt tokens the engines "+
+		"evaluated (llamacpp:prompt_tokens_total) / the prompt tokens their answers reported; hit (usage) reads each "+
+		"answer's timings (usage.prompt_tokens - timings.prompt_n).",
+		c.instances, kit.Server, c.threads, c.slots, c.context, modelName(kit, shape), runtime.NumCPU(), c.warmup,
+		load(c), c.threshold, fleet.MinPrefixLength)
 }
 
 func modelName(kit llamacpp.Kit, shape gguf.Llama) string {
