@@ -61,6 +61,8 @@ type Replica struct {
 	// stale writes the router's stale-adapter reports to etcd; nil for a
 	// static fleet and until the watcher starts.
 	stale atomic.Pointer[staleMarker]
+	// static probes a static fleet's instances; nil with etcd.
+	static *staticProber
 }
 
 // Start validates opts, starts a replica and returns once it listens and,
@@ -131,7 +133,19 @@ func Start(ctx context.Context, opts Options) (*Replica, error) {
 	}
 
 	if !opts.usesEtcd() {
-		r.router.Update(fleet.NewSnapshot([]fleet.Endpoint{{Name: opts.Router.DefaultEndpoint, Config: opts.Routing, Instances: opts.Static}}, 0, 1, time.Now()))
+		ep := fleet.Endpoint{Name: opts.Router.DefaultEndpoint, Config: opts.Routing, Instances: opts.Static}
+		r.router.Update(fleet.NewSnapshot([]fleet.Endpoint{ep}, 0, 1, time.Now()))
+		tr := opts.Router.Transport
+		if tr == nil {
+			// Its own connections, none kept between rounds 30 s apart.
+			own := http.DefaultTransport.(*http.Transport).Clone()
+			own.DisableKeepAlives = true
+			tr = own
+		}
+		if r.static, err = startStaticProber(ep, tr, opts.Clock, r.log, r.router.Update); err != nil {
+			r.closeParts()
+			return nil, err
+		}
 	} else {
 		mopts := opts.Membership
 		if mopts.Metrics == nil {
@@ -427,6 +441,9 @@ func (r *Replica) Close(ctx context.Context) error {
 func (r *Replica) closeParts() {
 	if r.watcher != nil {
 		_ = r.watcher.Close()
+	}
+	if r.static != nil {
+		r.static.Close()
 	}
 	_ = r.router.Close()
 	if m := r.stale.Load(); m != nil {
