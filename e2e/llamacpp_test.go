@@ -233,7 +233,7 @@ func TestLlamaCppBehindTheRouter(t *testing.T) {
 	if got := routed["prefixrouter_prompt_tokens_total"]; got != float64(prompt) {
 		t.Errorf("prefixrouter_prompt_tokens_total %v, want the %d the answers reported", got, prompt)
 	}
-	if cached := routed["prefixrouter_cached_prompt_tokens_total"]; cached <= 0 {
-		t.Errorf("prefixrouter_cached_prompt_tokens_total %v: the router did not count llama.cpp's cached tokens (usage.prompt_tokens minus timings.prompt_n: %d)", cached, prompt-int(total))
+	if cached := routed["prefixrouter_cached_prompt_tokens_total"]; cached <= 0 || cached != float64(prompt)-total {
+		t.Errorf("prefixrouter_cached_prompt_tokens_total %v, want llama.cpp's cached tokens (usage.prompt_tokens minus timings.prompt_n): %v", cached, float64(prompt)-total)
 	}
 }
