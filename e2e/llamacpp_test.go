@@ -17,6 +17,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/internal/gguf"
 	"github.com/prefixrouter/prefixrouter/internal/llamacpp"
 	"github.com/prefixrouter/prefixrouter/internal/testsupport"
+	"github.com/prefixrouter/prefixrouter/probe"
 	"github.com/prefixrouter/prefixrouter/replica"
 	"github.com/prefixrouter/prefixrouter/router"
 )
@@ -213,7 +214,7 @@ func TestLlamaCppBehindTheRouter(t *testing.T) {
 		delta := after[id] - before[id]
 		total += delta
 		if delta != float64(evaluated[id]) {
-			t.Errorf("%s: %s grew by %v, its answers' timings say %d tokens evaluated", id, llamacpp.MetricPromptTokens, delta, evaluated[id])
+			t.Errorf("%s: %s grew by %v, its answers' timings say %d tokens evaluated", id, probe.LlamaCppPromptTokens, delta, evaluated[id])
 		}
 	}
 	t.Logf("engines evaluated %v of %d prompt tokens (%.1f %% from cache); warm requests %d of %d",

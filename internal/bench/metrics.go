@@ -18,7 +18,7 @@ type scrape struct {
 	hits, queries float64
 	found         bool
 	// evaluated is llama.cpp's count of the prompt tokens it evaluated
-	// (LlamaCppPromptTokens), read when vLLM's counters are absent:
+	// (probe.LlamaCppPromptTokens), read when vLLM's counters are absent:
 	// llama-server counts no hits, so the hit rate of a window is one minus
 	// evaluated over the prompt tokens the answers reported.
 	evaluated     float64
@@ -27,11 +27,6 @@ type scrape struct {
 	// vllm:cache_config_info, 0 if absent.
 	capacityTokens int64
 }
-
-// LlamaCppPromptTokens is llama.cpp's llama-server counter of the prompt
-// tokens it evaluated (server.cpp n_prompt_tokens_processed_total, with
-// --metrics): those its prefix cache served are not counted.
-const LlamaCppPromptTokens = "llamacpp:prompt_tokens_total"
 
 func readMetrics(ctx context.Context, hc *http.Client, u string) (scrape, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -51,7 +46,7 @@ func readScrape(m probe.Metrics) scrape {
 	s.queries, errQ = m.SumFirst(probe.PrefixCacheQueries...)
 	s.found = errH == nil && errQ == nil
 	if !s.found {
-		if v, err := m.Sum(LlamaCppPromptTokens); err == nil {
+		if v, err := m.Sum(probe.LlamaCppPromptTokens); err == nil {
 			s.evaluated, s.evaluatedOnly, s.found = v, true, true
 		}
 	}

@@ -128,7 +128,7 @@ type MetricsDelta struct {
 	Queries float64 `json:"queries"`
 	HitRate float64 `json:"hit_rate"`
 	// Evaluated is the prompt tokens a llama.cpp server evaluated (it
-	// counts no hits nor queries; see LlamaCppPromptTokens).
+	// counts no hits nor queries; see probe.LlamaCppPromptTokens).
 	Evaluated float64 `json:"evaluated,omitempty"`
 }
 

@@ -265,19 +265,15 @@ func (s *Server) stop() { s.proc.Stop(10 * time.Second) }
 func (s *Server) Output() string { return s.out.tail() }
 
 // PromptProcessed is the prompt tokens the server has evaluated since it
-// started (llamacpp:prompt_tokens_total on /metrics): tokens its prefix
+// started (probe.LlamaCppPromptTokens on /metrics): tokens its prefix
 // cache served are not counted.
 func (s *Server) PromptProcessed(ctx context.Context, hc *http.Client) (float64, error) {
 	m, err := probe.Scrape(ctx, hc, s.URL+"/metrics")
 	if err != nil {
 		return 0, err
 	}
-	return m.Sum(MetricPromptTokens)
+	return m.Sum(probe.LlamaCppPromptTokens)
 }
-
-// MetricPromptTokens counts the prompt tokens llama-server evaluated
-// (server.cpp: n_prompt_tokens_processed_total).
-const MetricPromptTokens = "llamacpp:prompt_tokens_total"
 
 // output keeps the last lines a server wrote and sends the address it
 // listens on, once, to url. exec.Cmd calls Write from one goroutine at a
