@@ -273,6 +273,7 @@ func TestKeepAliveTimeoutBoundsTheIdleTime(t *testing.T) {
 		{"max=100", 9 * time.Second, 11 * time.Second},
 		{"timeout=600", 9 * time.Second, 11 * time.Second}, // IdleTimeout is lower
 		{"timeout=x, max=", 9 * time.Second, 11 * time.Second},
+		{"timeout=99999999999999999, max=-1", 9 * time.Second, 11 * time.Second},
 	} {
 		s := newServer(t, func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Keep-Alive", tc.header)

@@ -332,7 +332,9 @@ func (c *conn) keepAlive(h http.Header, idle time.Duration) bool {
 		}
 		switch strings.ToLower(strings.TrimSpace(name)) {
 		case "timeout":
-			c.idleLimit = min(idle, keepAliveMargin(time.Duration(n)*time.Second))
+			if n <= math.MaxInt32 { // longer is no bound (and would overflow)
+				c.idleLimit = min(idle, keepAliveMargin(time.Duration(n)*time.Second))
+			}
 		case "max":
 			if c.served >= n {
 				return false
