@@ -56,6 +56,11 @@ func (s *service) GetFleet(_ context.Context, req *adminpb.GetFleetRequest) (*ad
 	for _, name := range names {
 		ep := snap.Endpoints[name]
 		pe := &adminpb.Endpoint{Name: ep.Name, Config: configToPB(ep.Config)}
+		if s.o.Overrides != nil {
+			for _, o := range s.o.Overrides(ep.Config) {
+				pe.Overridden = append(pe.Overridden, &adminpb.Override{Flag: o.Flag, Given: o.Given, Stored: o.Stored})
+			}
+		}
 		for _, in := range ep.Instances {
 			pe.Instances = append(pe.Instances, s.instanceToPB(ep.Name, in))
 		}

@@ -289,13 +289,22 @@ func (r *Replica) startFleet(ctx context.Context) error {
 	// Routing is the default of endpoints with no config key in etcd.
 	// Validate parsed the list already.
 	allowed, _ := fleet.ParseUpstreams(opts.AllowedUpstreams)
-	r.watcher = membership.StartWatcher(opts.Client, membership.WatcherOptions{Options: r.opts.Membership, DefaultConfig: opts.Routing, Upstreams: allowed, VanishGrace: opts.VanishGrace, Clock: opts.Clock}, r.router.Update)
+	r.watcher = membership.StartWatcher(opts.Client, membership.WatcherOptions{Options: r.opts.Membership, DefaultConfig: opts.Routing, Upstreams: allowed, VanishGrace: opts.VanishGrace, Clock: opts.Clock}, r.publishTo(newOverrideLog(opts, r.log)))
 	r.onStop("watcher", closeQuietly(r.watcher))
 	select {
 	case <-r.watcher.Synced():
 		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("replica: no fleet snapshot from etcd %v within the startup timeout %v (is etcd reachable?): %w", opts.Etcd.Endpoints, opts.StartupTimeout, ctx.Err())
+	}
+}
+
+// publishTo is the watcher's snapshot callback: the router routes with
+// each snapshot, and ol reports the operator settings it overrides.
+func (r *Replica) publishTo(ol *overrideLog) func(*fleet.Snapshot) {
+	return func(s *fleet.Snapshot) {
+		r.router.Update(s)
+		ol.snapshot(s)
 	}
 }
 
@@ -339,6 +348,7 @@ func (r *Replica) startAdmin(context.Context) error {
 		Snapshots: r.router,
 		Statuses:  r.router,
 		Explainer: explainer{r.router},
+		Overrides: opts.overrides,
 		Ready:     r.router.Ready,
 		Registry:  opts.Registry,
 		Logger:    opts.Logger,
