@@ -203,7 +203,7 @@ func Run(ctx context.Context, cfg Options) error {
 	if cfg.Client == nil {
 		return errors.New("agent: no etcd client")
 	}
-	if err := membership.ValidateName("endpoint", cfg.Endpoint); err != nil {
+	if err := fleet.ValidateName("endpoint name", cfg.Endpoint); err != nil {
 		return err
 	}
 	if err := cfg.Instance.Validate(); err != nil {

@@ -302,7 +302,7 @@ func (w *Watcher) watch(st *state) string {
 // config of an endpoint whose new config is invalid.
 func (w *Watcher) applyPut(st, prev *state, key string, value []byte, modRev int64) {
 	kind, ep, id := w.layout.parseKey(key)
-	if ep != "" && ValidateName("endpoint", ep) != nil {
+	if ep != "" && fleet.ValidateName("endpoint name", ep) != nil {
 		// Endpoint names become metric labels and URL path segments on
 		// every replica: an invalid-UTF-8 name made metric creation
 		// panic and /metrics answer 500 (issue 12).
@@ -374,7 +374,7 @@ func (w *Watcher) applyPut(st, prev *state, key string, value []byte, modRev int
 
 func applyDelete(st *state, l Layout, key string) {
 	kind, ep, id := l.parseKey(key)
-	if ep != "" && ValidateName("endpoint", ep) != nil {
+	if ep != "" && fleet.ValidateName("endpoint name", ep) != nil {
 		return // never applied
 	}
 	switch kind {

@@ -241,9 +241,9 @@ func (o Options) Validate() error {
 			errs = append(errs, fmt.Errorf("replica: %s: %w", what, err))
 		}
 	}
-	wrap("endpoint", membership.ValidateName("endpoint", o.Router.DefaultEndpoint))
+	wrap("endpoint", fleet.ValidateName("endpoint name", o.Router.DefaultEndpoint))
 	if o.ID != "" {
-		wrap("replica id", membership.ValidateName("replica id", o.ID))
+		wrap("replica id", fleet.ValidateName("replica id", o.ID))
 	}
 	wrap("routing config", o.Routing.Validate())
 	for _, f := range o.RoutingFlags {

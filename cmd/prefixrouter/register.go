@@ -58,7 +58,7 @@ instance.`,
 			if inst.ID == "" || inst.Addr == "" {
 				return usageErr("--id and --addr are required")
 			}
-			if err := membership.ValidateName("endpoint", endpoint); err != nil {
+			if err := fleet.ValidateName("endpoint name", endpoint); err != nil {
 				return usageErr("--endpoint: %w", err)
 			}
 			if len(labels) > 0 {
