@@ -202,15 +202,16 @@ type Instance struct {
 	Labels       map[string]string `json:"labels,omitempty"`
 	Draining     bool              `json:"draining"`
 	RegisteredAt time.Time         `json:"registeredAt"`
-	// Hot is set by the agent while the server's requests in flight have
-	// stayed at or above the endpoint's concurrency threshold for its hot
-	// window, and cleared after they stayed below half of it as long
-	// (hysteresis).
-	Hot bool `json:"hot,omitempty"`
-	// HotAdapters are, while Hot, the adapters that carry the load: in use
-	// in most of the agent's recent samples (see agent.Options.HotWindow).
-	// Placement grows the set of an adapter that every member lists here.
-	HotAdapters []string `json:"hotAdapters,omitempty"`
+	// Saturated is set by the agent while the server's requests in flight
+	// have stayed at or above the endpoint's concurrency threshold for its
+	// saturation window, and cleared after they stayed below half of it as
+	// long (hysteresis). (A popular key is "hot": package hotkey.)
+	Saturated bool `json:"saturated,omitempty"`
+	// BusyAdapters are, while Saturated, the adapters that carry the load:
+	// in use in most of the agent's recent samples (see
+	// agent.Options.SaturationWindow). Placement grows the set of an
+	// adapter that every member lists here.
+	BusyAdapters []string `json:"busyAdapters,omitempty"`
 	// ActiveAdapters are the adapters that served a request within the
 	// agent's active window, sorted; an adapter that no member lists is
 	// cold and its set shrinks back to MinReplicas.

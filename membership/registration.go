@@ -662,7 +662,7 @@ func (r *InstanceRegistration) SetDraining(ctx context.Context, draining bool) e
 func cloneInstance(in fleet.Instance) fleet.Instance {
 	in.Adapters = append([]string(nil), in.Adapters...)
 	in.ActiveAdapters = append([]string(nil), in.ActiveAdapters...)
-	in.HotAdapters = append([]string(nil), in.HotAdapters...)
+	in.BusyAdapters = append([]string(nil), in.BusyAdapters...)
 	if in.Labels != nil {
 		labels := make(map[string]string, len(in.Labels))
 		for k, v := range in.Labels {

@@ -219,3 +219,17 @@ func TestServeHasEveryRoutingFlag(t *testing.T) {
 		}
 	}
 }
+
+// TestRegisterHotWindowStillParses: --hot-window, renamed
+// --saturation-window (issue 18), still sets the same value.
+func TestRegisterHotWindowStillParses(t *testing.T) {
+	for _, name := range []string{"saturation-window", "hot-window"} {
+		fs := newRegisterCmd().Flags()
+		if err := fs.Parse([]string{"--" + name, "7s"}); err != nil {
+			t.Fatal(err)
+		}
+		if got := fs.Lookup("saturation-window").Value.String(); got != "7s" {
+			t.Errorf("--%s 7s: --saturation-window reads %s", name, got)
+		}
+	}
+}
