@@ -25,6 +25,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/internal/localfleet"
 	"github.com/prefixrouter/prefixrouter/internal/sim"
+	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 	"github.com/prefixrouter/prefixrouter/probe"
 )
 
@@ -347,17 +348,23 @@ func checkExported(t *testing.T, want, have, haveServer map[string]bool) {
 	}
 }
 
-func TestDashboardQueriesExportedMetrics(t *testing.T) {
+// startDashboardTest skips in -short mode (the tests start etcd, model
+// servers and a router replica), checks at the end that the fleet's
+// goroutines (etcd, agents, replica, simulators) are all gone, and returns
+// the dashboard's metric names and a context for the test.
+func startDashboardTest(t *testing.T) (want map[string]bool, nExprs int, ctx context.Context) {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("starts etcd, model servers and a router replica")
 	}
-	// The fleet's goroutines (etcd, agents, replica, simulators) must all
-	// be gone once it is closed.
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	want, nExprs := dashboardMetrics(t)
+	ignore := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
+	want, nExprs = dashboardMetrics(t)
+	return want, nExprs, testsupport.Context(t, 2*time.Minute)
+}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
+func TestDashboardQueriesExportedMetrics(t *testing.T) {
+	want, nExprs, ctx := startDashboardTest(t)
 	const threshold = 7
 	f, err := localfleet.Start(ctx, localfleet.Options{
 		Instances: 3, Replicas: 1,
@@ -453,13 +460,7 @@ func TestDashboardQueriesExportedMetrics(t *testing.T) {
 // exist: instances joining after the replica's first snapshot are
 // membership changes it counts.
 func TestDashboardSeriesAtZeroOnAHealthyReplica(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts etcd, model servers and a router replica")
-	}
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	want, _ := dashboardMetrics(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
+	want, _, ctx := startDashboardTest(t)
 	f, err := localfleet.Start(ctx, localfleet.Options{Instances: 2, Replicas: 1, FastEtcd: true, Sim: sim.Options{TimeScale: 1000}})
 	if err != nil {
 		t.Fatal(err)
