@@ -307,7 +307,7 @@ func (p *placer) observe(ctx context.Context) {
 	now := p.clock.Now()
 	threshold := fleet.DefaultConcurrencyThreshold
 	if ep := p.endpoint(); ep != nil {
-		threshold = ep.Config.ConcurrencyThreshold()
+		threshold = ep.Resolved.ConcurrencyThreshold
 	}
 	if busy, err := m.Sum(p.a.cfg.BusyMetrics...); err == nil {
 		p.saturationStep(busy, float64(threshold), now)

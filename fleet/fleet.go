@@ -44,6 +44,13 @@ const (
 // line maps it to exit code 2 (invalid input).
 var ErrInvalid = errors.New("invalid")
 
+// ErrNoInstance is wrapped by every "nothing can serve this now" answer,
+// whoever gives it: an endpoint or a model's set with no instance that is
+// not draining (lora), a pick whose candidates are all refused (router), an
+// explanation with no candidate (admin maps it to Unavailable). There is one
+// such error in the whole program, so one errors.Is serves every caller.
+var ErrNoInstance = errors.New("no instance available")
+
 // ErrInvalidConfig is wrapped by every validation error of a RoutingConfig;
 // it wraps ErrInvalid.
 var ErrInvalidConfig = fmt.Errorf("fleet: %w routing config", ErrInvalid)
@@ -150,46 +157,63 @@ func (c RoutingConfig) Validate() error {
 }
 
 // WithDefaults returns c with every zero value replaced by its default. It does
-// not validate.
+// not validate. It copies c whole (the nested config too) before filling
+// zeros, so a field added to the struct is carried through without being
+// listed here (TestWithDefaultsCarriesEveryField).
 func (c RoutingConfig) WithDefaults() RoutingConfig {
-	out := DefaultRoutingConfig()
-	out.TenantCacheSalt = c.TenantCacheSalt
-	out.ProductionVariants = c.ProductionVariants
-	out.FirstByteTimeoutInMilliseconds = c.FirstByteTimeoutInMilliseconds
-	if c.RoutingStrategy != "" {
-		out.RoutingStrategy = c.RoutingStrategy
+	out := c
+	def := DefaultRoutingConfig()
+	if out.RoutingStrategy == "" {
+		out.RoutingStrategy = def.RoutingStrategy
 	}
-	if p := c.PrefixAwareRoutingConfig; p != nil {
-		if p.PrefixLength != 0 {
-			out.PrefixAwareRoutingConfig.PrefixLength = p.PrefixLength
-		}
-		if p.ConcurrencyThreshold != 0 {
-			out.PrefixAwareRoutingConfig.ConcurrencyThreshold = p.ConcurrencyThreshold
-		}
-		out.PrefixAwareRoutingConfig.HotKeyReplication = p.HotKeyReplication
+	p := *def.PrefixAwareRoutingConfig
+	if c.PrefixAwareRoutingConfig != nil {
+		p = *c.PrefixAwareRoutingConfig
 	}
+	if p.PrefixLength == 0 {
+		p.PrefixLength = DefaultPrefixLength
+	}
+	if p.ConcurrencyThreshold == 0 {
+		p.ConcurrencyThreshold = DefaultConcurrencyThreshold
+	}
+	out.PrefixAwareRoutingConfig = &p
 	return out
 }
 
-// PrefixLength returns the effective prefix length of c.
-func (c RoutingConfig) PrefixLength() int {
-	return c.WithDefaults().PrefixAwareRoutingConfig.PrefixLength
+// Resolved is an endpoint's routing configuration with every default filled
+// in and validated, in the fields the data plane reads. A snapshot carries
+// it (Endpoint.Resolved), so nothing on the request path re-normalizes a
+// RoutingConfig (grpc-go's ringhash parseConfig does the same once).
+type Resolved struct {
+	Strategy             Strategy
+	PrefixLength         int
+	ConcurrencyThreshold int
+	HotKeyReplication    bool
+	TenantCacheSalt      bool
+	// FirstByteTimeout is the endpoint's own; zero means the replica's
+	// default applies.
+	FirstByteTimeout time.Duration
+	// Variants are the ProductionVariants in order, nil without a split.
+	Variants []ProductionVariant
 }
 
-// HotKeyReplication reports whether c turns popularity-aware replication on.
-func (c RoutingConfig) HotKeyReplication() bool {
-	return c.PrefixAwareRoutingConfig != nil && c.PrefixAwareRoutingConfig.HotKeyReplication
-}
-
-// FirstByteTimeout returns c's first-byte timeout; zero means none is set
-// (the replica's default applies).
-func (c RoutingConfig) FirstByteTimeout() time.Duration {
-	return time.Duration(c.FirstByteTimeoutInMilliseconds) * time.Millisecond
-}
-
-// ConcurrencyThreshold returns the effective concurrency threshold of c.
-func (c RoutingConfig) ConcurrencyThreshold() int {
-	return c.WithDefaults().PrefixAwareRoutingConfig.ConcurrencyThreshold
+// Resolve validates c and returns it resolved. Every field of RoutingConfig
+// reaches the result (TestResolveCarriesEveryField fails otherwise).
+func (c RoutingConfig) Resolve() (Resolved, error) {
+	if err := c.Validate(); err != nil {
+		return Resolved{}, err
+	}
+	d := c.WithDefaults()
+	p := d.PrefixAwareRoutingConfig
+	return Resolved{
+		Strategy:             d.RoutingStrategy,
+		PrefixLength:         p.PrefixLength,
+		ConcurrencyThreshold: p.ConcurrencyThreshold,
+		HotKeyReplication:    p.HotKeyReplication,
+		TenantCacheSalt:      d.TenantCacheSalt,
+		FirstByteTimeout:     time.Duration(d.FirstByteTimeoutInMilliseconds) * time.Millisecond,
+		Variants:             d.ProductionVariants,
+	}, nil
 }
 
 // Instance is one model-server instance as registered in etcd.
@@ -263,8 +287,12 @@ func (in Instance) Validate() error {
 // Endpoint is one endpoint's instances and routing configuration.
 type Endpoint struct {
 	Name string
-	// Config is already validated and normalized.
+	// Config is the stored configuration with its defaults filled in
+	// (for display and for writing back).
 	Config RoutingConfig
+	// Resolved is Config validated and resolved once, when the snapshot
+	// was built: what the data plane reads.
+	Resolved Resolved
 	// Instances are sorted by ID, draining ones included (routers skip them).
 	Instances []Instance
 	// Adapters is the adapter catalogue with its placement state, sorted
@@ -297,7 +325,13 @@ func NewSnapshot(endpoints []Endpoint, revision int64, replicas int, now time.Ti
 		sort.Slice(insts, func(i, j int) bool { return insts[i].ID < insts[j].ID })
 		ads := append([]Adapter(nil), ep.Adapters...)
 		sort.Slice(ads, func(i, j int) bool { return ads[i].Name < ads[j].Name })
-		s.Endpoints[ep.Name] = &Endpoint{Name: ep.Name, Config: ep.Config.WithDefaults(), Instances: insts, Adapters: ads}
+		res, err := ep.Config.Resolve()
+		if err != nil {
+			// Callers validate first (the watcher keeps the default for
+			// an invalid stored config); never route on an invalid one.
+			res, _ = RoutingConfig{}.Resolve()
+		}
+		s.Endpoints[ep.Name] = &Endpoint{Name: ep.Name, Config: ep.Config.WithDefaults(), Resolved: res, Instances: insts, Adapters: ads}
 	}
 	return s
 }

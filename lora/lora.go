@@ -14,10 +14,7 @@ var (
 	// ErrUnknownModel is returned (wrapped with the name) for a model that no
 	// instance of the endpoint serves.
 	ErrUnknownModel = errors.New("lora: unknown model")
-	// ErrNoInstance is returned (wrapped) when the endpoint, or the model's
-	// set, has no non-draining instance.
-	ErrNoInstance = errors.New("lora: no instance available")
-	// ErrModelNotReady is wrapped, with ErrNoInstance, when a model is
+	// ErrModelNotReady is wrapped, with fleet.ErrNoInstance, when a model is
 	// known but every instance serving it is draining (or leaving): the
 	// model is not ready rather than unknown.
 	ErrModelNotReady = errors.New("lora: model not ready")
@@ -134,7 +131,7 @@ func (t *Table) Models() []string { return t.models }
 // See the package documentation for how a name is resolved.
 func (t *Table) Set(model string) (*Set, error) {
 	if t.base == nil {
-		return nil, fmt.Errorf("%w: endpoint %q has no instance that is not draining", ErrNoInstance, t.ep.Name)
+		return nil, fmt.Errorf("%w: endpoint %q has no instance that is not draining", fleet.ErrNoInstance, t.ep.Name)
 	}
 	e := t.base
 	if model != "" {
@@ -143,14 +140,14 @@ func (t *Table) Set(model string) (*Set, error) {
 		} else if _, ok := t.ep.Adapter(model); ok {
 			return nil, fmt.Errorf("%w: %q", ErrNotLoaded, model)
 		} else if t.parked[model] {
-			return nil, fmt.Errorf("%w: %w: every instance serving model %q is draining", ErrNoInstance, ErrModelNotReady, model)
+			return nil, fmt.Errorf("%w: %w: every instance serving model %q is draining", fleet.ErrNoInstance, ErrModelNotReady, model)
 		} else if t.declared {
 			return nil, fmt.Errorf("%w: %q", ErrUnknownModel, model)
 		}
 	}
 	e.once.Do(func() { e.set, e.err = newSet(e.insts, t.opts) })
 	if e.err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrNoInstance, e.err)
+		return nil, fmt.Errorf("%w: %w", fleet.ErrNoInstance, e.err)
 	}
 	return e.set, nil
 }
@@ -187,3 +184,15 @@ func (s *Set) Instance(i int) *fleet.Instance { return s.insts[i] }
 
 // Len returns the number of instances in the set.
 func (s *Set) Len() int { return len(s.insts) }
+
+// Index returns the member index of in (an instance of the snapshot the
+// set was built from), or -1 when in is not a member. It scans the set: for
+// the rare request that names its instance (a stateful session).
+func (s *Set) Index(in *fleet.Instance) int {
+	for i, m := range s.insts {
+		if m == in {
+			return i
+		}
+	}
+	return -1
+}

@@ -16,7 +16,7 @@ import (
 // routingFlag is one `serve` setting that a routing config carries.
 type routingFlag struct {
 	flag  string
-	value func(c fleet.RoutingConfig, firstByte time.Duration) string
+	value func(c fleet.Resolved, firstByte time.Duration) string
 }
 
 // routingFlags are the `serve` settings an endpoint's stored routing config
@@ -24,12 +24,12 @@ type routingFlag struct {
 // firstByte is the replica's --upstream-first-byte-timeout, which applies
 // wherever a config sets no FirstByteTimeoutInMilliseconds.
 var routingFlags = []routingFlag{
-	{"strategy", func(c fleet.RoutingConfig, _ time.Duration) string { return string(c.WithDefaults().RoutingStrategy) }},
-	{"prefix-length", func(c fleet.RoutingConfig, _ time.Duration) string { return strconv.Itoa(c.PrefixLength()) }},
-	{"concurrency-threshold", func(c fleet.RoutingConfig, _ time.Duration) string { return strconv.Itoa(c.ConcurrencyThreshold()) }},
-	{"hot-key-replication", func(c fleet.RoutingConfig, _ time.Duration) string { return strconv.FormatBool(c.HotKeyReplication()) }},
-	{"tenant-cache-salt", func(c fleet.RoutingConfig, _ time.Duration) string { return strconv.FormatBool(c.TenantCacheSalt) }},
-	{"upstream-first-byte-timeout", func(c fleet.RoutingConfig, d time.Duration) string { return cmp.Or(c.FirstByteTimeout(), d).String() }},
+	{"strategy", func(c fleet.Resolved, _ time.Duration) string { return string(c.Strategy) }},
+	{"prefix-length", func(c fleet.Resolved, _ time.Duration) string { return strconv.Itoa(c.PrefixLength) }},
+	{"concurrency-threshold", func(c fleet.Resolved, _ time.Duration) string { return strconv.Itoa(c.ConcurrencyThreshold) }},
+	{"hot-key-replication", func(c fleet.Resolved, _ time.Duration) string { return strconv.FormatBool(c.HotKeyReplication) }},
+	{"tenant-cache-salt", func(c fleet.Resolved, _ time.Duration) string { return strconv.FormatBool(c.TenantCacheSalt) }},
+	{"upstream-first-byte-timeout", func(c fleet.Resolved, d time.Duration) string { return cmp.Or(c.FirstByteTimeout, d).String() }},
 }
 
 // RoutingFlagNames are the flags Options.RoutingFlags may name.
@@ -47,14 +47,17 @@ func validRoutingFlag(name string) bool {
 }
 
 // overrides lists the operator's routing settings that cfg, an endpoint's
-// routing config, replaces. A setting is the operator's when it is named in
-// RoutingFlags or differs from the built-in default. An endpoint without a
-// stored config runs Routing itself, so it has none.
-func (o Options) overrides(cfg fleet.RoutingConfig) []fleet.Override {
+// resolved routing config, replaces. A setting is the operator's when it is
+// named in RoutingFlags or differs from the built-in default. An endpoint
+// without a stored config runs Routing itself, so it has none.
+func (o Options) overrides(cfg fleet.Resolved) []fleet.Override {
+	// Validate checked Routing; the zero config resolves to the defaults.
+	mine, _ := o.Routing.Resolve()
+	builtIn, _ := fleet.RoutingConfig{}.Resolve()
 	var out []fleet.Override
 	for _, f := range routingFlags {
-		given := f.value(o.Routing, o.Router.FirstByteTimeout)
-		if !slices.Contains(o.RoutingFlags, f.flag) && given == f.value(fleet.RoutingConfig{}, 0) {
+		given := f.value(mine, o.Router.FirstByteTimeout)
+		if !slices.Contains(o.RoutingFlags, f.flag) && given == f.value(builtIn, 0) {
 			continue
 		}
 		if stored := f.value(cfg, o.Router.FirstByteTimeout); stored != given {
@@ -71,21 +74,21 @@ func (o Options) overrides(cfg fleet.RoutingConfig) []fleet.Override {
 type overrideLog struct {
 	opts Options
 	log  *slog.Logger
-	last map[string]fleet.RoutingConfig
+	last map[string]fleet.Resolved
 }
 
 func newOverrideLog(opts Options, log *slog.Logger) *overrideLog {
-	return &overrideLog{opts: opts, log: log, last: map[string]fleet.RoutingConfig{}}
+	return &overrideLog{opts: opts, log: log, last: map[string]fleet.Resolved{}}
 }
 
 func (l *overrideLog) snapshot(s *fleet.Snapshot) {
 	for name, ep := range s.Endpoints {
 		prev, seen := l.last[name]
-		if seen && reflect.DeepEqual(prev, ep.Config) {
+		if seen && reflect.DeepEqual(prev, ep.Resolved) {
 			continue
 		}
-		l.last[name] = ep.Config
-		if ov := l.opts.overrides(ep.Config); len(ov) > 0 {
+		l.last[name] = ep.Resolved
+		if ov := l.opts.overrides(ep.Resolved); len(ov) > 0 {
 			l.log.Warn("the endpoint's stored routing config ('config set') replaces settings given to this replica", "endpoint", name, "overridden", formatOverrides(ov))
 		} else if seen && len(l.opts.overrides(prev)) > 0 {
 			l.log.Info("the endpoint's routing config no longer replaces settings given to this replica", "endpoint", name)

@@ -35,7 +35,11 @@ func TestOverrides(t *testing.T) {
 			[]fleet.Override{{Flag: "tenant-cache-salt", Given: "true", Stored: "false"}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := tc.opts.overrides(tc.endpoint); !reflect.DeepEqual(got, tc.want) {
+			res, err := tc.endpoint.Resolve()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := tc.opts.overrides(res); !reflect.DeepEqual(got, tc.want) {
 				t.Fatalf("overrides %+v, want %+v", got, tc.want)
 			}
 		})

@@ -29,7 +29,6 @@ import (
 	"github.com/prefixrouter/prefixrouter/admin"
 	"github.com/prefixrouter/prefixrouter/extproc"
 	"github.com/prefixrouter/prefixrouter/fleet"
-	"github.com/prefixrouter/prefixrouter/lora"
 	"github.com/prefixrouter/prefixrouter/membership"
 	"github.com/prefixrouter/prefixrouter/router"
 	"github.com/prefixrouter/prefixrouter/tracing"
@@ -347,7 +346,7 @@ func (r *Replica) startAdmin(context.Context) error {
 		OpenReads: opts.Admin.OpenReads,
 		Snapshots: r.router,
 		Statuses:  r.router,
-		Explainer: explainer{r.router},
+		Explainer: r.router,
 		Overrides: opts.overrides,
 		Ready:     r.router.Ready,
 		Registry:  opts.Registry,
@@ -605,43 +604,3 @@ func (c configStore) DeleteAdapter(ctx context.Context, endpoint, name string) e
 func (c configStore) PutConfig(ctx context.Context, endpoint string, rc fleet.RoutingConfig) error {
 	return membership.PutConfig(ctx, c.cli, c.layout, endpoint, rc)
 }
-
-// explainer serves ExplainRoute from the router, classifying its errors into
-// the admin API's.
-type explainer struct{ r *router.Router }
-
-func (e explainer) Explain(ctx context.Context, endpoint, path string, header http.Header, body []byte) (admin.Explanation, error) {
-	if err := ctx.Err(); err != nil {
-		return admin.Explanation{}, err
-	}
-	ex, err := e.r.Explain(endpoint, path, header, body)
-	if err != nil {
-		return admin.Explanation{}, classifyExplainError(err)
-	}
-	return admin.Explanation{
-		Strategy: ex.Strategy, Instance: ex.Instance, Candidates: ex.Candidates, Key: ex.Key,
-		Model: ex.Model, Tenant: ex.Tenant, PrefixLength: ex.PrefixLength,
-	}, nil
-}
-
-func classifyExplainError(err error) error {
-	var kind error
-	switch {
-	case errors.Is(err, router.ErrUnknownEndpoint), errors.Is(err, lora.ErrUnknownModel):
-		kind = admin.ErrNotFound
-	case errors.Is(err, router.ErrInvalidRequest):
-		kind = admin.ErrInvalidRequest
-	case errors.Is(err, router.ErrNoInstance), errors.Is(err, lora.ErrNoInstance):
-		kind = admin.ErrNoInstance
-	default:
-		return err
-	}
-	return &classifiedError{err: err, kind: kind}
-}
-
-// classifiedError keeps the router's message and adds the admin sentinel
-// for errors.Is.
-type classifiedError struct{ err, kind error }
-
-func (e *classifiedError) Error() string   { return e.err.Error() }
-func (e *classifiedError) Unwrap() []error { return []error{e.kind, e.err} }

@@ -4,7 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -231,5 +235,28 @@ func TestRegisterHotWindowStillParses(t *testing.T) {
 		if got := fs.Lookup("saturation-window").Value.String(); got != "7s" {
 			t.Errorf("--%s 7s: --saturation-window reads %s", name, got)
 		}
+	}
+}
+
+// TestBenchCapacity runs `bench --capacity-p90` against a loopback server
+// that answers at once: every step holds, up to the cap.
+func TestBenchCapacity(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\ndata: [DONE]\n\n")
+	}))
+	defer srv.Close()
+	out := filepath.Join(t.TempDir(), "capacity.json")
+	stdout, stderr, code := runCLI(t, "bench", "--target", srv.URL, "--preset", "sharegpt-like", "--rate", "20", "--requests", "10", "--warmup", "0",
+		"--capacity-p90", "1m", "--capacity-max-rate", "30", "--out", out)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if !strings.Contains(stdout, "at least 30 req/s (the search's cap)") {
+		t.Fatalf("stdout:\n%s", stdout)
+	}
+	b, err := os.ReadFile(out)
+	if err != nil || !strings.Contains(string(b), `"steps"`) {
+		t.Fatalf("JSON report: %v\n%s", err, b)
 	}
 }
