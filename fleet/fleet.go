@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"sort"
 	"time"
+
+	"github.com/prefixrouter/prefixrouter/engine"
 )
 
 // Strategy names a routing strategy, spelled as SageMaker spells it.
@@ -226,6 +228,22 @@ type Instance struct {
 	Labels       map[string]string `json:"labels,omitempty"`
 	Draining     bool              `json:"draining"`
 	RegisteredAt time.Time         `json:"registeredAt"`
+	// Engine names the model server's engine (engine.VLLM, engine.SGLang,
+	// engine.LlamaCpp, engine.TGI), detected by the agent or forced with
+	// `register --engine`. Empty (records of older agents) means unknown:
+	// engine.Generic. A name this build does not know is kept and read as
+	// Generic too.
+	Engine string `json:"engine,omitempty"`
+	// AdapterIndex gives, for an engine that selects adapters by position
+	// (llama-server: the order of its --lora flags), each adapter's
+	// position; nil for the others. Every key is one of Adapters, and for
+	// such an engine every adapter has one.
+	AdapterIndex map[string]int `json:"adapterIndex,omitempty"`
+	// Listed are the model ids the instance's own /v1/models lists (its
+	// base model and adapters), which the replica reads for a static fleet
+	// (issue 20). They name models in metric labels only: routing never
+	// reads them, so a static fleet routes as its flag declares.
+	Listed []string `json:"-"`
 	// Saturated is set by the agent while the server's requests in flight
 	// have stayed at or above the endpoint's concurrency threshold for its
 	// saturation window, and cleared after they stayed below half of it as
@@ -281,8 +299,28 @@ func (in Instance) Validate() error {
 	if in.Weight < 0 || in.Weight > MaxWeight {
 		return fmt.Errorf("fleet: %w instance: %q has weight %d, outside 0..%d", ErrInvalid, in.ID, in.Weight, MaxWeight)
 	}
+	if err := engine.ValidateName(in.Engine); err != nil {
+		return fmt.Errorf("fleet: %w instance: %q: %w", ErrInvalid, in.ID, err)
+	}
+	seen := make(map[int]string, len(in.AdapterIndex))
+	for name, i := range in.AdapterIndex {
+		if i < 0 || i >= MaxAdapterIndex || !in.HasAdapter(name) {
+			return fmt.Errorf("fleet: %w instance: %q: adapterIndex %q: %d must be 0..%d and name one of its adapters", ErrInvalid, in.ID, name, i, MaxAdapterIndex-1)
+		}
+		if other, dup := seen[i]; dup {
+			return fmt.Errorf("fleet: %w instance: %q: adapters %q and %q have the same index %d", ErrInvalid, in.ID, min(name, other), max(name, other), i)
+		}
+		seen[i] = name
+	}
+	if p, _ := engine.Lookup(in.Engine); p.Adapters.Select == engine.ByIndex && len(in.AdapterIndex) != len(in.Adapters) {
+		return fmt.Errorf("fleet: %w instance: %q: engine %s selects adapters by position: adapterIndex must give each of %v one", ErrInvalid, in.ID, in.Engine, in.Adapters)
+	}
 	return nil
 }
+
+// MaxAdapterIndex bounds AdapterIndex's positions (an engine with this many
+// adapters loaded at start is beyond any real deployment).
+const MaxAdapterIndex = 1024
 
 // Endpoint is one endpoint's instances and routing configuration.
 type Endpoint struct {

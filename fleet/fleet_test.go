@@ -184,6 +184,17 @@ func TestInstanceValidate(t *testing.T) {
 		{"weight above max", Instance{ID: "a", Addr: ok.Addr, Weight: MaxWeight + 1}, false},
 		{"weight 1e9", Instance{ID: "a", Addr: ok.Addr, Weight: 1e9}, false},
 		{"weight 2^31", Instance{ID: "a", Addr: ok.Addr, Weight: 1 << 31}, false},
+		{"engine", Instance{ID: "a", Addr: ok.Addr, Engine: "llamacpp"}, true},
+		{"unknown engine", Instance{ID: "a", Addr: ok.Addr, Engine: "tgi-next"}, true},
+		{"engine uppercase", Instance{ID: "a", Addr: ok.Addr, Engine: "vLLM"}, false},
+		{"engine too long", Instance{ID: "a", Addr: ok.Addr, Engine: strings.Repeat("v", 33)}, false},
+		{"adapter index", Instance{ID: "a", Addr: ok.Addr, Adapters: []string{"x", "y"}, AdapterIndex: map[string]int{"x": 0, "y": 1}}, true},
+		{"adapter index not an adapter", Instance{ID: "a", Addr: ok.Addr, Adapters: []string{"x"}, AdapterIndex: map[string]int{"z": 0}}, false},
+		{"adapter index negative", Instance{ID: "a", Addr: ok.Addr, Adapters: []string{"x"}, AdapterIndex: map[string]int{"x": -1}}, false},
+		{"adapter index too large", Instance{ID: "a", Addr: ok.Addr, Adapters: []string{"x"}, AdapterIndex: map[string]int{"x": MaxAdapterIndex}}, false},
+		{"llamacpp adapter without index", Instance{ID: "a", Addr: ok.Addr, Engine: "llamacpp", Adapters: []string{"x", "y"}, AdapterIndex: map[string]int{"x": 0}}, false},
+		{"llamacpp adapters indexed", Instance{ID: "a", Addr: ok.Addr, Engine: "llamacpp", Adapters: []string{"x", "y"}, AdapterIndex: map[string]int{"x": 1, "y": 0}}, true},
+		{"adapter index repeated", Instance{ID: "a", Addr: ok.Addr, Adapters: []string{"x", "y"}, AdapterIndex: map[string]int{"x": 0, "y": 0}}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -61,6 +61,8 @@ type Replica struct {
 	// stale writes the router's stale-adapter reports to etcd; nil for a
 	// static fleet and until the watcher starts.
 	stale atomic.Pointer[staleMarker]
+	// static probes a static fleet's instances; nil with etcd.
+	static *staticProber
 }
 
 // step is one part of Start. run starts the part and, for everything it
@@ -273,7 +275,23 @@ func (r *Replica) listen(context.Context) error {
 func (r *Replica) startFleet(ctx context.Context) error {
 	opts := r.opts
 	if !opts.usesEtcd() {
-		r.router.Update(fleet.NewSnapshot([]fleet.Endpoint{{Name: opts.Router.DefaultEndpoint, Config: opts.Routing, Instances: opts.Static}}, 0, 1, time.Now()))
+		ep := fleet.Endpoint{Name: opts.Router.DefaultEndpoint, Config: opts.Routing, Instances: opts.Static}
+		r.router.Update(fleet.NewSnapshot([]fleet.Endpoint{ep}, 0, 1, time.Now()))
+		tr := opts.Router.Transport
+		if tr == nil {
+			// Its own connections, none kept between rounds 30 s apart.
+			own := http.DefaultTransport.(*http.Transport).Clone()
+			own.DisableKeepAlives = true
+			tr = own
+		}
+		var err error
+		if r.static, err = startStaticProber(ep, tr, opts.Clock, r.log, r.router.Update); err != nil {
+			return err
+		}
+		r.onStop("static prober", func(context.Context) error {
+			r.static.Close()
+			return nil
+		})
 		return nil
 	}
 	m := startStaleMarker(opts.Client, opts.Membership.Layout, r.log)

@@ -468,7 +468,7 @@ func (t retryTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 	a := attemptFrom(out.Context())
 	m := t.p.r.metrics
 	for {
-		resp, err := t.p.base.RoundTrip(out)
+		resp, err := t.p.base.RoundTrip(a.forEngine(out))
 		if err == nil {
 			if a.pinned() || !a.staleAdapter(resp) {
 				return resp, nil

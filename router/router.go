@@ -286,7 +286,7 @@ func (r *Router) targets(path string) []probe.Target {
 			}
 			u := *iv.target
 			u.Path = joinPath(u.Path, path)
-			out = append(out, probe.Target{URL: u.String(), Instance: iv.state})
+			out = append(out, probe.Target{URL: u.String(), Instance: iv.state, Engine: iv.inst.Engine})
 		}
 	}
 	return out
