@@ -35,7 +35,7 @@ FUZZTIME ?= 60s
 # FUZZTIME, during which nothing is fuzzed (FuzzParseRoutingConfig counted no
 # execution after its 12th second); 5 s leaves the time to fuzzing.
 FUZZMINIMIZETIME ?= 5s
-FUZZ_TARGETS = ./router:FuzzParseOpenAI ./router:FuzzInvokeKey ./router:FuzzParseStaticInstances \
+FUZZ_TARGETS = ./router:FuzzParseOpenAI ./router:FuzzInvokeKey ./fleet:FuzzParseStaticInstances \
 	./membership:FuzzParseRoutingConfig ./membership:FuzzParseInstance \
 	./probe:FuzzParseMetrics ./probe:FuzzParseModels
 fuzz:

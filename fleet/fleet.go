@@ -244,15 +244,16 @@ type Instance struct {
 	// (issue 20). They name models in metric labels only: routing never
 	// reads them, so a static fleet routes as its flag declares.
 	Listed []string `json:"-"`
-	// Hot is set by the agent while the server's requests in flight have
-	// stayed at or above the endpoint's concurrency threshold for its hot
-	// window, and cleared after they stayed below half of it as long
-	// (hysteresis).
-	Hot bool `json:"hot,omitempty"`
-	// HotAdapters are, while Hot, the adapters that carry the load: in use
-	// in most of the agent's recent samples (see agent.Options.HotWindow).
-	// Placement grows the set of an adapter that every member lists here.
-	HotAdapters []string `json:"hotAdapters,omitempty"`
+	// Saturated is set by the agent while the server's requests in flight
+	// have stayed at or above the endpoint's concurrency threshold for its
+	// saturation window, and cleared after they stayed below half of it as
+	// long (hysteresis). (A popular key is "hot": package hotkey.)
+	Saturated bool `json:"saturated,omitempty"`
+	// BusyAdapters are, while Saturated, the adapters that carry the load:
+	// in use in most of the agent's recent samples (see
+	// agent.Options.SaturationWindow). Placement grows the set of an
+	// adapter that every member lists here.
+	BusyAdapters []string `json:"busyAdapters,omitempty"`
 	// ActiveAdapters are the adapters that served a request within the
 	// agent's active window, sorted; an adapter that no member lists is
 	// cold and its set shrinks back to MinReplicas.
@@ -268,9 +269,6 @@ type Instance struct {
 // weight 1e9 would make every replica allocate gigabytes (issue 12). It
 // equals ring.MaxWeight; a ratio of 100 to 1 covers any real fleet.
 const MaxWeight = 100
-
-// MaxIDLength bounds instance ids (they become etcd key segments and metric labels).
-const MaxIDLength = 128
 
 // EffectiveWeight returns the weight used for hashing: at least 1.
 func (in Instance) EffectiveWeight() int {
@@ -292,13 +290,8 @@ func (in Instance) HasAdapter(name string) bool {
 
 // Validate checks the fields a router relies on.
 func (in Instance) Validate() error {
-	if in.ID == "" || len(in.ID) > MaxIDLength {
-		return fmt.Errorf("fleet: instance id must be 1..%d characters, got %q", MaxIDLength, in.ID)
-	}
-	for _, r := range in.ID {
-		if r <= ' ' || r > '~' || r == '/' {
-			return fmt.Errorf("fleet: instance id %q must be printable ASCII without spaces or '/'", in.ID)
-		}
+	if err := ValidateName("instance id", in.ID); err != nil {
+		return err
 	}
 	if in.Addr == "" {
 		return fmt.Errorf("fleet: instance %q has no addr", in.ID)
@@ -447,8 +440,8 @@ var ErrAdapterNotFound = errors.New("fleet: adapter not in the catalogue")
 // Validate checks the name, the source and the replica range. Zero replica
 // counts are accepted and mean the defaults.
 func (a Adapter) Validate() error {
-	if err := validateID("adapter name", a.Name); err != nil {
-		return fmt.Errorf("%w: %w", ErrInvalidAdapter, err)
+	if p := nameProblem("name", a.Name); p != "" {
+		return fmt.Errorf("%w %s", ErrInvalidAdapter, p)
 	}
 	if a.Source == "" || len(a.Source) > 4096 {
 		return fmt.Errorf("%w %q: source must be 1..4096 bytes", ErrInvalidAdapter, a.Name)
@@ -482,20 +475,6 @@ func (a Adapter) Max() int {
 // Target returns the current target size k, clamped to Min..Max.
 func (a Adapter) Target() int {
 	return min(max(a.Replicas, a.Min()), a.Max())
-}
-
-// validateID checks a name that becomes an etcd key segment and a metric
-// label: 1..MaxIDLength printable ASCII characters without spaces or '/'.
-func validateID(kind, id string) error {
-	if id == "" || len(id) > MaxIDLength {
-		return fmt.Errorf("%s must be 1..%d characters, got %q", kind, MaxIDLength, id)
-	}
-	for _, r := range id {
-		if r <= ' ' || r > '~' || r == '/' {
-			return fmt.Errorf("%s %q must be printable ASCII without spaces or '/'", kind, id)
-		}
-	}
-	return nil
 }
 
 // Adapter returns the catalogued adapter named name.

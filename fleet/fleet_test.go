@@ -177,7 +177,7 @@ func TestInstanceValidate(t *testing.T) {
 		{"empty id", Instance{Addr: ok.Addr}, false},
 		{"id with slash", Instance{ID: "a/b", Addr: ok.Addr}, false},
 		{"id with space", Instance{ID: "a b", Addr: ok.Addr}, false},
-		{"id too long", Instance{ID: strings.Repeat("x", MaxIDLength+1), Addr: ok.Addr}, false},
+		{"id too long", Instance{ID: strings.Repeat("x", MaxNameLength+1), Addr: ok.Addr}, false},
 		{"no addr", Instance{ID: "a"}, false},
 		{"negative weight", Instance{ID: "a", Addr: ok.Addr, Weight: -1}, false},
 		{"max weight", Instance{ID: "a", Addr: ok.Addr, Weight: MaxWeight}, true},

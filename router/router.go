@@ -245,6 +245,7 @@ func (r *Router) Update(s *fleet.Snapshot) {
 				v.ready = true
 			}
 		}
+		r.metrics.initSeries(name, ev, r.view.Load())
 		v.endpoints[name] = ev
 		mv, moved, ok := measureMovement(r.moves[name], ev.table)
 		moves[name] = mv

@@ -16,6 +16,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/membership/etcdtest"
+	"github.com/prefixrouter/prefixrouter/replica"
 )
 
 // runCLI runs the command line in process and returns its outputs and exit code.
@@ -211,6 +212,32 @@ func TestAdapterAddRemoveListAgainstEtcd(t *testing.T) {
 	out, _, _ = runCLI(t, "adapter", "list", "--etcd-endpoints", url, "--endpoint", "chat", "--json")
 	if strings.Contains(out, "sql-lora") || !strings.Contains(out, "chat-lora") {
 		t.Fatalf("after remove: %q", out)
+	}
+}
+
+// TestServeHasEveryRoutingFlag: serve reports a routing setting a stored
+// config overrides by its flag's name (replica.RoutingFlagNames), so each
+// name must be a flag of serve's.
+func TestServeHasEveryRoutingFlag(t *testing.T) {
+	fs := newServeCmd().Flags()
+	for _, name := range replica.RoutingFlagNames() {
+		if fs.Lookup(name) == nil {
+			t.Errorf("serve has no --%s", name)
+		}
+	}
+}
+
+// TestRegisterHotWindowStillParses: --hot-window, renamed
+// --saturation-window (issue 18), still sets the same value.
+func TestRegisterHotWindowStillParses(t *testing.T) {
+	for _, name := range []string{"saturation-window", "hot-window"} {
+		fs := newRegisterCmd().Flags()
+		if err := fs.Parse([]string{"--" + name, "7s"}); err != nil {
+			t.Fatal(err)
+		}
+		if got := fs.Lookup("saturation-window").Value.String(); got != "7s" {
+			t.Errorf("--%s 7s: --saturation-window reads %s", name, got)
+		}
 	}
 }
 

@@ -45,6 +45,13 @@ share the fleet, and keeps routing on its last good snapshot while etcd is unrea
 				opts.Etcd.Endpoints = nil
 			}
 			opts.Static = static
+			// Given routing settings are reported where a stored
+			// routing config replaces them.
+			for _, name := range replica.RoutingFlagNames() {
+				if cmd.Flags().Changed(name) {
+					opts.RoutingFlags = append(opts.RoutingFlags, name)
+				}
+			}
 			opts.Logger = newLogger(logLevel)
 			return replica.Run(cmd.Context(), opts)
 		},
