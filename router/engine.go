@@ -125,6 +125,6 @@ func (x *insertReader) Close() error { return x.r.Close() }
 // unknown engine; a guess cannot let a client's bad requests eject an
 // instance (issue 20).
 func serverErrorIsFault(in *fleet.Instance) bool {
-	p, known := engine.Lookup(in.Engine)
-	return known && p.Name != "" && p.ServerErrorIsEngineFault(http.StatusInternalServerError)
+	p, _ := engine.Lookup(in.Engine) // Generic for an unknown engine: its 500s are not proof
+	return p.ServerErrorIsEngineFault(http.StatusInternalServerError)
 }
