@@ -195,6 +195,8 @@ var (
 		"The most requests this replica puts on one of the endpoint's instances now: its share of the ConcurrencyThreshold (--threshold-share).", []string{"endpoint"}, nil)
 	rateDesc = prometheus.NewDesc("prefixrouter_replica_request_rate",
 		"This replica's request rate as last measured (requests per second, smoothed), which it publishes in its record under routers/ for the threshold's traffic share.", nil, nil)
+	panicDesc = prometheus.NewDesc("prefixrouter_endpoint_panic",
+		"1 while more of the endpoint's instances are out of rotation (open breakers, health marks) than its ejection cap (--max-ejection-percent) allows: picks then ignore both.", []string{"endpoint"}, nil)
 	thresholdDesc = prometheus.NewDesc("prefixrouter_endpoint_concurrency_threshold",
 		"The endpoint's ConcurrencyThreshold: requests in flight on one instance, summed over router replicas, beyond which PREFIX_AWARE spills (each replica admits its share of it, or compares it with the polled load).", []string{"endpoint"}, nil)
 )
@@ -211,6 +213,7 @@ func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- thresholdDesc
 	ch <- shareDesc
 	ch <- rateDesc
+	ch <- panicDesc
 }
 
 func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
@@ -222,7 +225,11 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	for name, ev := range v.endpoints {
 		ch <- prometheus.MustNewConstMetric(thresholdDesc, prometheus.GaugeValue, float64(ev.threshold), name)
 		ch <- prometheus.MustNewConstMetric(shareDesc, prometheus.GaugeValue, float64(c.r.limit(v, ev).Share), name)
+		panicking := 0.0
 		for id, iv := range ev.instances {
+			if iv.state.Panicking() { // the endpoint's states share one decision
+				panicking = 1
+			}
 			st := iv.state.Status()
 			ch <- prometheus.MustNewConstMetric(inFlightDesc, prometheus.GaugeValue, float64(st.InFlight), name, id)
 			ch <- prometheus.MustNewConstMetric(breakerDesc, prometheus.GaugeValue, float64(st.Breaker), name, id)
@@ -233,5 +240,6 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 			ch <- prometheus.MustNewConstMetric(healthyDesc, prometheus.GaugeValue, healthy, name, id)
 		}
+		ch <- prometheus.MustNewConstMetric(panicDesc, prometheus.GaugeValue, panicking, name)
 	}
 }

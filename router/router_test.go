@@ -90,13 +90,15 @@ type hopts struct {
 	hide     bool            // HideInstanceID
 	share    Share           // ThresholdShare
 	self     string          // ReplicaID
+	first    time.Duration   // FirstByteTimeout
+	header   time.Duration   // the transport's response-header timeout
 }
 
 func newHarness(t *testing.T, o hopts, backends ...*backend) *harness {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	tr := NewTransport(0)
-	r, err := newRouter(Options{DefaultEndpoint: "ep", Registry: reg, Transport: tr, Breaker: o.breaker, MaxBodyBytes: o.maxBody, BalanceFactor: o.balance, HealthCheckInterval: o.health, HealthCheckTimeout: o.hTimeout, HideInstanceID: o.hide, ThresholdShare: o.share, ReplicaID: o.self}, o.clock)
+	tr := NewTransport(o.header)
+	r, err := newRouter(Options{DefaultEndpoint: "ep", Registry: reg, Transport: tr, Breaker: o.breaker, MaxBodyBytes: o.maxBody, BalanceFactor: o.balance, HealthCheckInterval: o.health, HealthCheckTimeout: o.hTimeout, HideInstanceID: o.hide, FirstByteTimeout: o.first, ThresholdShare: o.share, ReplicaID: o.self}, o.clock)
 	if err != nil {
 		t.Fatal(err)
 	}

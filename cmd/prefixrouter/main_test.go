@@ -73,6 +73,8 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"unknown threshold share", []string{"serve", "--static-instances", "a=http://127.0.0.1:1", "--threshold-share", "even"}, "--threshold-share"},
 		{"negative rate interval", []string{"serve", "--static-instances", "a=http://127.0.0.1:1", "--rate-interval", "-1s"}, "--rate-interval"},
 		{"gc percent below -1", []string{"serve", "--static-instances", "a=http://127.0.0.1:1", "--gc-percent", "-2"}, "--gc-percent"},
+		{"max ejection percent over 100", []string{"serve", "--static-instances", "a=http://127.0.0.1:1", "--max-ejection-percent", "101"}, "--max-ejection-percent) 101 is outside 1..100"},
+		{"max ejection percent negative", []string{"serve", "--static-instances", "a=http://127.0.0.1:1", "--max-ejection-percent", "-1"}, "--max-ejection-percent) -1"},
 		{"register without id", []string{"register", "--addr", "http://127.0.0.1:1"}, "--id and --addr are required"},
 		{"register unknown engine", []string{"register", "--id", "a", "--addr", "http://127.0.0.1:1", "--engine", "vllm2"}, "unknown engine \"vllm2\" (want one of vllm, sglang, llamacpp, tgi"},
 		{"bench without target", []string{"bench"}, "--target"},
