@@ -141,11 +141,11 @@ type Options struct {
 	// zero values mean the Default* limits).
 	Limits Limits
 	// RateInterval is how often the replica measures its request rate
-	// and, when it moved by more than a fifth, writes it into its record
-	// under routers/ (--rate-interval): the weights of the threshold's
-	// traffic share (router.ShareTraffic). At most one write per interval
-	// per replica; none while traffic holds steady. Zero means
-	// DefaultRateInterval. Ignored with a static fleet.
+	// and decides whether to write it into its record under routers/
+	// (--rate-interval): the weights of the threshold's traffic share
+	// (router.ShareTraffic). At most one write per interval per replica,
+	// rarely one while traffic holds steady (router.RateReport). Zero
+	// means DefaultRateInterval. Ignored with a static fleet.
 	RateInterval time.Duration
 	// StartupTimeout bounds the wait for the first fleet snapshot from etcd
 	// (--startup-timeout); zero means DefaultStartupTimeout.

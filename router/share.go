@@ -2,6 +2,7 @@ package router
 
 import (
 	"math"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -84,6 +85,70 @@ func (r *Router) MeasureRate(now time.Time) float64 {
 	m.rate.Store(math.Float64bits(rate))
 	return rate
 }
+
+// RateReport decides when a replica writes its request rate into its
+// record under routers/, and what it writes. Either of two tests writes:
+//
+//   - a step: the smoothed rate (MeasureRate) differs from the written one
+//     by more than a fifth and by at least twice the noise of a Poisson
+//     count's smoothed rate (2√rate, at least 1 request/s), so that a change
+//     of DNS shows within a few measures while steady traffic writes rarely;
+//   - a drift: the requests counted since the last write differ from what
+//     the written rate predicts by more than three standard deviations and
+//     the average since then differs by more than a fifth; it writes that
+//     average. A replica too small for the first test (each of many light
+//     replicas carries a sliver of the traffic, but their sum weighs in
+//     every share) still writes its long-run rate, from enough requests to
+//     be accurate.
+//
+// TestRateWritesUnderSteadyTraffic counts the writes both make. The zero
+// value starts from a written rate of 0, the record a replica registers
+// with. The publisher's goroutine owns it (not safe for concurrent use).
+type RateReport struct {
+	written float64
+	at      time.Time // when written was written; zero before the first Next
+	count   int64     // the requests counted then
+}
+
+// rateChange is the least relative change a write reports.
+const rateChange = 0.2
+
+// Next takes the time, the requests the router counted so far (Requests)
+// and its smoothed rate (MeasureRate), and returns the rate to write now,
+// rounded to 3 significant digits, and whether to write it. The first call
+// only starts the count.
+func (p *RateReport) Next(now time.Time, requests int64, smoothed float64) (float64, bool) {
+	e := now.Sub(p.at).Seconds()
+	if p.at.IsZero() || e <= 0 {
+		if p.at.IsZero() {
+			p.at, p.count = now, requests
+		}
+		return 0, false
+	}
+	moved := func(rate float64) bool {
+		return math.Abs(rate-p.written) > rateChange*max(rate, p.written)
+	}
+	if hi := max(smoothed, p.written); moved(smoothed) && math.Abs(smoothed-p.written) >= max(1, 2*math.Sqrt(hi)) {
+		return p.write(now, requests, smoothed), true
+	}
+	n, want := float64(requests-p.count), p.written*e
+	if avg := n / e; math.Abs(n-want) > 3*math.Sqrt(want+1) && moved(avg) {
+		return p.write(now, requests, avg), true
+	}
+	return 0, false
+}
+
+func (p *RateReport) write(now time.Time, requests int64, rate float64) float64 {
+	// 3 significant digits: the record stays short, and a share, a
+	// ceiling of T times a ratio, needs no more.
+	rate, _ = strconv.ParseFloat(strconv.FormatFloat(rate, 'g', 3, 64), 64)
+	p.written, p.at, p.count = rate, now, requests
+	return rate
+}
+
+// Requests returns how many requests this router routed since it started
+// (the count MeasureRate turns into a rate).
+func (r *Router) Requests() int64 { return r.rate.requests.Load() }
 
 // Rate returns the request rate MeasureRate measured last (0 before).
 func (r *Router) Rate() float64 { return math.Float64frombits(r.rate.rate.Load()) }

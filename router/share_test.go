@@ -3,6 +3,8 @@ package router
 import (
 	"fmt"
 	"log/slog"
+	"math"
+	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
@@ -164,4 +166,91 @@ func TestTrafficShareLetsBusyReplicaFillPrimary(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestRateWritesUnderSteadyTraffic runs the measure and RateReport on an
+// hour of simulated Poisson traffic at steady rates, one measure a second
+// (the default --rate-interval), and counts the writes a replica makes.
+// At 1,000 requests/s the smoothed rate's noise (a standard deviation of
+// √(2λ/3) = 26 requests/s between two measures) is far below both tests'
+// thresholds: fewer than 1 % of the measures may write. A light replica
+// (0.5 requests/s, registered with 0) writes its rate within a minute, and
+// the long-run rate it has written last is within a fifth of the truth.
+func TestRateWritesUnderSteadyTraffic(t *testing.T) {
+	const seconds = 3600
+	for _, rate := range []float64{0.5, 2, 10, 50, 200, 1000} {
+		r, err := New(Options{DefaultEndpoint: "ep", Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rng := rand.New(rand.NewPCG(22, uint64(rate*10)))
+		t0 := time.Unix(1000, 0)
+		var rep RateReport
+		rep.Next(t0, r.Requests(), r.MeasureRate(t0))
+		written, writes, first := 0.0, 0, 0
+		for s := 1; s <= seconds; s++ {
+			r.rate.requests.Add(int64(poisson(rng, rate)))
+			now := t0.Add(time.Duration(s) * time.Second)
+			if w, ok := rep.Next(now, r.Requests(), r.MeasureRate(now)); ok {
+				written = w
+				writes++
+				if first == 0 {
+					first = s
+				}
+			}
+		}
+		r.Close()
+		t.Logf("%v requests/s: %d writes in %d s (%.4f per s), the first after %d s; last written %v", rate, writes, seconds, float64(writes)/seconds, first, written)
+		if rate >= 1000 && writes > seconds/100 {
+			t.Errorf("%v requests/s: %d writes in %d s, want under 1 %% of the measures", rate, writes, seconds)
+		}
+		if first == 0 || first > 60 || math.Abs(written-rate) > 0.2*rate {
+			t.Errorf("%v requests/s: first write after %d s (want within 60), last written %v (want within a fifth)", rate, first, written)
+		}
+	}
+}
+
+// TestRateReportFollowsSteps: a replica whose traffic steps (DNS moved
+// clients) writes the new rate within a few measures, in either direction.
+func TestRateReportFollowsSteps(t *testing.T) {
+	for _, tc := range []struct {
+		from, to float64
+		within   int
+	}{{45, 10, 2}, {10, 40, 3}, {10, 0, 3}, {200, 100, 3}} {
+		r, err := New(Options{DefaultEndpoint: "ep", Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rng := rand.New(rand.NewPCG(22, uint64(tc.from)))
+		t0 := time.Unix(1000, 0)
+		var rep RateReport
+		rep.Next(t0, r.Requests(), r.MeasureRate(t0))
+		step := func(s int, rate float64) (float64, bool) {
+			r.rate.requests.Add(int64(poisson(rng, rate)))
+			now := t0.Add(time.Duration(s) * time.Second)
+			return rep.Next(now, r.Requests(), r.MeasureRate(now))
+		}
+		for s := 1; s <= 120; s++ {
+			step(s, tc.from)
+		}
+		took := 0
+		for s := 121; s <= 121+10 && took == 0; s++ {
+			if w, ok := step(s, tc.to); ok && math.Abs(w-tc.to) < math.Abs(w-tc.from) {
+				took = s - 120
+			}
+		}
+		r.Close()
+		if took == 0 || took > tc.within {
+			t.Errorf("%v → %v requests/s: written after %d measures, want within %d", tc.from, tc.to, took, tc.within)
+		}
+	}
+}
+
+// poisson draws a Poisson count of mean rate (one second of arrivals).
+func poisson(rng *rand.Rand, rate float64) int {
+	n := 0
+	for at := rng.ExpFloat64() / rate; at < 1; at += rng.ExpFloat64() / rate {
+		n++
+	}
+	return n
 }
