@@ -41,7 +41,7 @@ import (
 // holds a few prefixes beside the running requests, so a request sent away
 // from its prefix's instance misses and evicts.
 const (
-	thrThreshold      = 8
+	thrThreshold      = 8 // × the scale (PREFIXROUTER_E2E_THRESHOLD_SCALE), as are max tokens and the KV cache
 	thrInstances      = 6
 	thrPrefixes       = 24
 	thrZipf           = 1.1
@@ -167,7 +167,18 @@ func TestThresholdAtManyReplicas(t *testing.T) {
 			runs = append(runs, run{r, o})
 		}
 	}
-	h := newThrHarness(t)
+	// T = 32 by default: the light replicas' bursts (their Poisson tail,
+	// √ of their demand) fit in the acceptance's room (T/4 + 1); at T = 8
+	// (PREFIXROUTER_E2E_THRESHOLD_SCALE=1) they fill it (docs/concurrency.md).
+	scale := 4
+	if v := os.Getenv("PREFIXROUTER_E2E_THRESHOLD_SCALE"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 8 {
+			t.Fatalf("PREFIXROUTER_E2E_THRESHOLD_SCALE %q: want 1 to 8", v)
+		}
+		scale = n
+	}
+	h := newThrHarness(t, scale)
 	var rows []thrResult
 	for _, x := range runs {
 		res := h.run(x.replicas, x.opt, warm, measure)
@@ -179,7 +190,7 @@ func TestThresholdAtManyReplicas(t *testing.T) {
 	}
 	t.Log("\n" + thrTable(rows))
 	base := rows[0]
-	bound := 1.25*thrThreshold + 1
+	bound := 1.25*float64(h.threshold) + 1
 	for _, r := range rows {
 		if r.replicas != 32 || r.option != thrTraffic.name {
 			continue
@@ -224,28 +235,32 @@ func (in *thrInstance) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // thrHarness is one etcd with the simulated instances registered; each run
 // starts its replicas and stops them at its end.
 type thrHarness struct {
-	t       *testing.T
-	f       *localfleet.Fleet
-	insts   []*thrInstance
-	client  *http.Client
-	prefix  []string  // the system prompts
-	weights []float64 // their Zipf weights, cumulated
+	t *testing.T
+	f *localfleet.Fleet
+	// scale multiplies T, the tokens out (so a request's duration and the
+	// instances' demand) and the KV cache: the light replicas' bursts grow
+	// as the square root of the demand, the acceptance's room as T.
+	scale, threshold int
+	insts            []*thrInstance
+	client           *http.Client
+	prefix           []string  // the system prompts
+	weights          []float64 // their Zipf weights, cumulated
 }
 
-func newThrHarness(t *testing.T) *thrHarness {
+func newThrHarness(t *testing.T, scale int) *thrHarness {
 	t.Helper()
 	cfg := fleet.RoutingConfig{RoutingStrategy: fleet.PrefixAware, PrefixAwareRoutingConfig: &fleet.PrefixAwareConfig{
-		PrefixLength: fleet.MinPrefixLength, ConcurrencyThreshold: thrThreshold}}
+		PrefixLength: fleet.MinPrefixLength, ConcurrencyThreshold: thrThreshold * scale}}
 	f, err := localfleet.Start(testsupport.Context(t, 20*time.Second), localfleet.Options{
 		Endpoint: ep, TTL: membership.DefaultTTL, FastEtcd: true, Logger: quiet, Routing: cfg})
 	if err != nil {
 		t.Fatalf("start the fleet: %v", err)
 	}
 	t.Cleanup(f.Close)
-	h := &thrHarness{t: t, f: f}
+	h := &thrHarness{t: t, f: f, scale: scale, threshold: thrThreshold * scale}
 	for i := range thrInstances {
 		in := &thrInstance{id: fmt.Sprintf("sim-%d", i)}
-		in.sim, err = sim.New(sim.Options{ID: in.id, KVCapacityTokens: thrKVTokens})
+		in.sim, err = sim.New(sim.Options{ID: in.id, KVCapacityTokens: thrKVTokens * scale})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -343,7 +358,7 @@ func (h *thrHarness) run(r int, opt thrOption, warm, measure time.Duration) thrR
 		defer outstanding.Add(-1)
 		count := counting.Load()
 		body, _ := json.Marshal(map[string]any{
-			"model": sim.DefaultBaseModel, "max_tokens": thrMaxTokens,
+			"model": sim.DefaultBaseModel, "max_tokens": thrMaxTokens * h.scale,
 			"prompt": h.prefix[a.prefix] + " " + bench.Text(thrSeed, "question", thrQuestionTokens, a.question),
 		})
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, reps[a.replica].URL()+"/v1/completions", bytes.NewReader(body))
@@ -457,7 +472,7 @@ func (h *thrHarness) startReplicas(r int, opt thrOption) []*replica.Replica {
 		for _, rep := range reps {
 			s := rep.Router().Snapshot()
 			e := s.Endpoint(ep)
-			if s.Replicas != r || len(s.ReplicaRates) != r || e == nil || len(e.Instances) != thrInstances || e.Resolved.ConcurrencyThreshold != thrThreshold {
+			if s.Replicas != r || len(s.ReplicaRates) != r || e == nil || len(e.Instances) != thrInstances || e.Resolved.ConcurrencyThreshold != h.threshold {
 				return false
 			}
 		}
