@@ -74,13 +74,13 @@ func TestTiesGoToLowestIndex(t *testing.T) {
 
 func TestWithHashIsUsed(t *testing.T) {
 	// With injected seeds the owner is computable by hand: the member whose
-	// seed maximizes mix(key ^ seed).
+	// seed maximizes Score(key, seed).
 	seeds := map[string]uint64{"a": 1, "b": 2, "c": 3}
 	r := mustNew(equalMembers([]string{"c", "a", "b"}), WithHash(func(id string) uint64 { return seeds[id] }))
 	for _, key := range testKeys()[:1000] {
 		want, best := "", uint64(0)
 		for _, id := range []string{"a", "b", "c"} {
-			if s := mix(key ^ seeds[id]); want == "" || s > best {
+			if s := Score(key, seeds[id]); want == "" || s > best {
 				want, best = id, s
 			}
 		}
