@@ -23,6 +23,8 @@ import (
 	"fmt"
 	"math"
 	"sync/atomic"
+
+	"github.com/prefixrouter/prefixrouter/ring"
 )
 
 // Defaults of Options, used where a field is zero.
@@ -226,19 +228,10 @@ func tag(key uint64) uint64 {
 	return t
 }
 
-// mix scrambles a tag (splitmix64's finalizer), so that counters and table
-// slots depend on every bit of it: keys that differ only in a few bits
-// (tests, or a weak hash upstream) must not share all their counters.
-func mix(t uint64) uint64 {
-	t ^= t >> 30
-	t *= 0xbf58476d1ce4e5b9
-	t ^= t >> 27
-	t *= 0x94d049bb133111eb
-	return t ^ t>>31
-}
-
 // index is the counter of row i for a mixed tag h (double hashing over its
-// two halves).
+// two halves). Tags are mixed (ring.Mix64) so that counters and table slots
+// depend on every bit of them: keys that differ only in a few bits (tests,
+// or a weak hash upstream) must not share all their counters.
 func index(h uint64, i int) uint32 {
 	lo, hi := uint32(h), uint32(h>>32)|1
 	return (lo + uint32(i)*hi) % width
@@ -255,7 +248,7 @@ func (s *Sketch) epoch(seen uint64) uint64 { return seen / s.halfLife & epochMas
 func (s *Sketch) Observe(key uint64, n int) int {
 	e := s.epoch(s.seen.Add(1))
 	t := tag(key)
-	h := mix(t)
+	h := ring.Mix64(t)
 	var vs [depth + 1]uint64
 	for i := range depth {
 		vs[i] = s.counts[i][index(h, i)].add(e)
@@ -278,7 +271,7 @@ func (s *Sketch) K(key uint64, n int) int {
 // a later one a concurrent observer already brought a counter to.
 func (s *Sketch) read(t uint64) (est, mass uint64) {
 	e := s.epoch(s.seen.Load())
-	h := mix(t)
+	h := ring.Mix64(t)
 	var vs [depth + 1]uint64
 	for i := range depth {
 		vs[i] = s.counts[i][index(h, i)].v.Load()
@@ -356,7 +349,7 @@ func bounds(est, mass float64) (lo, hi float64) {
 // decide returns t's k, moving it (when update is set) as the estimate asks
 // with hysteresis (see the package comment) and evidence.
 func (s *Sketch) decide(t uint64, est, mass float64, n int, update bool) int {
-	start := slot(mix(t))
+	start := slot(ring.Mix64(t))
 	for p := range probe {
 		slot := &s.table[(start+p)%tableSize]
 		v := slot.Load()

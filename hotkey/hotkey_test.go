@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"unsafe"
+
+	"github.com/prefixrouter/prefixrouter/ring"
 )
 
 // zipfStream returns n keys drawn from docs keys with Zipf(s) popularity
@@ -168,7 +170,7 @@ func TestTableChurn(t *testing.T) {
 	// Keys whose probe windows start at the same slot, distinct tags.
 	var keys []uint64
 	for k := uint64(1); len(keys) < 4*probe; k++ {
-		if key := k << 8; slot(mix(tag(key))) == 77 {
+		if key := k << 8; slot(ring.Mix64(tag(key))) == 77 {
 			keys = append(keys, key)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/lora"
 	"github.com/prefixrouter/prefixrouter/overload"
+	"github.com/prefixrouter/prefixrouter/ring"
 )
 
 // firstCandidates is how many ring candidates a PREFIX_AWARE pick ranks
@@ -280,16 +281,7 @@ func (r *Router) pickPrefix(ev *endpointView, set *lora.Set, key uint64, hc hotC
 // spread mod k, nearly every request changed instance). The constant is
 // 2^64 / φ, so consecutive indexes get unrelated seeds.
 func spreadScore(spread uint64, i int) uint64 {
-	return mix64(spread ^ uint64(i+1)*0x9e3779b97f4a7c15)
-}
-
-// mix64 is splitmix64's finalizer: full avalanche of a 64-bit value.
-func mix64(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	return x ^ x>>31
+	return ring.Score(spread, uint64(i+1)*0x9e3779b97f4a7c15)
 }
 
 // hotPick returns the position in cands (a hot key's first k ring

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/prefixrouter/prefixrouter/lora"
+	"github.com/prefixrouter/prefixrouter/ring"
 )
 
 // SageMaker Runtime's request and response headers beyond the tenant and
@@ -110,8 +111,8 @@ func (ev *endpointView) weightedVariant(key uint64) string {
 	if n == 0 {
 		return ""
 	}
-	// Re-mix the key: its low bits also place it on the ring.
-	x := key * 0x9E3779B97F4A7C15
+	// Re-mix the key: its bits also place it on the ring.
+	x := ring.Mix64(key)
 	u := float64(x>>11) / (1 << 53) * ev.cumWeight[n-1]
 	for i, c := range ev.cumWeight {
 		if u < c {
