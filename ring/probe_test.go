@@ -2,8 +2,6 @@ package ring
 
 import (
 	"math"
-	"math/rand/v2"
-	"reflect"
 	"slices"
 	"testing"
 )
@@ -51,54 +49,6 @@ func weighted(ids []string, a, b int) []Member {
 	return ms
 }
 
-// The candidate contract of TestCandidatesContract, for multi-probe rings:
-// both ranking paths (the probes' merge up to 16, the full order beyond)
-// give prefixes of one order, distinct members, the primary first.
-func TestProbeCandidatesContract(t *testing.T) {
-	for _, n := range []int{1, 2, 7, 20, 64} {
-		for _, w := range []bool{false, true} {
-			ms := equalMembers(uuidIDs(n))
-			if w {
-				for i := range ms {
-					ms[i].Weight = 1 + i%3
-				}
-			}
-			r := mustNew(ms, withLimit(0))
-			for _, key := range testKeys()[:500] {
-				full := r.Candidates(key, n, nil)
-				for _, max := range []int{0, 1, 3, topStack, topStack + 1, n, n + 5} {
-					dst := r.Candidates(key, max, []int{-7})
-					if dst[0] != -7 {
-						t.Fatal("Candidates overwrote dst's existing element")
-					}
-					got := dst[1:]
-					if want := min(max, n); len(got) != want {
-						t.Fatalf("n=%d max=%d: %d candidates, want %d", n, max, len(got), want)
-					}
-					seen := map[int]bool{}
-					for _, i := range got {
-						if i < 0 || i >= n || seen[i] {
-							t.Fatalf("n=%d max=%d: candidates %v not distinct member indexes", n, max, got)
-						}
-						seen[i] = true
-					}
-					if len(got) > 0 && got[0] != r.Primary(key) {
-						t.Fatalf("n=%d: first candidate %d != Primary %d", n, got[0], r.Primary(key))
-					}
-					if !slices.Equal(full[:len(got)], got) {
-						t.Fatalf("n=%d max=%d: %v is not a prefix of %v", n, max, got, full)
-					}
-					if max <= topStack && max <= n {
-						if fo := r.probes.fullOrder(key, n, max, nil); !slices.Equal(fo, got) {
-							t.Fatalf("n=%d max=%d: merge %v != full order %v", n, max, got, fo)
-						}
-					}
-				}
-			}
-		}
-	}
-}
-
 // The owner is the member nearest to one of the key's probes, clockwise,
 // computed here the slow way from the definition.
 func TestProbePrimaryIsNearest(t *testing.T) {
@@ -126,39 +76,6 @@ func TestProbePrimaryIsNearest(t *testing.T) {
 		if got := r.Primary(key); got != owner {
 			t.Fatalf("key %#x: Primary %d, nearest member %d", key, got, owner)
 		}
-	}
-}
-
-// A constant id hash puts every member's points at the same places: every
-// distance ties, and ties go to the lowest index in both ranking paths.
-func TestProbeTiesGoToLowestIndex(t *testing.T) {
-	r := mustNew(equalMembers(vllmIDs(30)), WithHash(func(string) uint64 { return 12345 }), withLimit(0))
-	for _, key := range testKeys()[:100] {
-		if p := r.Primary(key); p != 0 {
-			t.Fatalf("Primary = %d, want 0 on all-equal distances", p)
-		}
-		for _, max := range []int{3, 30} {
-			got := r.Candidates(key, max, nil)
-			for i := range got {
-				if got[i] != i {
-					t.Fatalf("Candidates(max %d) = %v, want 0,1,2,...", max, got)
-				}
-			}
-		}
-	}
-}
-
-func TestProbeOrderIndependent(t *testing.T) {
-	ms := equalMembers(uuidIDs(RendezvousLimit + 100))
-	for i := range ms {
-		ms[i].Weight = 1 + i%4
-	}
-	a := mustNew(ms)
-	shuffled := slices.Clone(ms)
-	rand.New(rand.NewPCG(1, 2)).Shuffle(len(shuffled), func(i, j int) { shuffled[i], shuffled[j] = shuffled[j], shuffled[i] })
-	b := mustNew(shuffled)
-	if a.probes == nil || !reflect.DeepEqual(a, b) {
-		t.Fatal("multi-probe rings built from the same members in another order differ")
 	}
 }
 
