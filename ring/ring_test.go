@@ -169,6 +169,9 @@ func TestOrderIndependent(t *testing.T) {
 		if !reflect.DeepEqual(a, b) {
 			t.Fatal("rings built from the same members in another order differ")
 		}
+		if len(ids) == RendezvousLimit && a.probes == nil {
+			t.Fatal("1,280 seeds: not a multi-probe ring")
+		}
 		ba, bb := make([]int, 0, 3), make([]int, 0, 3)
 		for _, key := range testKeys() {
 			if x, y := a.Candidates(key, 3, ba[:0]), b.Candidates(key, 3, bb[:0]); !slices.Equal(x, y) {
