@@ -255,16 +255,17 @@ func (p *placer) spares(ep *fleet.Endpoint, self fleet.Instance, want []string, 
 // refresh reads the server's model list and writes the adapters it
 // reports (with the static ones) into the registration.
 func (p *placer) refresh(ctx context.Context) {
-	m, err := probe.FetchModels(ctx, p.a.cfg.HTTPClient, p.a.url(p.a.cfg.ModelsPath))
+	l, err := p.a.list(ctx)
 	if err != nil {
 		p.a.log.Warn("agent: model list not read", "err", err)
 		return
 	}
-	p.a.writeModels(ctx, p.reg, p.static, m)
+	p.a.writeModels(ctx, p.reg, p.static, l)
 }
 
-// post sends vLLM's load (source set) or unload request for name. An
-// adapter already loaded, or already gone, is success.
+// post sends the engine's load (source set) or unload request for name,
+// {"lora_name","lora_path"} or {"lora_name"} (vLLM and SGLang take the
+// same bodies). An adapter already loaded, or already gone, is success.
 func (p *placer) post(ctx context.Context, path, name, source string) error {
 	body := map[string]string{"lora_name": name}
 	if source != "" {
@@ -285,12 +286,19 @@ func (p *placer) post(ctx context.Context, path, name, source string) error {
 	switch {
 	case resp.StatusCode/100 == 2:
 		return nil
-	case source != "" && resp.StatusCode == http.StatusBadRequest && strings.Contains(string(msg), "already been loaded"):
+	case source != "" && resp.StatusCode == http.StatusBadRequest && alreadyLoaded(string(msg)):
 		return nil
 	case source == "" && resp.StatusCode == http.StatusNotFound:
 		return nil
 	}
 	return fmt.Errorf("agent: POST %s: %s: %s", path, resp.Status, bytes.TrimSpace(msg))
+}
+
+// alreadyLoaded recognizes the answer to loading an adapter that is
+// loaded: vLLM's "...has already been loaded", SGLang's "...is skipped as
+// it is already loaded...".
+func alreadyLoaded(msg string) bool {
+	return strings.Contains(msg, "already been loaded") || strings.Contains(msg, "already loaded")
 }
 
 // observe scrapes the server's load and adapter use and publishes Hot and
@@ -306,9 +314,9 @@ func (p *placer) observe(ctx context.Context) {
 	now := p.clock.Now()
 	threshold := fleet.DefaultConcurrencyThreshold
 	if ep := p.endpoint(); ep != nil {
-		threshold = ep.Config.ConcurrencyThreshold()
+		threshold = ep.Resolved.ConcurrencyThreshold
 	}
-	if busy, err := m.Sum(p.a.cfg.BusyMetrics...); err == nil {
+	if busy, err := p.a.busyIn(m); err == nil {
 		p.hotStep(busy, float64(threshold), now)
 	}
 	inUse, slots := m.LoRAUse()

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"sort"
 	"time"
+
+	"github.com/prefixrouter/prefixrouter/engine"
 )
 
 // Strategy names a routing strategy, spelled as SageMaker spells it.
@@ -43,6 +45,13 @@ const (
 // routing config, an instance record, a component's Options. The command
 // line maps it to exit code 2 (invalid input).
 var ErrInvalid = errors.New("invalid")
+
+// ErrNoInstance is wrapped by every "nothing can serve this now" answer,
+// whoever gives it: an endpoint or a model's set with no instance that is
+// not draining (lora), a pick whose candidates are all refused (router), an
+// explanation with no candidate (admin maps it to Unavailable). There is one
+// such error in the whole program, so one errors.Is serves every caller.
+var ErrNoInstance = errors.New("no instance available")
 
 // ErrInvalidConfig is wrapped by every validation error of a RoutingConfig;
 // it wraps ErrInvalid.
@@ -150,46 +159,63 @@ func (c RoutingConfig) Validate() error {
 }
 
 // WithDefaults returns c with every zero value replaced by its default. It does
-// not validate.
+// not validate. It copies c whole (the nested config too) before filling
+// zeros, so a field added to the struct is carried through without being
+// listed here (TestWithDefaultsCarriesEveryField).
 func (c RoutingConfig) WithDefaults() RoutingConfig {
-	out := DefaultRoutingConfig()
-	out.TenantCacheSalt = c.TenantCacheSalt
-	out.ProductionVariants = c.ProductionVariants
-	out.FirstByteTimeoutInMilliseconds = c.FirstByteTimeoutInMilliseconds
-	if c.RoutingStrategy != "" {
-		out.RoutingStrategy = c.RoutingStrategy
+	out := c
+	def := DefaultRoutingConfig()
+	if out.RoutingStrategy == "" {
+		out.RoutingStrategy = def.RoutingStrategy
 	}
-	if p := c.PrefixAwareRoutingConfig; p != nil {
-		if p.PrefixLength != 0 {
-			out.PrefixAwareRoutingConfig.PrefixLength = p.PrefixLength
-		}
-		if p.ConcurrencyThreshold != 0 {
-			out.PrefixAwareRoutingConfig.ConcurrencyThreshold = p.ConcurrencyThreshold
-		}
-		out.PrefixAwareRoutingConfig.HotKeyReplication = p.HotKeyReplication
+	p := *def.PrefixAwareRoutingConfig
+	if c.PrefixAwareRoutingConfig != nil {
+		p = *c.PrefixAwareRoutingConfig
 	}
+	if p.PrefixLength == 0 {
+		p.PrefixLength = DefaultPrefixLength
+	}
+	if p.ConcurrencyThreshold == 0 {
+		p.ConcurrencyThreshold = DefaultConcurrencyThreshold
+	}
+	out.PrefixAwareRoutingConfig = &p
 	return out
 }
 
-// PrefixLength returns the effective prefix length of c.
-func (c RoutingConfig) PrefixLength() int {
-	return c.WithDefaults().PrefixAwareRoutingConfig.PrefixLength
+// Resolved is an endpoint's routing configuration with every default filled
+// in and validated, in the fields the data plane reads. A snapshot carries
+// it (Endpoint.Resolved), so nothing on the request path re-normalizes a
+// RoutingConfig (grpc-go's ringhash parseConfig does the same once).
+type Resolved struct {
+	Strategy             Strategy
+	PrefixLength         int
+	ConcurrencyThreshold int
+	HotKeyReplication    bool
+	TenantCacheSalt      bool
+	// FirstByteTimeout is the endpoint's own; zero means the replica's
+	// default applies.
+	FirstByteTimeout time.Duration
+	// Variants are the ProductionVariants in order, nil without a split.
+	Variants []ProductionVariant
 }
 
-// HotKeyReplication reports whether c turns popularity-aware replication on.
-func (c RoutingConfig) HotKeyReplication() bool {
-	return c.PrefixAwareRoutingConfig != nil && c.PrefixAwareRoutingConfig.HotKeyReplication
-}
-
-// FirstByteTimeout returns c's first-byte timeout; zero means none is set
-// (the replica's default applies).
-func (c RoutingConfig) FirstByteTimeout() time.Duration {
-	return time.Duration(c.FirstByteTimeoutInMilliseconds) * time.Millisecond
-}
-
-// ConcurrencyThreshold returns the effective concurrency threshold of c.
-func (c RoutingConfig) ConcurrencyThreshold() int {
-	return c.WithDefaults().PrefixAwareRoutingConfig.ConcurrencyThreshold
+// Resolve validates c and returns it resolved. Every field of RoutingConfig
+// reaches the result (TestResolveCarriesEveryField fails otherwise).
+func (c RoutingConfig) Resolve() (Resolved, error) {
+	if err := c.Validate(); err != nil {
+		return Resolved{}, err
+	}
+	d := c.WithDefaults()
+	p := d.PrefixAwareRoutingConfig
+	return Resolved{
+		Strategy:             d.RoutingStrategy,
+		PrefixLength:         p.PrefixLength,
+		ConcurrencyThreshold: p.ConcurrencyThreshold,
+		HotKeyReplication:    p.HotKeyReplication,
+		TenantCacheSalt:      d.TenantCacheSalt,
+		FirstByteTimeout:     time.Duration(d.FirstByteTimeoutInMilliseconds) * time.Millisecond,
+		Variants:             d.ProductionVariants,
+	}, nil
 }
 
 // Instance is one model-server instance as registered in etcd.
@@ -202,6 +228,22 @@ type Instance struct {
 	Labels       map[string]string `json:"labels,omitempty"`
 	Draining     bool              `json:"draining"`
 	RegisteredAt time.Time         `json:"registeredAt"`
+	// Engine names the model server's engine (engine.VLLM, engine.SGLang,
+	// engine.LlamaCpp, engine.TGI), detected by the agent or forced with
+	// `register --engine`. Empty (records of older agents) means unknown:
+	// engine.Generic. A name this build does not know is kept and read as
+	// Generic too.
+	Engine string `json:"engine,omitempty"`
+	// AdapterIndex gives, for an engine that selects adapters by position
+	// (llama-server: the order of its --lora flags), each adapter's
+	// position; nil for the others. Every key is one of Adapters, and for
+	// such an engine every adapter has one.
+	AdapterIndex map[string]int `json:"adapterIndex,omitempty"`
+	// Listed are the model ids the instance's own /v1/models lists (its
+	// base model and adapters), which the replica reads for a static fleet
+	// (issue 20). They name models in metric labels only: routing never
+	// reads them, so a static fleet routes as its flag declares.
+	Listed []string `json:"-"`
 	// Hot is set by the agent while the server's requests in flight have
 	// stayed at or above the endpoint's concurrency threshold for its hot
 	// window, and cleared after they stayed below half of it as long
@@ -264,14 +306,38 @@ func (in Instance) Validate() error {
 	if in.Weight < 0 || in.Weight > MaxWeight {
 		return fmt.Errorf("fleet: %w instance: %q has weight %d, outside 0..%d", ErrInvalid, in.ID, in.Weight, MaxWeight)
 	}
+	if err := engine.ValidateName(in.Engine); err != nil {
+		return fmt.Errorf("fleet: %w instance: %q: %w", ErrInvalid, in.ID, err)
+	}
+	seen := make(map[int]string, len(in.AdapterIndex))
+	for name, i := range in.AdapterIndex {
+		if i < 0 || i >= MaxAdapterIndex || !in.HasAdapter(name) {
+			return fmt.Errorf("fleet: %w instance: %q: adapterIndex %q: %d must be 0..%d and name one of its adapters", ErrInvalid, in.ID, name, i, MaxAdapterIndex-1)
+		}
+		if other, dup := seen[i]; dup {
+			return fmt.Errorf("fleet: %w instance: %q: adapters %q and %q have the same index %d", ErrInvalid, in.ID, min(name, other), max(name, other), i)
+		}
+		seen[i] = name
+	}
+	if p, _ := engine.Lookup(in.Engine); p.Adapters.Select == engine.ByIndex && len(in.AdapterIndex) != len(in.Adapters) {
+		return fmt.Errorf("fleet: %w instance: %q: engine %s selects adapters by position: adapterIndex must give each of %v one", ErrInvalid, in.ID, in.Engine, in.Adapters)
+	}
 	return nil
 }
+
+// MaxAdapterIndex bounds AdapterIndex's positions (an engine with this many
+// adapters loaded at start is beyond any real deployment).
+const MaxAdapterIndex = 1024
 
 // Endpoint is one endpoint's instances and routing configuration.
 type Endpoint struct {
 	Name string
-	// Config is already validated and normalized.
+	// Config is the stored configuration with its defaults filled in
+	// (for display and for writing back).
 	Config RoutingConfig
+	// Resolved is Config validated and resolved once, when the snapshot
+	// was built: what the data plane reads.
+	Resolved Resolved
 	// Instances are sorted by ID, draining ones included (routers skip them).
 	Instances []Instance
 	// Adapters is the adapter catalogue with its placement state, sorted
@@ -304,7 +370,13 @@ func NewSnapshot(endpoints []Endpoint, revision int64, replicas int, now time.Ti
 		sort.Slice(insts, func(i, j int) bool { return insts[i].ID < insts[j].ID })
 		ads := append([]Adapter(nil), ep.Adapters...)
 		sort.Slice(ads, func(i, j int) bool { return ads[i].Name < ads[j].Name })
-		s.Endpoints[ep.Name] = &Endpoint{Name: ep.Name, Config: ep.Config.WithDefaults(), Instances: insts, Adapters: ads}
+		res, err := ep.Config.Resolve()
+		if err != nil {
+			// Callers validate first (the watcher keeps the default for
+			// an invalid stored config); never route on an invalid one.
+			res, _ = RoutingConfig{}.Resolve()
+		}
+		s.Endpoints[ep.Name] = &Endpoint{Name: ep.Name, Config: ep.Config.WithDefaults(), Resolved: res, Instances: insts, Adapters: ads}
 	}
 	return s
 }

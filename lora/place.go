@@ -6,9 +6,16 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
+	"github.com/prefixrouter/prefixrouter/engine"
 	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/ring"
 )
+
+// runtimeLoading reports whether in's engine loads adapters at run time.
+func runtimeLoading(in fleet.Instance) bool {
+	p, _ := engine.Lookup(in.Engine)
+	return p.Adapters.RuntimeLoading()
+}
 
 // Placement is where an endpoint's catalogued adapters should be loaded:
 // each adapter's target set. It is a pure function of one endpoint
@@ -36,6 +43,9 @@ type Placement struct {
 //   - When slots run out, a set stays smaller than its target; it never
 //     lands on a full instance.
 //
+// Instances whose engine loads adapters only at start (llama-server) take
+// no catalogued adapter: nothing could load it there.
+//
 // Rendezvous (highest random weight) hashing keeps sets stable: an instance
 // joining or leaving changes only the sets it enters or leaves, and
 // growing k by one adds exactly the next instance of the order.
@@ -55,7 +65,7 @@ func Place(ep *fleet.Endpoint) *Placement {
 	var members []ring.Member
 	byID := map[string]*slot{}
 	for _, in := range ep.Instances {
-		if in.Draining {
+		if in.Draining || !runtimeLoading(in) {
 			continue
 		}
 		s := &slot{id: in.ID, free: -1}

@@ -281,3 +281,26 @@ func TestPlaceUnvalidatedWeight(t *testing.T) {
 		}
 	}
 }
+
+// TestPlaceSkipsStartOnlyEngines: llama-server loads adapters only at
+// start, so placement never assigns it a catalogued adapter (it would wait
+// for a load that cannot happen); SGLang and unknown engines load at run
+// time and take their share (issue 20).
+func TestPlaceSkipsStartOnlyEngines(t *testing.T) {
+	ep := placeFleet(4, 0, catalogue(8, 2, 2)...)
+	ep.Instances[0].Engine = "llamacpp"
+	ep.Instances[1].Engine = "sglang"
+	ep.Instances[2].Engine = "vllm"
+	p := Place(ep)
+	if got := p.Assigned("i-0"); len(got) != 0 {
+		t.Fatalf("llama-server assigned %v", got)
+	}
+	for _, a := range ep.Adapters {
+		if set := p.Set(a.Name); len(set) != 2 || slices.Contains(set, "i-0") {
+			t.Errorf("%s: set %v, want 2 of i-1..i-3", a.Name, set)
+		}
+	}
+	if len(p.Assigned("i-1")) == 0 || len(p.Assigned("i-3")) == 0 {
+		t.Errorf("SGLang %v and an unknown engine %v took nothing", p.Assigned("i-1"), p.Assigned("i-3"))
+	}
+}

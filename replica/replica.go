@@ -29,7 +29,6 @@ import (
 	"github.com/prefixrouter/prefixrouter/admin"
 	"github.com/prefixrouter/prefixrouter/extproc"
 	"github.com/prefixrouter/prefixrouter/fleet"
-	"github.com/prefixrouter/prefixrouter/lora"
 	"github.com/prefixrouter/prefixrouter/membership"
 	"github.com/prefixrouter/prefixrouter/router"
 	"github.com/prefixrouter/prefixrouter/tracing"
@@ -62,6 +61,8 @@ type Replica struct {
 	// stale writes the router's stale-adapter reports to etcd; nil for a
 	// static fleet and until the watcher starts.
 	stale atomic.Pointer[staleMarker]
+	// static probes a static fleet's instances; nil with etcd.
+	static *staticProber
 }
 
 // Start validates opts, starts a replica and returns once it listens and,
@@ -132,7 +133,19 @@ func Start(ctx context.Context, opts Options) (*Replica, error) {
 	}
 
 	if !opts.usesEtcd() {
-		r.router.Update(fleet.NewSnapshot([]fleet.Endpoint{{Name: opts.Router.DefaultEndpoint, Config: opts.Routing, Instances: opts.Static}}, 0, 1, time.Now()))
+		ep := fleet.Endpoint{Name: opts.Router.DefaultEndpoint, Config: opts.Routing, Instances: opts.Static}
+		r.router.Update(fleet.NewSnapshot([]fleet.Endpoint{ep}, 0, 1, time.Now()))
+		tr := opts.Router.Transport
+		if tr == nil {
+			// Its own connections, none kept between rounds 30 s apart.
+			own := http.DefaultTransport.(*http.Transport).Clone()
+			own.DisableKeepAlives = true
+			tr = own
+		}
+		if r.static, err = startStaticProber(ep, tr, opts.Clock, r.log, r.router.Update); err != nil {
+			r.closeParts()
+			return nil, err
+		}
 	} else {
 		mopts := opts.Membership
 		if mopts.Metrics == nil {
@@ -171,7 +184,7 @@ func Start(ctx context.Context, opts Options) (*Replica, error) {
 		OpenReads: opts.Admin.OpenReads,
 		Snapshots: r.router,
 		Statuses:  r.router,
-		Explainer: explainer{r.router},
+		Explainer: r.router,
 		Ready:     r.router.Ready,
 		Registry:  opts.Registry,
 		Logger:    opts.Logger,
@@ -429,6 +442,9 @@ func (r *Replica) closeParts() {
 	if r.watcher != nil {
 		_ = r.watcher.Close()
 	}
+	if r.static != nil {
+		r.static.Close()
+	}
 	_ = r.router.Close()
 	if m := r.stale.Load(); m != nil {
 		m.Close()
@@ -492,43 +508,3 @@ func (c configStore) DeleteAdapter(ctx context.Context, endpoint, name string) e
 func (c configStore) PutConfig(ctx context.Context, endpoint string, rc fleet.RoutingConfig) error {
 	return membership.PutConfig(ctx, c.cli, c.layout, endpoint, rc)
 }
-
-// explainer serves ExplainRoute from the router, classifying its errors into
-// the admin API's.
-type explainer struct{ r *router.Router }
-
-func (e explainer) Explain(ctx context.Context, endpoint, path string, header http.Header, body []byte) (admin.Explanation, error) {
-	if err := ctx.Err(); err != nil {
-		return admin.Explanation{}, err
-	}
-	ex, err := e.r.Explain(endpoint, path, header, body)
-	if err != nil {
-		return admin.Explanation{}, classifyExplainError(err)
-	}
-	return admin.Explanation{
-		Strategy: ex.Strategy, Instance: ex.Instance, Candidates: ex.Candidates, Key: ex.Key,
-		Model: ex.Model, Tenant: ex.Tenant, PrefixLength: ex.PrefixLength,
-	}, nil
-}
-
-func classifyExplainError(err error) error {
-	var kind error
-	switch {
-	case errors.Is(err, router.ErrUnknownEndpoint), errors.Is(err, lora.ErrUnknownModel):
-		kind = admin.ErrNotFound
-	case errors.Is(err, router.ErrInvalidRequest):
-		kind = admin.ErrInvalidRequest
-	case errors.Is(err, router.ErrNoInstance), errors.Is(err, lora.ErrNoInstance):
-		kind = admin.ErrNoInstance
-	default:
-		return err
-	}
-	return &classifiedError{err: err, kind: kind}
-}
-
-// classifiedError keeps the router's message and adds the admin sentinel
-// for errors.Is.
-type classifiedError struct{ err, kind error }
-
-func (e *classifiedError) Error() string   { return e.err.Error() }
-func (e *classifiedError) Unwrap() []error { return []error{e.kind, e.err} }

@@ -25,9 +25,9 @@ import (
 // read and, when the body goes on, the reader of the rest (nil when head is
 // the whole body). The limit is enforced on both: the rest reader fails
 // with *http.MaxBytesError past it.
-func readHead(w http.ResponseWriter, req *http.Request, limit int64, need int) (head []byte, rest io.Reader, _ *reqError) {
+func readHead(w http.ResponseWriter, req *http.Request, limit int64, need int) (head []byte, rest io.Reader, _ *routeError) {
 	if req.ContentLength > limit {
-		return nil, nil, &reqError{http.StatusRequestEntityTooLarge, codeTooLarge, fmt.Sprintf("request body of %d bytes exceeds the limit of %d bytes", req.ContentLength, limit)}
+		return nil, nil, &routeError{http.StatusRequestEntityTooLarge, codeTooLarge, fmt.Sprintf("request body of %d bytes exceeds the limit of %d bytes", req.ContentLength, limit)}
 	}
 	body := http.MaxBytesReader(w, req.Body, limit)
 	size := need + 1
@@ -69,9 +69,9 @@ const openAIHeadStart = 16 << 10
 // bytes read and, when it stopped before the end, the reader of the rest;
 // a body whose key needs its end (model or prompt_cache_key after the
 // prompt, or absent) is read whole.
-func readOpenAIHead(w http.ResponseWriter, req *http.Request, limit int64, chat bool, prefixLen int) (head []byte, rest io.Reader, _ *reqError) {
+func readOpenAIHead(w http.ResponseWriter, req *http.Request, limit int64, chat bool, prefixLen int) (head []byte, rest io.Reader, _ *routeError) {
 	if req.ContentLength > limit {
-		return nil, nil, &reqError{http.StatusRequestEntityTooLarge, codeTooLarge, fmt.Sprintf("request body of %d bytes exceeds the limit of %d bytes", req.ContentLength, limit)}
+		return nil, nil, &routeError{http.StatusRequestEntityTooLarge, codeTooLarge, fmt.Sprintf("request body of %d bytes exceeds the limit of %d bytes", req.ContentLength, limit)}
 	}
 	body := http.MaxBytesReader(w, req.Body, limit)
 	size := openAIHeadStart + 1
@@ -101,7 +101,7 @@ func readOpenAIHead(w http.ResponseWriter, req *http.Request, limit int64, chat 
 
 // readRest reads the rest of a streamed body after head: for the callers
 // that need the whole body after all (a hot key's spread hash).
-func readRest(head []byte, rest io.Reader, limit int64) ([]byte, *reqError) {
+func readRest(head []byte, rest io.Reader, limit int64) ([]byte, *routeError) {
 	buf := bytes.NewBuffer(head)
 	if _, err := buf.ReadFrom(rest); err != nil {
 		return nil, bodyError(err, limit)
@@ -111,12 +111,12 @@ func readRest(head []byte, rest io.Reader, limit int64) ([]byte, *reqError) {
 
 // bodyError is the client-facing rejection of a body that could not be read:
 // 413 past the limit, 400 otherwise.
-func bodyError(err error, limit int64) *reqError {
+func bodyError(err error, limit int64) *routeError {
 	var mbe *http.MaxBytesError
 	if errors.As(err, &mbe) {
-		return &reqError{http.StatusRequestEntityTooLarge, codeTooLarge, fmt.Sprintf("request body exceeds the limit of %d bytes", limit)}
+		return &routeError{http.StatusRequestEntityTooLarge, codeTooLarge, fmt.Sprintf("request body exceeds the limit of %d bytes", limit)}
 	}
-	return &reqError{http.StatusBadRequest, codeBadBody, "reading the request body: " + publicError(err)}
+	return &routeError{http.StatusBadRequest, codeBadBody, "reading the request body: " + publicError(err)}
 }
 
 // streamed is the state of a body routed before it ended, shared by every

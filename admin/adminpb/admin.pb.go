@@ -1195,7 +1195,10 @@ type ExplainRouteRequest struct {
 	//
 	//	*ExplainRouteRequest_Body
 	//	*ExplainRouteRequest_BodyText
-	Payload       isExplainRouteRequest_Payload `protobuf_oneof:"payload"`
+	Payload isExplainRouteRequest_Payload `protobuf_oneof:"payload"`
+	// The proxy's subset hint (host:port or host entries), as Envoy passes
+	// it to the ext_proc picker; empty means no hint.
+	Subset        []string `protobuf:"bytes,6,rep,name=subset,proto3" json:"subset,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1276,6 +1279,13 @@ func (x *ExplainRouteRequest) GetBodyText() string {
 	return ""
 }
 
+func (x *ExplainRouteRequest) GetSubset() []string {
+	if x != nil {
+		return x.Subset
+	}
+	return nil
+}
+
 type isExplainRouteRequest_Payload interface {
 	isExplainRouteRequest_Payload()
 }
@@ -1311,7 +1321,15 @@ type ExplainRouteResponse struct {
 	Model  string `protobuf:"bytes,7,opt,name=model,proto3" json:"model,omitempty"`
 	Tenant string `protobuf:"bytes,8,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	// The prefix length (units) that went into the key.
-	PrefixLength  int32 `protobuf:"varint,9,opt,name=prefix_length,json=prefixLength,proto3" json:"prefix_length,omitempty"`
+	PrefixLength int32 `protobuf:"varint,9,opt,name=prefix_length,json=prefixLength,proto3" json:"prefix_length,omitempty"`
+	// How many leading candidates hot-key replication spreads the key over
+	// (this replica's estimate); 1 when the key is cold or replication is off.
+	HotReplicas int32 `protobuf:"varint,10,opt,name=hot_replicas,json=hotReplicas,proto3" json:"hot_replicas,omitempty"`
+	// "session" for a stateful session's request (its instance only), else
+	// "affinity".
+	Decision string `protobuf:"bytes,11,opt,name=decision,proto3" json:"decision,omitempty"`
+	// The production variant the request is held to; empty for none.
+	Variant       string `protobuf:"bytes,12,opt,name=variant,proto3" json:"variant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1409,6 +1427,27 @@ func (x *ExplainRouteResponse) GetPrefixLength() int32 {
 	return 0
 }
 
+func (x *ExplainRouteResponse) GetHotReplicas() int32 {
+	if x != nil {
+		return x.HotReplicas
+	}
+	return 0
+}
+
+func (x *ExplainRouteResponse) GetDecision() string {
+	if x != nil {
+		return x.Decision
+	}
+	return ""
+}
+
+func (x *ExplainRouteResponse) GetVariant() string {
+	if x != nil {
+		return x.Variant
+	}
+	return ""
+}
+
 var File_prefixrouter_admin_v1_admin_proto protoreflect.FileDescriptor
 
 const file_prefixrouter_admin_v1_admin_proto_rawDesc = "" +
@@ -1484,17 +1523,18 @@ const file_prefixrouter_admin_v1_admin_proto_rawDesc = "" +
 	"\bendpoint\x18\x01 \x01(\tR\bendpoint\x12<\n" +
 	"\x06config\x18\x05 \x01(\v2$.prefixrouter.admin.v1.RoutingConfigR\x06configJ\x04\b\x02\x10\x03J\x04\b\x03\x10\x04J\x04\b\x04\x10\x05R\bstrategyR\rprefix_lengthR\x15concurrency_threshold\"X\n" +
 	"\x18SetRoutingConfigResponse\x12<\n" +
-	"\x06config\x18\x01 \x01(\v2$.prefixrouter.admin.v1.RoutingConfigR\x06config\"\x94\x02\n" +
+	"\x06config\x18\x01 \x01(\v2$.prefixrouter.admin.v1.RoutingConfigR\x06config\"\xac\x02\n" +
 	"\x13ExplainRouteRequest\x12\x1a\n" +
 	"\bendpoint\x18\x01 \x01(\tR\bendpoint\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12Q\n" +
 	"\aheaders\x18\x03 \x03(\v27.prefixrouter.admin.v1.ExplainRouteRequest.HeadersEntryR\aheaders\x12\x14\n" +
 	"\x04body\x18\x04 \x01(\fH\x00R\x04body\x12\x1d\n" +
-	"\tbody_text\x18\x05 \x01(\tH\x00R\bbodyText\x1a:\n" +
+	"\tbody_text\x18\x05 \x01(\tH\x00R\bbodyText\x12\x16\n" +
+	"\x06subset\x18\x06 \x03(\tR\x06subset\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\t\n" +
-	"\apayload\"\xa3\x02\n" +
+	"\apayload\"\xfc\x02\n" +
 	"\x14ExplainRouteResponse\x12\x1a\n" +
 	"\bendpoint\x18\x01 \x01(\tR\bendpoint\x12\x1a\n" +
 	"\bstrategy\x18\x02 \x01(\tR\bstrategy\x12\x1a\n" +
@@ -1507,7 +1547,11 @@ const file_prefixrouter_admin_v1_admin_proto_rawDesc = "" +
 	"routingKey\x12\x14\n" +
 	"\x05model\x18\a \x01(\tR\x05model\x12\x16\n" +
 	"\x06tenant\x18\b \x01(\tR\x06tenant\x12#\n" +
-	"\rprefix_length\x18\t \x01(\x05R\fprefixLength*|\n" +
+	"\rprefix_length\x18\t \x01(\x05R\fprefixLength\x12!\n" +
+	"\fhot_replicas\x18\n" +
+	" \x01(\x05R\vhotReplicas\x12\x1a\n" +
+	"\bdecision\x18\v \x01(\tR\bdecision\x12\x18\n" +
+	"\avariant\x18\f \x01(\tR\avariant*|\n" +
 	"\fBreakerState\x12\x1d\n" +
 	"\x19BREAKER_STATE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14BREAKER_STATE_CLOSED\x10\x01\x12\x1b\n" +

@@ -4,7 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -67,6 +71,7 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"api keys file empty", []string{"serve", "--static-instances", "a=http://127.0.0.1:1", "--api-keys-file", os.DevNull}, "lists no key"},
 		{"gc percent below -1", []string{"serve", "--static-instances", "a=http://127.0.0.1:1", "--gc-percent", "-2"}, "--gc-percent"},
 		{"register without id", []string{"register", "--addr", "http://127.0.0.1:1"}, "--id and --addr are required"},
+		{"register unknown engine", []string{"register", "--id", "a", "--addr", "http://127.0.0.1:1", "--engine", "vllm2"}, "unknown engine \"vllm2\" (want one of vllm, sglang, llamacpp, tgi"},
 		{"bench without target", []string{"bench"}, "--target"},
 		{"unknown preset", []string{"bench", "--target", "http://127.0.0.1:1", "--preset", "nope"}, "nope"},
 		{"config set bad json", []string{"config", "set", "--routing-config", "{bad"}, "--routing-config"},
@@ -204,5 +209,28 @@ func TestAdapterAddRemoveListAgainstEtcd(t *testing.T) {
 	out, _, _ = runCLI(t, "adapter", "list", "--etcd-endpoints", url, "--endpoint", "chat", "--json")
 	if strings.Contains(out, "sql-lora") || !strings.Contains(out, "chat-lora") {
 		t.Fatalf("after remove: %q", out)
+	}
+}
+
+// TestBenchCapacity runs `bench --capacity-p90` against a loopback server
+// that answers at once: every step holds, up to the cap.
+func TestBenchCapacity(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\ndata: [DONE]\n\n")
+	}))
+	defer srv.Close()
+	out := filepath.Join(t.TempDir(), "capacity.json")
+	stdout, stderr, code := runCLI(t, "bench", "--target", srv.URL, "--preset", "sharegpt-like", "--rate", "20", "--requests", "10", "--warmup", "0",
+		"--capacity-p90", "1m", "--capacity-max-rate", "30", "--out", out)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if !strings.Contains(stdout, "at least 30 req/s (the search's cap)") {
+		t.Fatalf("stdout:\n%s", stdout)
+	}
+	b, err := os.ReadFile(out)
+	if err != nil || !strings.Contains(string(b), `"steps"`) {
+		t.Fatalf("JSON report: %v\n%s", err, b)
 	}
 }

@@ -611,9 +611,9 @@ func (f *Fleet) SetRouting(ctx context.Context, rc fleet.RoutingConfig) error {
 	return f.WaitFor(ctx, func(s *fleet.Snapshot) bool {
 		ep := s.Endpoint(f.cfg.Endpoint)
 		return ep != nil && ep.Config.RoutingStrategy == want.RoutingStrategy &&
-			ep.Config.PrefixLength() == want.PrefixLength() &&
-			ep.Config.ConcurrencyThreshold() == want.ConcurrencyThreshold() &&
-			ep.Config.FirstByteTimeout() == want.FirstByteTimeout()
+			ep.Resolved.PrefixLength == want.PrefixAwareRoutingConfig.PrefixLength &&
+			ep.Resolved.ConcurrencyThreshold == want.PrefixAwareRoutingConfig.ConcurrencyThreshold &&
+			ep.Config.FirstByteTimeoutInMilliseconds == want.FirstByteTimeoutInMilliseconds
 	})
 }
 
