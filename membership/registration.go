@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -553,7 +554,9 @@ func (r *Registration) step(lease *activeLease, lost *clientv3.LeaseID, value []
 	return nil
 }
 
-// retryBackoff doubles from min to max.
+// retryBackoff doubles from min to max, each wait drawn between half and
+// all of the current step: thousands of registrations (or a hundred
+// watchers) that failed together must not retry together (issue 22).
 type retryBackoff struct {
 	min, max, cur time.Duration
 }
@@ -564,7 +567,7 @@ func (b *retryBackoff) next() time.Duration {
 	} else {
 		b.cur = min(2*b.cur, b.max)
 	}
-	return b.cur
+	return b.cur/2 + rand.N(b.cur/2+1)
 }
 
 func (b *retryBackoff) reset() { b.cur = 0 }

@@ -12,6 +12,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 )
 
 // BenchmarkSnapshotRebuild is the watcher's work per membership change at
@@ -124,5 +125,58 @@ func TestSnapshotMergesChanges(t *testing.T) {
 	var d dto.Metric
 	if err := m.build.Write(&d); err != nil || d.GetHistogram().GetSampleCount() != 300 {
 		t.Fatalf("build histogram counted %d snapshots (err %v), want 300", d.GetHistogram().GetSampleCount(), err)
+	}
+}
+
+// A list reads the prefix in pages at one revision: all ten records of a
+// fleet listed three at a time, at the revision the watch then continues
+// from (a put after the list arrives through the watch, not lost between
+// the two).
+func TestListPages(t *testing.T) {
+	e := startEtcd(t)
+	cli := newClient(t, e.ClientURL())
+	ctx := testsupport.Context(t, 20*time.Second)
+	l := Layout{}
+	for i := range 10 {
+		id := "i-" + strconv.Itoa(i)
+		if _, err := cli.Put(ctx, l.InstanceKey("ep", id), string(instanceRecord(id, i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resp, err := cli.Get(ctx, "x") // the store's revision after the ten puts
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := startWatcherWith(t, cli, WatcherOptions{Options: Options{Logger: quiet}, page: 3}, nil)
+	s := w.Snapshot()
+	if n := len(s.Endpoint("ep").Instances); n != 10 || s.Revision != resp.Header.Revision {
+		t.Fatalf("listed %d instances at revision %d, want 10 at %d", n, s.Revision, resp.Header.Revision)
+	}
+	if _, err := cli.Put(ctx, l.InstanceKey("ep", "late"), string(instanceRecord("late", 10))); err != nil {
+		t.Fatal(err)
+	}
+	testsupport.Eventually(t, 5*time.Second, "the put after the list", has(w, "ep", "late"))
+}
+
+// Each retry waits between half and all of its step, and the steps double
+// from min to max.
+func TestRetryBackoffJitter(t *testing.T) {
+	b := retryBackoff{min: 100 * time.Millisecond, max: 800 * time.Millisecond}
+	for _, step := range []time.Duration{100, 200, 400, 800, 800} {
+		step *= time.Millisecond
+		if d := b.next(); d < step/2 || d > step {
+			t.Fatalf("wait %v outside [%v, %v]", d, step/2, step)
+		}
+	}
+	seen := map[time.Duration]bool{}
+	for range 20 {
+		seen[b.next()] = true
+	}
+	if len(seen) < 10 {
+		t.Fatalf("20 waits at the same step took %d values: no jitter", len(seen))
+	}
+	b.reset()
+	if d := b.next(); d > 100*time.Millisecond {
+		t.Fatalf("after reset: %v", d)
 	}
 }

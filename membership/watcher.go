@@ -28,8 +28,16 @@ import (
 // etcd is healthy and grows while it is not.
 const DefaultProgressInterval = 2 * time.Second
 
-// listTimeout bounds one full list of the prefix.
+// listTimeout bounds one page of a list of the prefix.
 const listTimeout = 5 * time.Second
+
+// listPage is how many keys one request of a list reads. A fleet of 10,000
+// instances is about 2.5 MB of records: read whole by 100 replicas starting
+// at once, no list finished within listTimeout on a loaded 2-core machine,
+// every replica retried, and the lease keepalives waited behind them (issue
+// 22, docs/operations.md "Fleet size limits"). Pages of 1,000 keys (about
+// 250 KB) each finish quickly, and the list keeps what it has read.
+const listPage = 1000
 
 // WatcherOptions configure a Watcher. The zero value is usable.
 type WatcherOptions struct {
@@ -59,6 +67,9 @@ type WatcherOptions struct {
 	// not set (serve's --strategy, --prefix-length, --concurrency-threshold).
 	// The zero value means fleet.DefaultRoutingConfig(). It must be valid.
 	DefaultConfig fleet.RoutingConfig
+
+	// page is the keys per list request; zero means listPage (tests set it).
+	page int64
 }
 
 // Watcher lists the layout's prefix at a revision, watches from the next
@@ -83,6 +94,7 @@ type Watcher struct {
 	allowed  fleet.Upstreams
 	grace    time.Duration // 0: the vanish guard is off
 	window   time.Duration // one TTL
+	page     int64         // keys per list request
 
 	// Owned by the run goroutine: instances whose keys were deleted while
 	// serving, and until when each endpoint's vanish guard holds them.
@@ -116,6 +128,7 @@ func StartWatcher(cli *clientv3.Client, opts WatcherOptions, onSnapshot func(*fl
 		allowed:  opts.Upstreams,
 		grace:    opts.VanishGrace,
 		window:   opts.ttl(),
+		page:     opts.page,
 
 		vanished:   map[string]map[string]vanishedInstance{},
 		guardUntil: map[string]time.Time{},
@@ -125,6 +138,9 @@ func StartWatcher(cli *clientv3.Client, opts WatcherOptions, onSnapshot func(*fl
 	}
 	if w.progress <= 0 {
 		w.progress = DefaultProgressInterval
+	}
+	if w.page <= 0 {
+		w.page = listPage
 	}
 
 	if w.clock == nil {
@@ -277,20 +293,36 @@ func (w *Watcher) run() {
 }
 
 // list reads the whole prefix and builds a new state. Configs that do not
-// validate keep the endpoint's config from prev.
+// validate keep the endpoint's config from prev. It reads in pages of
+// w.page keys, every page at the first page's revision, so the state is
+// the prefix at one revision however long the list takes (a compaction of
+// that revision meanwhile fails the list, which is then retried).
 func (w *Watcher) list(prev *state, reason string) (*state, error) {
 	w.metrics.relist(reason)
-	ctx, cancel := context.WithTimeout(w.ctx, listTimeout)
-	defer cancel()
-	resp, err := w.cli.Get(ctx, w.layout.Root(), clientv3.WithPrefix())
-	if err != nil {
-		return nil, fmt.Errorf("membership: list %s: %w", w.layout.Root(), err)
-	}
 	st := newState()
-	for _, kv := range resp.Kvs {
-		w.applyPut(st, prev, string(kv.Key), kv.Value, kv.ModRevision)
+	key, end := w.layout.Root(), clientv3.GetPrefixRangeEnd(w.layout.Root())
+	for {
+		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(w.page)}
+		if st.rev != 0 {
+			opts = append(opts, clientv3.WithRev(st.rev))
+		}
+		ctx, cancel := context.WithTimeout(w.ctx, listTimeout)
+		resp, err := w.cli.Get(ctx, key, opts...)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("membership: list %s: %w", w.layout.Root(), err)
+		}
+		if st.rev == 0 {
+			st.rev = resp.Header.Revision
+		}
+		for _, kv := range resp.Kvs {
+			w.applyPut(st, prev, string(kv.Key), kv.Value, kv.ModRevision)
+		}
+		if !resp.More || len(resp.Kvs) == 0 {
+			break
+		}
+		key = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00" // the next key after the last
 	}
-	st.rev = resp.Header.Revision
 	w.markSynced()
 	return st, nil
 }
