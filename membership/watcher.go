@@ -244,10 +244,10 @@ func (st *state) sortedInstances(ep string) []fleet.Instance {
 		slices.Sort(ids)
 		i := 0
 		for _, id := range ids {
-			for i < len(old) && old[i].ID < id {
-				out = append(out, old[i])
-				i++
-			}
+			// The records before id are unchanged: one copy for the run.
+			j := i + sort.Search(len(old)-i, func(k int) bool { return old[i+k].ID >= id })
+			out = append(out, old[i:j]...)
+			i = j
 			if i < len(old) && old[i].ID == id {
 				i++ // replaced or deleted: the state has the current record
 			}

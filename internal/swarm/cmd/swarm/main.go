@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"syscall"
 
 	"github.com/prefixrouter/prefixrouter/internal/swarm"
@@ -31,7 +32,21 @@ func main() {
 	flag.IntVar(&o.Registrations, "registrations", 64, "instances registering at once")
 	flag.StringVar(&o.Dir, "dir", "", "etcd data directory (default: a new temporary one)")
 	flag.DurationVar(&o.Timeout, "timeout", 0, "bound of the whole run (default 30m)")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	flag.Parse()
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	o.Progress = os.Stderr
 	o.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 
@@ -43,6 +58,8 @@ func main() {
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
+		stop()
+		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 }
