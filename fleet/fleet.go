@@ -363,15 +363,30 @@ type Snapshot struct {
 // NewSnapshot builds a snapshot, copying and sorting the given endpoints'
 // instances by id so that every replica sees the same order.
 func NewSnapshot(endpoints []Endpoint, revision int64, replicas int, now time.Time) *Snapshot {
+	return newSnapshot(endpoints, revision, replicas, now, false)
+}
+
+// NewSnapshotOwning is NewSnapshot for a caller that hands its endpoints'
+// Instances slices over: a slice already sorted by id becomes the
+// snapshot's as it is, uncopied, so the caller must never modify it again
+// (an unsorted one is copied and sorted as NewSnapshot does). The
+// membership watcher builds one per change of a fleet of thousands, where
+// the copy cost as much as the rest of the snapshot (issue 22).
+func NewSnapshotOwning(endpoints []Endpoint, revision int64, replicas int, now time.Time) *Snapshot {
+	return newSnapshot(endpoints, revision, replicas, now, true)
+}
+
+func newSnapshot(endpoints []Endpoint, revision int64, replicas int, now time.Time, owning bool) *Snapshot {
 	if replicas < 1 {
 		replicas = 1
 	}
 	s := &Snapshot{Endpoints: make(map[string]*Endpoint, len(endpoints)), Revision: revision, Replicas: replicas, BuiltAt: now}
+	byID := func(a, b Instance) int { return strings.Compare(a.ID, b.ID) }
 	for _, ep := range endpoints {
-		insts := append([]Instance(nil), ep.Instances...)
-		if !slices.IsSortedFunc(insts, func(a, b Instance) int { return strings.Compare(a.ID, b.ID) }) {
-			// The watcher hands them sorted: a fleet of 10,000 skips the sort.
-			sort.Slice(insts, func(i, j int) bool { return insts[i].ID < insts[j].ID })
+		insts := ep.Instances
+		if !owning || !slices.IsSortedFunc(insts, byID) {
+			insts = slices.Clone(insts)
+			slices.SortFunc(insts, byID)
 		}
 		ads := append([]Adapter(nil), ep.Adapters...)
 		sort.Slice(ads, func(i, j int) bool { return ads[i].Name < ads[j].Name })

@@ -102,7 +102,12 @@ type Registration struct {
 
 	ctx    context.Context
 	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	wg     sync.WaitGroup // the owner (run)
+	// watchWG is the delete watch's goroutine: Close revokes before it
+	// waits for it, since a watch on a shared client's stream may take
+	// hundreds of milliseconds to end (issue 22: a graceful leave of one
+	// of 100 registrations on a busy client waited for it).
+	watchWG sync.WaitGroup
 
 	closeOnce sync.Once
 	closeErr  error
@@ -302,8 +307,9 @@ func (r *Registration) Close(ctx context.Context) error {
 		r.stop(ErrClosed)
 		r.cancel()
 		// Every etcd call of the owner runs under r.ctx, so it returns
-		// promptly now.
+		// promptly now; once it has, nothing writes the key any more.
 		r.wg.Wait()
+		defer r.watchWG.Wait()
 		if id := r.LeaseID(); id != 0 && r.cli.Ctx().Err() != nil {
 			// Revoking on a closed client only spins in its retries.
 			r.closeErr = fmt.Errorf("membership: etcd client closed before the registration; %s expires with its lease", r.key)
@@ -411,7 +417,7 @@ func (r *Registration) run(lease activeLease, rev int64) {
 	// Deletions of the key by anyone but us (etcdctl del, a cleanup
 	// script) are written back at once, not left until the lease is lost.
 	deleted := make(chan struct{}, 1)
-	r.wg.Add(1)
+	r.watchWG.Add(1)
 	go r.watchDeletes(rev, deleted)
 	defer func() {
 		if lease.stop != nil {
@@ -481,7 +487,7 @@ func (r *Registration) run(lease activeLease, rev int64) {
 // When a watch ends (compaction, a cut stream) it signals once, in case a
 // deletion fell in the gap, and watches again from the current revision.
 func (r *Registration) watchDeletes(rev int64, deleted chan<- struct{}) {
-	defer r.wg.Done()
+	defer r.watchWG.Done()
 	signal := func() {
 		select {
 		case deleted <- struct{}{}:

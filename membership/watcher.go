@@ -567,7 +567,8 @@ func (w *Watcher) emit(st *state) {
 		eps = append(eps, fleet.Endpoint{Name: ep, Config: cfg, Instances: insts, Adapters: ads})
 	}
 	sort.Slice(eps, func(i, j int) bool { return eps[i].Name < eps[j].Name })
-	s := fleet.NewSnapshot(eps, st.rev, len(st.routers), w.clock.Now())
+	// The instance lists are st.sorted's, never modified: the snapshot keeps them.
+	s := fleet.NewSnapshotOwning(eps, st.rev, len(st.routers), w.clock.Now())
 	w.snap.Store(s)
 	w.syncOnce.Do(func() { close(w.synced) })
 	w.metrics.snapshotPublished(time.Since(start))

@@ -19,6 +19,9 @@ import (
 // with Prometheus' default registry), summed over label values.
 type etcdCounters struct {
 	received, keepAlives, watchRecv, watchSent, events, txns, grants, revokes, ranges, renewed float64
+	// cpu and rss are the process's (process_cpu_seconds_total,
+	// process_resident_memory_bytes): etcd's alone when it runs apart.
+	cpu, rss float64
 }
 
 // EtcdRates are etcd's per-second figures over a window.
@@ -36,14 +39,14 @@ type EtcdRates struct {
 	// requests); WatchResponses: watch responses sent; Events: watch
 	// events sent (one per event per matching watcher).
 	WatchRequests, WatchResponses, Events float64
+	// CPU is the cores etcd's process used (with an embedded member, the
+	// whole harness's).
+	CPU float64
 }
 
-func gatherEtcd() etcdCounters {
+// countersOf sums the counters of the families etcd exports.
+func countersOf(mfs []*dto.MetricFamily) etcdCounters {
 	var c etcdCounters
-	mfs, err := prometheus.DefaultGatherer.Gather()
-	if err != nil {
-		return c
-	}
 	for _, mf := range mfs {
 		for _, m := range mf.GetMetric() {
 			v := m.GetCounter().GetValue()
@@ -76,6 +79,10 @@ func gatherEtcd() etcdCounters {
 				c.events += v
 			case "etcd_debugging_lease_renewed_total":
 				c.renewed += v
+			case "process_cpu_seconds_total":
+				c.cpu += v
+			case "process_resident_memory_bytes":
+				c.rss += m.GetGauge().GetValue()
 			}
 		}
 	}
@@ -99,6 +106,7 @@ func (c etcdCounters) rates(before etcdCounters, d time.Duration) EtcdRates {
 		Requests: per(c.received, before.received), KeepAlives: per(c.keepAlives, before.keepAlives), Renewed: per(c.renewed, before.renewed),
 		Txns: per(c.txns, before.txns), Grants: per(c.grants, before.grants), Revokes: per(c.revokes, before.revokes), Ranges: per(c.ranges, before.ranges),
 		WatchRequests: per(c.watchRecv, before.watchRecv), WatchResponses: per(c.watchSent, before.watchSent), Events: per(c.events, before.events),
+		CPU: per(c.cpu, before.cpu),
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"runtime"
 	"slices"
@@ -27,10 +28,12 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/membership"
+	"github.com/prefixrouter/prefixrouter/probe"
 )
 
 // Options configures a run. Zero values mean the defaults in brackets.
@@ -62,11 +65,17 @@ type Options struct {
 	Wait time.Duration
 	// Registrations is how many instances register at once [64].
 	Registrations int
-	// Dir holds etcd's data; empty means a new temporary directory,
-	// removed at the end.
+	// Etcd is the client URL of an etcd to use (a member started by the
+	// caller, e.g. in another process, or a real cluster's member); its
+	// counters are scraped from Etcd + "/metrics", which etcd serves on its
+	// client URL. Empty means a member embedded in this process, its
+	// counters read from Prometheus' default registry.
+	Etcd string
+	// Dir holds the embedded member's data; empty means a new temporary
+	// directory, removed at the end.
 	Dir string
-	// FastTicks runs etcd with 10 ms ticks, so that a lease TTL of 1 s is
-	// honoured (tests).
+	// FastTicks runs the embedded member with 10 ms ticks, so that a lease
+	// TTL of 1 s is honoured (tests).
 	FastTicks bool
 	// Seed picks the instances that leave [1].
 	Seed uint64
@@ -137,7 +146,8 @@ const endpoint = "swarm"
 // run is one run's parts; Run owns it and stops everything it started.
 type run struct {
 	o      Options
-	etcd   *membership.Embedded
+	etcd   *membership.Embedded // nil with Options.Etcd
+	eps    []string             // etcd's client URLs
 	opts   membership.Options
 	shared []*clientv3.Client // the initial instances' clients
 
@@ -200,6 +210,10 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 }
 
 func (r *run) startEtcd() error {
+	if r.o.Etcd != "" {
+		r.eps = []string{r.o.Etcd}
+		return nil
+	}
 	dir := r.o.Dir
 	if dir == "" {
 		d, err := os.MkdirTemp("", "swarm-etcd-")
@@ -216,12 +230,36 @@ func (r *run) startEtcd() error {
 	if err != nil {
 		return err
 	}
-	r.etcd = e
+	r.etcd, r.eps = e, e.Endpoints()
 	return nil
 }
 
 func (r *run) client() (*clientv3.Client, error) {
-	return membership.NewClient(membership.ClientOptions{Endpoints: r.etcd.Endpoints()})
+	return membership.NewClient(membership.ClientOptions{Endpoints: r.eps})
+}
+
+// counters reads etcd's counters: scraped from an external member, or
+// from this process's default registry where the embedded member
+// registers them.
+func (r *run) counters(ctx context.Context) etcdCounters {
+	if r.o.Etcd == "" {
+		mfs, err := prometheus.DefaultGatherer.Gather()
+		if err != nil {
+			return etcdCounters{}
+		}
+		return countersOf(mfs)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	m, err := probe.Scrape(ctx, http.DefaultClient, strings.TrimRight(r.o.Etcd, "/")+"/metrics")
+	if err != nil {
+		return etcdCounters{}
+	}
+	mfs := make([]*dto.MetricFamily, 0, len(m))
+	for _, mf := range m {
+		mfs = append(mfs, mf)
+	}
+	return countersOf(mfs)
 }
 
 // register registers the initial instances, PerClient to a client,
@@ -319,13 +357,15 @@ func (r *run) startReplicas(ctx context.Context, rep *Report) error {
 
 // quiet measures the steady load: nothing changes for Quiet.
 func (r *run) quiet(ctx context.Context, rep *Report) error {
-	a, cpu0, t0 := gatherEtcd(), processCPU(), time.Now()
+	a, cpu0, t0 := r.counters(ctx), processCPU(), time.Now()
 	select {
 	case <-time.After(r.o.Quiet):
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	rep.Quiet = gatherEtcd().rates(a, time.Since(t0))
+	z := r.counters(ctx)
+	rep.Quiet = z.rates(a, time.Since(t0))
+	rep.EtcdMemory = z.rss
 	rep.QuietCPU = (processCPU() - cpu0).Seconds() / time.Since(t0).Seconds()
 	fmt.Fprintf(r.o.Progress, "quiet %v: %.0f keepalives/s, process CPU %.2f cores\n", r.o.Quiet, rep.Quiet.KeepAlives, rep.QuietCPU)
 	return nil
@@ -334,7 +374,7 @@ func (r *run) quiet(ctx context.Context, rep *Report) error {
 // churn runs the joins, leaves and crashes one after the other.
 func (r *run) churn(ctx context.Context, rep *Report) error {
 	plan := r.plan()
-	a, t0 := gatherEtcd(), time.Now()
+	a, t0 := r.counters(ctx), time.Now()
 	gap := time.Duration(0)
 	if r.o.Rate > 0 {
 		gap = time.Duration(float64(time.Second) / r.o.Rate)
@@ -353,7 +393,7 @@ func (r *run) churn(ctx context.Context, rep *Report) error {
 			rep.Missed++
 			fmt.Fprintf(r.o.Progress, "event %d (%s %s): %v\n", k, kind, ev.id, err)
 		}
-		rep.add(kind, ev.id, r.track.times(ev))
+		rep.add(kind, Event{ID: ev.id, Call: ev.call, Delays: r.track.times(ev)})
 		agreed, ok := r.agreement(r.liveIDs())
 		rep.Checks++
 		if ok && agreed == r.o.Replicas {
@@ -368,7 +408,7 @@ func (r *run) churn(ctx context.Context, rep *Report) error {
 		}
 	}
 	rep.ChurnTime = time.Since(t0)
-	rep.Churn = gatherEtcd().rates(a, rep.ChurnTime)
+	rep.Churn = r.counters(ctx).rates(a, rep.ChurnTime)
 	fmt.Fprintf(r.o.Progress, "churn: %d events in %v, %d of %d agreement checks passed\n", len(plan), rep.ChurnTime.Round(time.Millisecond), rep.Agreed, rep.Checks)
 	return nil
 }
@@ -414,6 +454,7 @@ func (r *run) event(ctx context.Context, kind string) (*event, error) {
 		r.own[id] = c
 		ev := r.track.begin(id, present(id))
 		reg, err := membership.RegisterInstance(ctx, c, endpoint, instance(id, r.o.Instances+len(r.own)), r.opts)
+		ev.call = time.Since(ev.start)
 		if err != nil {
 			return nil, err
 		}
@@ -429,6 +470,7 @@ func (r *run) event(ctx context.Context, kind string) (*event, error) {
 		cctx, cancel := context.WithTimeout(ctx, r.o.Wait)
 		defer cancel()
 		err := r.regs[id].Close(cctx)
+		ev.call = time.Since(ev.start)
 		delete(r.regs, id)
 		return ev, err
 	default: // Crash: the client goes away, the lease expires

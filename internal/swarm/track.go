@@ -25,6 +25,7 @@ type event struct {
 	id    string
 	cond  func(*fleet.Endpoint) bool
 	start time.Time
+	call  time.Duration   // how long the registration call took (join, leave); set by the harness goroutine
 	seen  []time.Duration // per replica, -1 until its snapshot satisfied cond
 	left  int
 	done  chan struct{} // closed when every replica has seen it
