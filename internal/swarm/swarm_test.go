@@ -8,19 +8,33 @@ import (
 	"time"
 
 	"github.com/prefixrouter/prefixrouter/internal/testsupport"
+	"github.com/prefixrouter/prefixrouter/membership"
 )
 
 func TestMain(m *testing.M) { testsupport.VerifyNoLeaks(m) }
 
-// A small swarm end to end: every event reaches every replica, every
+// A small swarm end to end, with an embedded etcd (counters from this
+// process's registry) and with one the harness is pointed at (counters
+// scraped from its /metrics): every event reaches every replica, every
 // agreement check passes, and the figures are filled in.
 func TestSwarmSmall(t *testing.T) {
-	var progress strings.Builder
-	rep, err := Run(context.Background(), Options{
-		Instances: 30, Replicas: 3, PerClient: 8, TTL: time.Second, FastTicks: true,
-		Joins: 2, Leaves: 2, Crashes: 1, Rate: 20, Quiet: time.Second, Wait: 5 * time.Second,
-		Dir: t.TempDir(), Progress: &progress, Timeout: time.Minute,
+	t.Run("embedded", func(t *testing.T) { swarmSmall(t, Options{Dir: t.TempDir(), FastTicks: true}) })
+	t.Run("external", func(t *testing.T) {
+		e, err := membership.StartEmbedded(t.TempDir(), "http://127.0.0.1:0", membership.WithFastTicks())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		swarmSmall(t, Options{Etcd: e.ClientURL()})
 	})
+}
+
+func swarmSmall(t *testing.T, o Options) {
+	var progress strings.Builder
+	o.Instances, o.Replicas, o.PerClient, o.TTL = 30, 3, 8, time.Second
+	o.Joins, o.Leaves, o.Crashes, o.Rate, o.Quiet, o.Wait = 2, 2, 1, 20, time.Second, 5*time.Second
+	o.Progress, o.Timeout = &progress, time.Minute
+	rep, err := Run(context.Background(), o)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, progress.String())
 	}
