@@ -16,10 +16,10 @@ func TestLimitChoosesAlgorithm(t *testing.T) {
 	}{
 		{equalMembers(vllmIDs(RendezvousLimit)), false},
 		{equalMembers(vllmIDs(RendezvousLimit + 1)), true},
-		// Seeds count, not members: 400 members of weights 2 and 1 are 600 seeds...
-		{weighted(vllmIDs(400), 2, 1), true},
+		// Seeds count, not members: 200 members of weights 2 and 1 are 300 seeds...
+		{weighted(vllmIDs(200), 2, 1), true},
 		// ...unless the GCD divides them back: all of weight 2 is all of weight 1.
-		{weighted(vllmIDs(400), 2, 2), false},
+		{weighted(vllmIDs(200), 2, 2), false},
 	} {
 		r := mustNew(tc.members)
 		if got := r.probes != nil; got != tc.probes {

@@ -170,7 +170,7 @@ func TestOrderIndependent(t *testing.T) {
 			t.Fatal("rings built from the same members in another order differ")
 		}
 		if len(ids) == RendezvousLimit && a.probes == nil {
-			t.Fatal("1,280 seeds: not a multi-probe ring")
+			t.Fatal("640 seeds: not a multi-probe ring")
 		}
 		ba, bb := make([]int, 0, 3), make([]int, 0, 3)
 		for _, key := range testKeys() {

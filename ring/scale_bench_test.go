@@ -2,6 +2,7 @@ package ring
 
 import (
 	"math"
+	"slices"
 	"strconv"
 	"testing"
 
@@ -21,13 +22,17 @@ var scaleAlgorithms = []struct {
 
 var scaleSizes = []int{64, 1024, 16384}
 
+// pickSizes add RendezvousLimit, the dearest rendezvous lookup left, and
+// twice it, the cheapest multi-probe one.
+var pickSizes = []int{64, RendezvousLimit, 2 * RendezvousLimit, 1024, 16384}
+
 // scaleMembers are n uuid-like ids sorted by id, as lora passes them (a
 // snapshot lists its instances sorted).
 func scaleMembers(n int) []Member { return mustNew(equalMembers(uuidIDs(n))).Members() }
 
 func BenchmarkScalePick(b *testing.B) {
 	keys := testKeys()
-	for _, n := range scaleSizes {
+	for _, n := range pickSizes {
 		ms := scaleMembers(n)
 		for _, alg := range scaleAlgorithms {
 			r := mustNew(ms, alg.opts...)
@@ -164,4 +169,37 @@ func diff(before, after []string, added, removed string) (moved, collateral int)
 		}
 	}
 	return moved, collateral
+}
+
+// BenchmarkScaleBalance reports how the keys' shares spread over the members
+// of a multi-probe ring: 4,096 keys per member, so that the sampling error
+// (1/√4096 = 1.6 %) can be taken out of the measured standard deviation.
+// Metrics: spread (the standard deviation of a share over the mean, less
+// the sampling), the largest and smallest share and the 1st percentile over
+// the mean. Run it with -benchtime=1x.
+func BenchmarkScaleBalance(b *testing.B) {
+	for _, n := range []int{600, 1024, 4096} {
+		b.Run("N="+strconv.Itoa(n), func(b *testing.B) {
+			for b.Loop() {
+			}
+			r := mustNew(equalMembers(uuidIDs(n)), withLimit(0))
+			keys := scaleKeys(4096 * n)
+			counts := make([]int, n)
+			for _, k := range keys {
+				counts[r.Primary(k)]++
+			}
+			slices.Sort(counts)
+			mean := float64(len(keys)) / float64(n)
+			var ss float64
+			for _, c := range counts {
+				ss += (float64(c) - mean) * (float64(c) - mean)
+			}
+			sd := math.Sqrt(ss/float64(n)) / mean
+			sampling := 1 / math.Sqrt(mean)
+			b.ReportMetric(math.Sqrt(max(0, sd*sd-sampling*sampling)), "spread")
+			b.ReportMetric(float64(counts[n-1])/mean, "max/mean")
+			b.ReportMetric(float64(counts[0])/mean, "min/mean")
+			b.ReportMetric(float64(counts[n/100])/mean, "p1/mean")
+		})
+	}
 }

@@ -3,6 +3,7 @@ package swarm
 import (
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"time"
 )
@@ -94,7 +95,12 @@ func (r *Report) Propagation(kind string) Propagation {
 // Write prints the report as Markdown tables.
 func (r *Report) Write(w io.Writer) {
 	o := r.Options
-	ms := func(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/1e6) }
+	ms := func(d time.Duration) string {
+		if d == math.MaxInt64 { // beyond the histogram's last bucket
+			return "> 1.6 s"
+		}
+		return fmt.Sprintf("%.1f ms", float64(d)/1e6)
+	}
 	where := "embedded in the harness's process"
 	if o.Etcd != "" {
 		where = "at " + o.Etcd + ", its own process"
