@@ -33,8 +33,9 @@
 // Registrations hold their key under a lease (DefaultTTL 5 s) and always
 // drain the keepalive channel; when the lease is lost (it expired while etcd
 // was unreachable, or someone revoked it) they grant a new one and put the
-// latest record again. The watcher lists the prefix at revision R, watches
-// from R+1 (WithRequireLeader, progress notifications) and lists again on
+// latest record again, retrying with jittered backoff. The watcher lists the
+// prefix at revision R (in pages of 1,000 keys, all at R), watches from R+1
+// (WithRequireLeader, progress notifications) and lists again on
 // ErrCompacted or a closed watch. One goroutine owns the state and publishes
 // a full snapshot after each list and each watch response that carried
 // events. Records that do not parse or validate are skipped and counted; an
