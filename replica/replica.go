@@ -131,6 +131,20 @@ func Start(ctx context.Context, opts Options) (*Replica, error) {
 		}
 	}
 
+	// Validate parsed the list already.
+	allowed, _ := fleet.ParseUpstreams(opts.AllowedUpstreams)
+	self, err := selfListeners(r.dataLn, r.adminLn, r.eppLn)
+	if err != nil {
+		r.closeParts()
+		return nil, err
+	}
+	allowed = allowed.WithSelf(self)
+	for i, in := range opts.Static {
+		if err := allowed.Check(in.Addr); err != nil {
+			r.closeParts()
+			return nil, fmt.Errorf("replica: %w: static instance %d: %w", fleet.ErrInvalid, i, err)
+		}
+	}
 	if !opts.usesEtcd() {
 		r.router.Update(fleet.NewSnapshot([]fleet.Endpoint{{Name: opts.Router.DefaultEndpoint, Config: opts.Routing, Instances: opts.Static}}, 0, 1, time.Now()))
 	} else {
@@ -139,8 +153,6 @@ func Start(ctx context.Context, opts Options) (*Replica, error) {
 			mopts.Metrics = membership.NewMetrics(opts.Registry)
 		}
 		// Routing is the default of endpoints with no config key in etcd.
-		// Validate parsed the list already.
-		allowed, _ := fleet.ParseUpstreams(opts.AllowedUpstreams)
 		r.stale.Store(startStaleMarker(opts.Client, opts.Membership.Layout, r.log))
 		r.watcher = membership.StartWatcher(opts.Client, membership.WatcherOptions{Options: mopts, DefaultConfig: opts.Routing, Upstreams: allowed, VanishGrace: opts.VanishGrace, Clock: opts.Clock}, r.router.Update)
 		startCtx, cancel := context.WithTimeout(ctx, opts.StartupTimeout)
