@@ -230,6 +230,22 @@ const MaxWeight = 100
 // MaxIDLength bounds instance ids (they become etcd key segments and metric labels).
 const MaxIDLength = 128
 
+// Bounds of what one instance record may list (issue 19: a record with
+// 50,000 labels was accepted, and every replica holds every record). A
+// record beyond them is refused whole, like any invalid record.
+const (
+	// MaxLabels bounds an instance's labels; MaxLabelKeyLength and
+	// MaxLabelValueLength their keys and values, in bytes.
+	MaxLabels           = 64
+	MaxLabelKeyLength   = 128
+	MaxLabelValueLength = 512
+	// MaxAdapterNames bounds each of an instance's adapter lists (loaded,
+	// hot, active); MaxAdapterNameLength each name, in bytes. vLLM keeps
+	// at most --max-cpu-loras adapters loaded, typically tens to hundreds.
+	MaxAdapterNames      = 4096
+	MaxAdapterNameLength = 512
+)
+
 // EffectiveWeight returns the weight used for hashing: at least 1.
 func (in Instance) EffectiveWeight() int {
 	if in.Weight < 1 {
@@ -263,6 +279,27 @@ func (in Instance) Validate() error {
 	}
 	if in.Weight < 0 || in.Weight > MaxWeight {
 		return fmt.Errorf("fleet: %w instance: %q has weight %d, outside 0..%d", ErrInvalid, in.ID, in.Weight, MaxWeight)
+	}
+	if len(in.Labels) > MaxLabels {
+		return fmt.Errorf("fleet: %w instance: %q has %d labels, more than %d", ErrInvalid, in.ID, len(in.Labels), MaxLabels)
+	}
+	for k, v := range in.Labels {
+		if k == "" || len(k) > MaxLabelKeyLength || len(v) > MaxLabelValueLength {
+			return fmt.Errorf("fleet: %w instance: %q has a label key of %d bytes (1..%d) or value of %d bytes (at most %d)", ErrInvalid, in.ID, len(k), MaxLabelKeyLength, len(v), MaxLabelValueLength)
+		}
+	}
+	for _, list := range []struct {
+		name  string
+		names []string
+	}{{"adapters", in.Adapters}, {"hotAdapters", in.HotAdapters}, {"activeAdapters", in.ActiveAdapters}} {
+		if len(list.names) > MaxAdapterNames {
+			return fmt.Errorf("fleet: %w instance: %q lists %d %s, more than %d", ErrInvalid, in.ID, len(list.names), list.name, MaxAdapterNames)
+		}
+		for _, a := range list.names {
+			if len(a) > MaxAdapterNameLength {
+				return fmt.Errorf("fleet: %w instance: %q lists %s with a name of %d bytes, more than %d", ErrInvalid, in.ID, list.name, len(a), MaxAdapterNameLength)
+			}
+		}
 	}
 	return nil
 }
