@@ -330,7 +330,7 @@ func messages(s *scanner, h *prefixHasher) error {
 		if h.left > 0 {
 			h.mark(markRole, role)
 			if cStart >= 0 {
-				if err := content(&scanner{b: s.b[cStart:cEnd]}, h); err != nil {
+				if err := content(&scanner{b: s.b[cStart:cEnd], checked: true}, h); err != nil {
 					return err
 				}
 			}
