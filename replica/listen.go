@@ -23,6 +23,7 @@ const (
 	DefaultBodyReadTimeout   = 60 * time.Second
 	DefaultIdleTimeout       = 120 * time.Second
 	DefaultMaxHeaderBytes    = 64 << 10
+	DefaultMaxHeaderCount    = 100
 	DefaultMaxConns          = 8192
 	DefaultWriteIdleTimeout  = 60 * time.Second
 	DefaultMaxStreamDuration = 30 * time.Minute
@@ -44,6 +45,11 @@ type Limits struct {
 	IdleTimeout time.Duration
 	// MaxHeaderBytes bounds a request's header block (--max-header-bytes).
 	MaxHeaderBytes int
+	// MaxHeaderCount bounds a request's header fields (--max-header-count):
+	// one more is answered 431 (issue 19: 10,006 fields were accepted and
+	// forwarded). The default is Envoy's max_headers_count, 100; HAProxy's
+	// is 101.
+	MaxHeaderCount int
 	// MaxConns caps the open connections of a listener (--max-connections);
 	// beyond it new connections wait in the kernel's accept queue.
 	MaxConns int
@@ -70,6 +76,9 @@ func (l Limits) withDefaults() Limits {
 	if l.MaxHeaderBytes == 0 {
 		l.MaxHeaderBytes = DefaultMaxHeaderBytes
 	}
+	if l.MaxHeaderCount == 0 {
+		l.MaxHeaderCount = DefaultMaxHeaderCount
+	}
 	if l.MaxConns == 0 {
 		l.MaxConns = DefaultMaxConns
 	}
@@ -88,17 +97,33 @@ func (l Limits) validate(bad func(format string, args ...any)) {
 	if l.MaxHeaderBytes < 0 {
 		bad("Limits.MaxHeaderBytes (--max-header-bytes) %d is negative", l.MaxHeaderBytes)
 	}
+	if l.MaxHeaderCount < 0 {
+		bad("Limits.MaxHeaderCount (--max-header-count) %d is negative", l.MaxHeaderCount)
+	}
 	if l.MaxConns < 0 {
 		bad("Limits.MaxConns (--max-connections) %d is negative", l.MaxConns)
 	}
 }
 
-// guard applies the per-request limits around next: the body deadline, the
-// stream's end, and the write-idle deadline.
+// guard applies the per-request limits around next: the header count, the
+// body deadline, the stream's end, and the write-idle deadline.
 func (l Limits) guard(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if n := headerCount(req.Header); n > l.MaxHeaderCount {
+			w.Header().Set("Connection", "close")
+			refuse(w, http.StatusRequestHeaderFieldsTooLarge, "too_many_headers", fmt.Sprintf("the request has %d header fields, more than the limit of %d", n, l.MaxHeaderCount))
+			return
+		}
 		rc := http.NewResponseController(w)
 		now := time.Now()
+		ctx, cancel := context.WithDeadline(req.Context(), now.Add(l.MaxStreamDuration))
+		defer cancel()
+		// A copy: net/http judges the request it read (its body's type
+		// among others) after the handler. With its own body replaced,
+		// it read up to 256 KiB of a body the handler had refused, so a
+		// declared 50 MB that never came got its 413 only at the body
+		// deadline (issue 19).
+		req = req.WithContext(ctx)
 		if req.Body != nil && req.Body != http.NoBody {
 			// Errors mean the writer cannot set deadlines (HTTP/2 over
 			// h2c streams can); then the server's own timeouts apply.
@@ -106,12 +131,20 @@ func (l Limits) guard(next http.Handler) http.Handler {
 				req.Body = &deadlineBody{ReadCloser: req.Body, rc: rc}
 			}
 		}
-		ctx, cancel := context.WithDeadline(req.Context(), now.Add(l.MaxStreamDuration))
-		defer cancel()
 		gw := &guardWriter{ResponseWriter: w, rc: rc, idle: l.WriteIdleTimeout}
 		gw.extend(now)
-		next.ServeHTTP(gw, req.WithContext(ctx))
+		next.ServeHTTP(gw, req)
 	})
+}
+
+// headerCount counts a request's header fields (a repeated name counts each
+// time; Host is not among them).
+func headerCount(h http.Header) int {
+	n := 0
+	for _, vs := range h {
+		n += len(vs)
+	}
+	return n
 }
 
 // deadlineBody lifts the read deadline once the body is read to its end, so

@@ -202,11 +202,14 @@ func Start(ctx context.Context, opts Options) (*Replica, error) {
 
 	lim := opts.Limits
 	r.data = &http.Server{
-		Handler:           lim.guard(r.router),
-		ReadHeaderTimeout: lim.ReadHeaderTimeout,
-		IdleTimeout:       lim.IdleTimeout,
-		MaxHeaderBytes:    lim.MaxHeaderBytes,
-		ErrorLog:          slog.NewLogLogger(opts.Logger.Handler(), slog.LevelWarn),
+		Handler:     lim.guard(framed(r.router)),
+		ConnContext: framingContext,
+		// "OPTIONS *" goes to the router like every request.
+		DisableGeneralOptionsHandler: true,
+		ReadHeaderTimeout:            lim.ReadHeaderTimeout,
+		IdleTimeout:                  lim.IdleTimeout,
+		MaxHeaderBytes:               lim.MaxHeaderBytes,
+		ErrorLog:                     slog.NewLogLogger(opts.Logger.Handler(), slog.LevelWarn),
 	}
 	adminMux := http.NewServeMux()
 	adminMux.Handle("GET /metrics", promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{Registry: opts.Registry}))
@@ -250,7 +253,8 @@ func Start(ctx context.Context, opts Options) (*Replica, error) {
 			return nil, err
 		}
 	}
-	r.serve(r.data, netutil.LimitListener(r.dataLn, lim.MaxConns))
+	// Go accepts a head of MaxHeaderBytes plus 4 KiB.
+	r.serve(r.data, framingListener{Listener: netutil.LimitListener(r.dataLn, lim.MaxConns), maxHead: lim.MaxHeaderBytes + 8<<10})
 	adminLn := netutil.LimitListener(r.adminLn, lim.MaxConns)
 	if adminTLS != nil {
 		adminLn = tls.NewListener(adminLn, r.admin.TLSConfig)

@@ -92,6 +92,7 @@ share the fleet, and keeps routing on its last good snapshot while etcd is unrea
 	f.DurationVar(&l.BodyReadTimeout, "body-read-timeout", replica.DefaultBodyReadTimeout, "answer 400 and close a connection that has not sent a request's body within this long after its headers")
 	f.DurationVar(&l.IdleTimeout, "idle-timeout", replica.DefaultIdleTimeout, "close a keep-alive connection idle this long")
 	f.IntVar(&l.MaxHeaderBytes, "max-header-bytes", replica.DefaultMaxHeaderBytes, "largest request header block accepted (431 beyond)")
+	f.IntVar(&l.MaxHeaderCount, "max-header-count", replica.DefaultMaxHeaderCount, "most header fields a request may carry (431 beyond; Envoy's default)")
 	f.IntVar(&l.MaxConns, "max-connections", replica.DefaultMaxConns, "open connections per listener; beyond, new ones wait in the accept queue")
 	f.DurationVar(&l.WriteIdleTimeout, "write-idle-timeout", replica.DefaultWriteIdleTimeout, "abort a response (and release its instance slot) when the client has read nothing for this long")
 	f.DurationVar(&l.MaxStreamDuration, "max-stream-duration", replica.DefaultMaxStreamDuration, "end any request, streamed or not, this long after it started")
