@@ -68,6 +68,14 @@ type Options struct {
 	// counts against the instance's breaker. Zero means no bound: a
 	// non-streamed generation sends its headers only when it is done.
 	UpstreamHeaderTimeout time.Duration
+	// UpstreamIdleTimeout bounds the silence between an answer's bytes
+	// (--upstream-idle-timeout, DefaultUpstreamIdleTimeout in `serve`):
+	// when an instance sends nothing for this long while the proxy waits
+	// for its next bytes, the answer is cut (a stream ends with an error)
+	// and the call counts against the instance's breaker. A client that
+	// stops reading does not trip it (--write-idle-timeout covers that).
+	// Zero means off.
+	UpstreamIdleTimeout time.Duration
 	// HideInstanceID leaves X-Prefixrouter-Instance out of responses and
 	// instance ids out of error messages (--hide-instance-id), for
 	// deployments whose clients must not learn the fleet's layout. False
@@ -240,6 +248,7 @@ func (o Options) Validate() error {
 	fleet.NonNegative(bad,
 		fleet.Duration{Name: "UpstreamHeaderTimeout (--upstream-header-timeout)", Value: o.UpstreamHeaderTimeout},
 		fleet.Duration{Name: "FirstByteTimeout (--upstream-first-byte-timeout)", Value: o.FirstByteTimeout},
+		fleet.Duration{Name: "UpstreamIdleTimeout (--upstream-idle-timeout)", Value: o.UpstreamIdleTimeout},
 		fleet.Duration{Name: "LoadPollInterval (--load-poll-interval)", Value: o.LoadPollInterval},
 		fleet.Duration{Name: "HealthCheckInterval (--health-check-interval)", Value: o.HealthCheckInterval},
 		fleet.Duration{Name: "HealthCheckTimeout (--health-check-timeout)", Value: o.HealthCheckTimeout},

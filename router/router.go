@@ -126,7 +126,7 @@ func newRouter(opts Options, clock clockwork.Clock) (*Router, error) {
 	// Probes and the load poller use tr itself: they are not traced.
 	var upstream http.RoundTripper
 	r.handler, upstream = instrument(opts.TracerProvider, withAPIKeys(newAPIKeys(opts.APIKeys), r.routes()), tr)
-	r.proxy = newProxy(r, upstream)
+	r.proxy = newProxy(r, upstreamGuard{next: upstream, idle: opts.UpstreamIdleTimeout})
 	if err := r.startProbes(tr, clock); err != nil {
 		r.Close()
 		return nil, err

@@ -521,3 +521,56 @@ func TestResponseHeadersAreBounded(t *testing.T) {
 		t.Fatalf("2 MiB of headers: %v, want errHeaderTooLarge", err)
 	}
 }
+
+// TestSwitchingProtocolsClosesTheConnection: an instance answering 101 left
+// its connection open and pooled (issue 19: 60 upstream connections stayed
+// open). The answer is ErrSwitchingProtocols, the connection is closed, and
+// an Upgrade header is never sent.
+func TestSwitchingProtocolsClosesTheConnection(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	upgrades := make(chan string, 10)
+	closed := make(chan struct{}, 10)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				req, err := http.ReadRequest(br)
+				if err != nil {
+					return
+				}
+				upgrades <- req.Header.Get("Upgrade") + "|" + req.Header.Get("Connection")
+				_, _ = io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+				if _, err := br.ReadByte(); err == io.EOF {
+					closed <- struct{}{}
+				}
+			}()
+		}
+	}()
+	defer func() { ln.Close(); <-done }()
+	tr := newTransport(t, Options{})
+	for range 3 {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+ln.Addr().String()+"/", nil)
+		req.Header.Set("Upgrade", "websocket")
+		if _, err := tr.RoundTrip(req); !errors.Is(err, ErrSwitchingProtocols) {
+			t.Fatalf("RoundTrip = %v, want ErrSwitchingProtocols", err)
+		}
+		if h := <-upgrades; h != "|" {
+			t.Fatalf("the instance got Upgrade|Connection %q", h)
+		}
+		select {
+		case <-closed:
+		case <-time.After(5 * time.Second):
+			t.Fatal("the connection that switched protocols is still open")
+		}
+	}
+}
