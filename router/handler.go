@@ -2,20 +2,15 @@ package router
 
 import (
 	"bytes"
-	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"net/http"
 	"runtime/debug"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/prefixrouter/prefixrouter/lora"
-	"github.com/prefixrouter/prefixrouter/probe"
 )
 
 // Short error codes (the OpenAI "code" and X-Prefixrouter-Error).
@@ -76,80 +71,6 @@ func (r *Router) routes() *http.ServeMux {
 	mux.HandleFunc("GET /healthz", live)
 	mux.HandleFunc("GET /readyz", r.ServeReadyz)
 	return mux
-}
-
-type modelList struct {
-	Object string       `json:"object"`
-	Data   []modelEntry `json:"data"`
-}
-
-type modelEntry struct {
-	ID      string `json:"id"`
-	Object  string `json:"object"`
-	Created int64  `json:"created"`
-	OwnedBy string `json:"owned_by"`
-}
-
-// modelsTimeout bounds the model-list queries GET /v1/models sends to the
-// instances.
-const modelsTimeout = 2 * time.Second
-
-// models answers GET /v1/models in OpenAI's list shape: the base models and
-// adapters the endpoint's instances declare in the fleet (etcd records),
-// together with what the non-draining instances' own /v1/models answer, so
-// that every fleet source, a static one included, lists what it serves. An
-// instance that does not answer within modelsTimeout is left out.
-func (r *Router) models(w http.ResponseWriter, req *http.Request, endpoint string) {
-	v := r.view.Load()
-	if v == nil {
-		writeError(w, kindChat, http.StatusServiceUnavailable, codeNotLoaded, "no fleet snapshot loaded yet")
-		return
-	}
-	ev := v.endpoints[endpoint]
-	if ev == nil {
-		writeError(w, kindChat, http.StatusNotFound, codeUnknownEndpoint, fmt.Sprintf("endpoint %q not found", endpoint))
-		return
-	}
-	names := map[string]bool{}
-	for _, m := range ev.table.Models() {
-		names[m] = true
-	}
-	ctx, cancel := context.WithTimeout(req.Context(), modelsTimeout)
-	defer cancel()
-	client := &http.Client{Transport: r.opts.Transport}
-	var (
-		mu sync.Mutex // guards names while the queries run
-		wg sync.WaitGroup
-	)
-	for _, iv := range ev.instances {
-		if iv.target == nil || iv.inst.Draining {
-			continue
-		}
-		u := *iv.target
-		u.Path = joinPath(u.Path, "/v1/models")
-		wg.Go(func() {
-			m, err := probe.FetchModels(ctx, client, u.String())
-			if err != nil {
-				r.log.Debug("router: model list of an instance", "endpoint", endpoint, "instance", iv.inst.ID, "err", err)
-				return
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			if m.Base != "" {
-				names[m.Base] = true
-			}
-			for _, a := range m.Adapters {
-				names[a] = true
-			}
-		})
-	}
-	wg.Wait()
-	list := modelList{Object: "list", Data: make([]modelEntry, 0, len(names))}
-	for _, m := range slices.Sorted(maps.Keys(names)) {
-		list.Data = append(list.Data, modelEntry{ID: m, Object: "model", OwnedBy: "prefixrouter"})
-	}
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(list)
 }
 
 // sessionPick admits the instance a session id names, and puts the

@@ -46,6 +46,7 @@ type Router struct {
 	load    *probe.Prober // nil unless LoadPollInterval > 0
 	health  *probe.Prober // nil unless HealthCheckInterval > 0
 
+	modelLists   modelsCache          // GET /v1/models answers (models.go)
 	view         atomic.Pointer[view] // nil until the first Update
 	shuttingDown atomic.Bool          // set by Drain: readiness fails, routing goes on
 	waiting      atomic.Int64         // requests in waitLoaded
