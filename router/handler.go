@@ -73,27 +73,6 @@ func (r *Router) routes() *http.ServeMux {
 	return mux
 }
 
-// sessionPick admits the instance a session id names, and puts the
-// container's own id in the request for it. A session stays on its instance:
-// no threshold spill and no retry elsewhere (the session's state lives
-// there); only an open breaker refuses it (503).
-func (r *Router) sessionPick(ev *endpointView, h http.Header, sid string, kind apiKind) (pick, *reqError) {
-	id, inner, ok := parseSessionID(sid)
-	if !ok {
-		return pick{}, &reqError{http.StatusBadRequest, codeInvalidSession, "X-Amzn-SageMaker-Session-Id is not a session id this endpoint issued"}
-	}
-	iv := ev.instances[id]
-	if iv == nil || iv.target == nil || iv.inst.Draining {
-		return pick{}, &reqError{http.StatusBadRequest, codeInvalidSession, "the session's instance has left the endpoint: the session is closed"}
-	}
-	done, ok := iv.state.Acquire()
-	if !ok {
-		return pick{}, &reqError{http.StatusServiceUnavailable, codeNoInstance, "the session's instance is failing (its circuit breaker is open)"}
-	}
-	h.Set(HeaderSessionID, inner)
-	return pick{iv: iv, idx: -1, done: done, decision: DecisionSession}, nil
-}
-
 // modelLabel is the model label of the usage metrics: a model the
 // endpoint's fleet records name, "" for none, "unlisted" for any other
 // (the label must not take arbitrary client strings).
@@ -309,7 +288,7 @@ func (r *Router) serve(w http.ResponseWriter, req *http.Request, kind apiKind, u
 		}
 		if sid := req.Header.Get(HeaderSessionID); sid != "" && sid != NewSession {
 			var rerr *reqError
-			if p, rerr = r.sessionPick(ev, req.Header, sid, kind); rerr != nil {
+			if p, rerr = r.pickSession(ev, set, req.Header.Get(HeaderTargetVariant), req.Header, sid); rerr != nil {
 				r.reject(w, req, kind, endpoint, strategy, rerr)
 				return
 			}

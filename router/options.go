@@ -130,6 +130,18 @@ type Options struct {
 	// stay apart, but a client that knows another tenant's id could compute
 	// its salt; otherwise at least MinCacheSaltKeyBytes.
 	CacheSaltKey string
+	// SessionKey authenticates and encrypts the stateful session ids the
+	// router issues (session.go; --session-key-file). Every replica of an
+	// endpoint must have the same key, or a session opened through one is
+	// refused by the others. Empty means SessionKeys, and for an endpoint
+	// it has no key for, a random key made at start: sessions then work
+	// through this replica only. Otherwise at least MinSessionKeyBytes.
+	SessionKey []byte
+	// SessionKeys gives an endpoint's session key, which wins over
+	// SessionKey (the replica reads them from etcd, under the endpoint;
+	// membership.ParseSessionKey). It must not block: it runs on the
+	// request path. Nil, or an empty answer, means SessionKey.
+	SessionKeys func(endpoint string) []byte
 	// StaleAfter is the snapshot age past which Readiness notes the snapshot
 	// as stale. It stays ready regardless (static stability: a replica
 	// routing on its last good snapshot beats no replica), so this only
@@ -263,6 +275,9 @@ func (o Options) Validate() error {
 	}
 	if o.HealthCheckPath != "" && !strings.HasPrefix(o.HealthCheckPath, "/") {
 		bad("HealthCheckPath (--health-check-path) %q must start with /", o.HealthCheckPath)
+	}
+	if n := len(o.SessionKey); n > 0 && n < MinSessionKeyBytes {
+		bad("SessionKey (--session-key-file) has %d bytes, want at least %d", n, MinSessionKeyBytes)
 	}
 	if n := len(o.CacheSaltKey); n > 0 && n < MinCacheSaltKeyBytes {
 		bad("CacheSaltKey (--cache-salt-key) has %d bytes, want at least %d", n, MinCacheSaltKeyBytes)

@@ -42,9 +42,11 @@ type Router struct {
 	handler http.Handler // the routes, instrumented when tracing is on
 	proxy   *proxy
 	salter  *salter
-	metrics *metrics
-	load    *probe.Prober // nil unless LoadPollInterval > 0
-	health  *probe.Prober // nil unless HealthCheckInterval > 0
+	// sessions seals and opens stateful session ids (session.go).
+	sessions sessionKeys
+	metrics  *metrics
+	load     *probe.Prober // nil unless LoadPollInterval > 0
+	health   *probe.Prober // nil unless HealthCheckInterval > 0
 
 	modelLists   modelsCache          // GET /v1/models answers (models.go)
 	view         atomic.Pointer[view] // nil until the first Update
@@ -123,6 +125,7 @@ func newRouter(opts Options, clock clockwork.Clock) (*Router, error) {
 	}
 	r.metrics = m
 	r.salter = newSalter(opts.CacheSaltKey)
+	r.sessions = newSessionKeys(opts.SessionKey, opts.SessionKeys)
 	tr := opts.Transport
 	// Probes and the load poller use tr itself: they are not traced.
 	var upstream http.RoundTripper
