@@ -62,6 +62,9 @@ type Replica struct {
 	// stale writes the router's stale-adapter reports to etcd; nil for a
 	// static fleet and until the watcher starts.
 	stale atomic.Pointer[staleMarker]
+	// keys holds the endpoints' session keys from etcd; nil with a static
+	// fleet or --session-key-file.
+	keys *sessionKeyring
 }
 
 // Start validates opts, starts a replica and returns once it listens and,
@@ -104,6 +107,10 @@ func Start(ctx context.Context, opts Options) (*Replica, error) {
 				m.report(endpoint, instance, adapter)
 			}
 		}
+	}
+	if opts.usesEtcd() && len(opts.Router.SessionKey) == 0 && opts.Router.SessionKeys == nil {
+		r.keys = startSessionKeyring(opts.Client, opts.Membership.Layout, r.log)
+		opts.Router.SessionKeys = r.keys.key
 	}
 	r.router, err = router.New(opts.Router)
 	if err != nil {
@@ -154,7 +161,16 @@ func Start(ctx context.Context, opts Options) (*Replica, error) {
 		}
 		// Routing is the default of endpoints with no config key in etcd.
 		r.stale.Store(startStaleMarker(opts.Client, opts.Membership.Layout, r.log))
-		r.watcher = membership.StartWatcher(opts.Client, membership.WatcherOptions{Options: mopts, DefaultConfig: opts.Routing, Upstreams: allowed, VanishGrace: opts.VanishGrace, Clock: opts.Clock}, r.router.Update)
+		wopts := membership.WatcherOptions{Options: mopts, DefaultConfig: opts.Routing, Upstreams: allowed, VanishGrace: opts.VanishGrace, Clock: opts.Clock}
+		update := r.router.Update
+		if r.keys != nil {
+			wopts.OnSessionKeys = r.keys.setWatched
+			update = func(s *fleet.Snapshot) {
+				r.router.Update(s)
+				r.keys.check(s)
+			}
+		}
+		r.watcher = membership.StartWatcher(opts.Client, wopts, update)
 		startCtx, cancel := context.WithTimeout(ctx, opts.StartupTimeout)
 		defer cancel()
 		select {
@@ -162,6 +178,12 @@ func Start(ctx context.Context, opts Options) (*Replica, error) {
 		case <-startCtx.Done():
 			r.closeParts()
 			return nil, fmt.Errorf("replica: no fleet snapshot from etcd %v within the startup timeout %v (is etcd reachable?): %w", opts.Etcd.Endpoints, opts.StartupTimeout, startCtx.Err())
+		}
+		if r.keys != nil {
+			// The first snapshot's endpoints get their keys before the
+			// replica serves: a session opened meanwhile would be sealed
+			// with a key the other replicas do not have.
+			r.keys.ensure(startCtx, r.watcher.Snapshot(), map[string]bool{})
 		}
 		r.reg, err = membership.RegisterRouter(startCtx, opts.Client, opts.ID, membership.RouterInfo{Addr: r.dataLn.Addr().String(), Version: Version}, mopts)
 		if err != nil {
@@ -307,8 +329,12 @@ func (r *Replica) connect() error {
 	return nil
 }
 
-// closeEtcd closes the client and the embedded etcd this replica started.
+// closeEtcd stops the session keyring, and closes the client and the
+// embedded etcd this replica started.
 func (r *Replica) closeEtcd() {
+	if r.keys != nil {
+		r.keys.Close()
+	}
 	if r.ownCli != nil {
 		_ = r.ownCli.Close()
 	}
