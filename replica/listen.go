@@ -246,25 +246,61 @@ func (a AdminSecurity) validate(bad func(format string, args ...any)) {
 
 // tlsConfig loads the admin port's TLS configuration, nil without TLS.
 func (a AdminSecurity) tlsConfig() (*tls.Config, error) {
-	if a.TLSCert == "" {
+	return serverTLS("admin", a.TLSCert, a.TLSKey, a.ClientCA, "h2", "http/1.1")
+}
+
+// serverTLS loads a listener's TLS configuration from PEM files, nil
+// without a certificate; with clientCA, client certificates from it are
+// required and verified (mTLS).
+func serverTLS(what, cert, key, clientCA string, protos ...string) (*tls.Config, error) {
+	if cert == "" {
 		return nil, nil
 	}
-	pair, err := tls.LoadX509KeyPair(a.TLSCert, a.TLSKey)
+	pair, err := tls.LoadX509KeyPair(cert, key)
 	if err != nil {
-		return nil, fmt.Errorf("replica: admin TLS certificate %s / key %s: %w", a.TLSCert, a.TLSKey, err)
+		return nil, fmt.Errorf("replica: %s TLS certificate %s / key %s: %w", what, cert, key, err)
 	}
-	tc := &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{pair}, NextProtos: []string{"h2", "http/1.1"}}
-	if a.ClientCA != "" {
-		pem, err := os.ReadFile(a.ClientCA)
+	tc := &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{pair}, NextProtos: protos}
+	if clientCA != "" {
+		pem, err := os.ReadFile(clientCA)
 		if err != nil {
-			return nil, fmt.Errorf("replica: admin client CA: %w", err)
+			return nil, fmt.Errorf("replica: %s client CA: %w", what, err)
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("replica: admin client CA %s holds no PEM certificate", a.ClientCA)
+			return nil, fmt.Errorf("replica: %s client CA %s holds no PEM certificate", what, clientCA)
 		}
 		tc.ClientCAs = pool
 		tc.ClientAuth = tls.RequireAndVerifyClientCert
 	}
 	return tc, nil
+}
+
+// ExtProcSecurity authenticates the ext_proc listener's peers (issue 19):
+// only an authenticated peer's outcome reports (response status, the
+// endpoint that served) reach the instances' breakers and slots. With a
+// token or client certificates required, other peers are refused; with
+// neither (the zero value), every peer is served picks but none is
+// authenticated, so no report counts.
+type ExtProcSecurity struct {
+	// Token is the secret a peer sends as gRPC metadata "authorization:
+	// Bearer <token>" (--ext-proc-token; prefer
+	// $PREFIXROUTER_EXT_PROC_TOKEN to a flag). Empty means none.
+	Token string
+	// TLSCert and TLSKey are the PEM certificate and key the listener
+	// serves TLS with (--ext-proc-tls-cert, --ext-proc-tls-key); both or
+	// neither.
+	TLSCert, TLSKey string
+	// ClientCA, with TLS, requires client certificates that chain to it
+	// (--ext-proc-client-ca): mTLS.
+	ClientCA string
+}
+
+func (e ExtProcSecurity) validate(bad func(format string, args ...any)) {
+	if (e.TLSCert == "") != (e.TLSKey == "") {
+		bad("ExtProc.TLSCert (--ext-proc-tls-cert) and ExtProc.TLSKey (--ext-proc-tls-key) must be given together")
+	}
+	if e.ClientCA != "" && e.TLSCert == "" {
+		bad("ExtProc.ClientCA (--ext-proc-client-ca) needs --ext-proc-tls-cert and --ext-proc-tls-key")
+	}
 }

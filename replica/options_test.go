@@ -174,6 +174,30 @@ var validateCases = []validateCase{
 	{"Admin.OpenReads", validStatic, func(o *Options) { o.Admin.Token, o.Admin.OpenReads = "t", true }, ""},
 	{"Admin.OpenReads", validStatic, func(o *Options) { o.Admin.OpenReads = true }, "--admin-open-reads"},
 	{"Admin.OpenReads", validStatic, func(o *Options) { o.Admin.OpenReads = false }, ""},
+	{"ExtProc.Token", validStatic, func(o *Options) { o.ExtProcListen, o.ExtProc.Token = "127.0.0.1:0", "t" }, ""},
+	{"ExtProc.Token", validStatic, func(o *Options) { o.ExtProc.Token = "t" }, "--ext-proc-listen"},
+	{"ExtProc.Token", validStatic, func(o *Options) { o.ExtProc.Token = "" }, ""},
+	{"ExtProc.TLSCert", validStatic, func(o *Options) {
+		o.ExtProcListen, o.ExtProc.TLSCert, o.ExtProc.TLSKey = "127.0.0.1:0", "c.pem", "k.pem"
+	}, ""},
+	{"ExtProc.TLSCert", validStatic, func(o *Options) { o.ExtProcListen, o.ExtProc.TLSCert = "127.0.0.1:0", "c.pem" }, "--ext-proc-tls-key"},
+	{"ExtProc.TLSCert", validStatic, func(o *Options) { o.ExtProc.TLSCert = "" }, ""},
+	{"ExtProc.TLSKey", validStatic, func(o *Options) { o.ExtProcListen, o.ExtProc.TLSKey = "127.0.0.1:0", "k.pem" }, "--ext-proc-tls-cert"},
+	{"ExtProc.TLSKey", validStatic, func(o *Options) {
+		o.ExtProcListen, o.ExtProc.TLSCert, o.ExtProc.TLSKey = "127.0.0.1:0", "c.pem", "k.pem"
+	}, ""},
+	{"ExtProc.TLSKey", validStatic, func(o *Options) { o.ExtProc.TLSKey = "" }, ""},
+	{"ExtProc.ClientCA", validStatic, func(o *Options) { o.ExtProcListen, o.ExtProc.ClientCA = "127.0.0.1:0", "ca.pem" }, "--ext-proc-client-ca"},
+	{"ExtProc.ClientCA", validStatic, func(o *Options) {
+		o.ExtProcListen, o.ExtProc.TLSCert, o.ExtProc.TLSKey, o.ExtProc.ClientCA = "127.0.0.1:0", "c.pem", "k.pem", "ca.pem"
+	}, ""},
+	{"ExtProc.ClientCA", validStatic, func(o *Options) { o.ExtProc.ClientCA = "" }, ""},
+	{"Router.UpstreamIdleTimeout", validStatic, func(o *Options) { o.Router.UpstreamIdleTimeout = time.Minute }, ""},
+	{"Router.UpstreamIdleTimeout", validStatic, func(o *Options) { o.Router.UpstreamIdleTimeout = -1 }, "--upstream-idle-timeout"},
+	{"Router.UpstreamIdleTimeout", validStatic, func(o *Options) { o.Router.UpstreamIdleTimeout = 0 }, ""},
+	{"Router.SessionKey", validStatic, func(o *Options) { o.Router.SessionKey = []byte("0123456789abcdef0123456789abcdef") }, ""},
+	{"Router.SessionKey", validStatic, func(o *Options) { o.Router.SessionKey = []byte("short") }, "--session-key-file"},
+	{"Router.SessionKey", validStatic, func(o *Options) { o.Router.SessionKey = nil }, ""},
 	{"Admin.TLSCert", validStatic, func(o *Options) { o.Admin.TLSCert, o.Admin.TLSKey = "c.pem", "k.pem" }, ""},
 	{"Admin.TLSCert", validStatic, func(o *Options) { o.Admin.TLSCert = "c.pem" }, "--admin-tls-key"},
 	{"Admin.TLSCert", validStatic, func(o *Options) { o.Admin.TLSCert = "" }, ""},
@@ -297,7 +321,7 @@ func settings(t reflect.Type, prefix string) []string {
 		}
 		switch f.Type {
 		case reflect.TypeFor[router.Options](), reflect.TypeFor[overload.BreakerOptions](), reflect.TypeFor[Limits](),
-			reflect.TypeFor[AdminSecurity](), reflect.TypeFor[fleet.RoutingConfig]():
+			reflect.TypeFor[AdminSecurity](), reflect.TypeFor[ExtProcSecurity](), reflect.TypeFor[fleet.RoutingConfig]():
 			out = append(out, settings(f.Type, path+".")...)
 		case reflect.TypeFor[membership.Options]():
 			out = append(out, path+".Layout", path+".TTL")
@@ -316,6 +340,7 @@ var unranged = map[string]bool{
 	"AdminListen":             true,
 	"Membership.Layout":       true,
 	"Admin.Token":             true,
+	"ExtProc.Token":           true,
 	"Pprof":                   true,
 	"Router.HideInstanceID":   true,
 	"Routing.TenantCacheSalt": true,

@@ -266,7 +266,14 @@ func Start(ctx context.Context, opts Options) (*Replica, error) {
 		ErrorLog:          slog.NewLogLogger(opts.Logger.Handler(), slog.LevelWarn),
 	}
 	if r.eppLn != nil {
-		r.epp, err = extproc.Start(r.eppLn, extproc.Options{Picker: r.router, Ready: r.router.Ready, TracerProvider: opts.Router.TracerProvider, Logger: opts.Logger})
+		var eppTLS *tls.Config
+		eppTLS, err = serverTLS("ext_proc", opts.ExtProc.TLSCert, opts.ExtProc.TLSKey, opts.ExtProc.ClientCA, "h2")
+		if err == nil {
+			r.epp, err = extproc.Start(r.eppLn, extproc.Options{Picker: r.router, Ready: r.router.Ready, TracerProvider: opts.Router.TracerProvider, Logger: opts.Logger, Token: opts.ExtProc.Token, TLS: eppTLS})
+		}
+		if err == nil && opts.ExtProc.Token == "" && opts.ExtProc.ClientCA == "" {
+			r.log.Warn("the ext_proc listener authenticates no peer (no --ext-proc-token or --ext-proc-client-ca): it serves picks, but its peers' outcome reports do not reach the circuit breakers", "ext_proc", r.eppLn.Addr().String())
+		}
 		if err != nil {
 			if r.reg != nil {
 				_ = r.reg.Close(ctx)

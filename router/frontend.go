@@ -259,13 +259,22 @@ func (p *Picked) Served(addr string) {
 // came (the stream was cancelled), which is not the instance's fault. The
 // request is counted in prefixrouter_requests_total as on the HTTP data
 // plane. Calls after the first do nothing.
-func (p *Picked) Done(status int) {
+func (p *Picked) Done(status int) { p.end(status, true) }
+
+// Release is Done for an outcome the caller cannot vouch for (an ext_proc
+// peer that is not authenticated, issue 19): the slot is freed and the
+// request counted, but the instance's breaker learns nothing.
+func (p *Picked) Release(status int) { p.end(status, false) }
+
+func (p *Picked) end(status int, judge bool) {
 	if p.r == nil {
 		return
 	}
 	outcome := overload.UpstreamStatus(status)
+	if status == 0 || !judge {
+		outcome = context.Canceled // neither a success nor a failure
+	}
 	if status == 0 {
-		outcome = context.Canceled
 		status = statusClientClosed
 	}
 	if p.cur.done != nil {
