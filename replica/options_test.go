@@ -192,6 +192,10 @@ var validateCases = []validateCase{
 		o.ExtProcListen, o.ExtProc.TLSCert, o.ExtProc.TLSKey, o.ExtProc.ClientCA = "127.0.0.1:0", "c.pem", "k.pem", "ca.pem"
 	}, ""},
 	{"ExtProc.ClientCA", validStatic, func(o *Options) { o.ExtProc.ClientCA = "" }, ""},
+	{"Router.BodyBufferBytes", validStatic, func(o *Options) { o.Router.BodyBufferBytes = 64 << 20 }, ""},
+	{"Router.BodyBufferBytes", validStatic, func(o *Options) { o.Router.BodyBufferBytes = router.DefaultMaxBodyBytes }, "--body-buffer-bytes"},
+	{"Router.BodyBufferBytes", validStatic, func(o *Options) { o.Router.MaxBodyBytes, o.Router.BodyBufferBytes = 1<<20, 2<<20 }, ""},
+	{"Router.BodyBufferBytes", validStatic, func(o *Options) { o.Router.BodyBufferBytes = 0 }, ""},
 	{"Router.UpstreamIdleTimeout", validStatic, func(o *Options) { o.Router.UpstreamIdleTimeout = time.Minute }, ""},
 	{"Router.UpstreamIdleTimeout", validStatic, func(o *Options) { o.Router.UpstreamIdleTimeout = -1 }, "--upstream-idle-timeout"},
 	{"Router.UpstreamIdleTimeout", validStatic, func(o *Options) { o.Router.UpstreamIdleTimeout = 0 }, ""},

@@ -225,7 +225,7 @@ func (r *Router) serve(w http.ResponseWriter, req *http.Request, kind apiKind, u
 	case kind == kindInvoke:
 		body, rest, berr = readHead(w, req, r.opts.MaxBodyBytes, ev.prefixLen)
 	case !ev.salt:
-		body, rest, berr = readOpenAIHead(w, req, r.opts.MaxBodyBytes, kind == kindChat, ev.prefixLen)
+		body, rest, berr = r.readOpenAIHead(w, req, r.opts.MaxBodyBytes, kind == kindChat, ev.prefixLen)
 	default:
 		body, berr = readBody(w, req, r.opts.MaxBodyBytes)
 	}
@@ -239,7 +239,7 @@ func (r *Router) serve(w http.ResponseWriter, req *http.Request, kind apiKind, u
 		// net/http fallback (https instances) may still read it after the
 		// answer, so such bodies are left to the collector.
 		if a == nil || !a.bodyAsync {
-			putHead(body)
+			r.putHead(req.Context(), body)
 		}
 	}()
 	rr, rerr := parseRoute(kind, req.Header, body, ev.prefixLen, rest != nil && kind.openAI())

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -47,6 +48,16 @@ type Options struct {
 	// MaxBodyBytes bounds request bodies, 413 beyond (--max-body-bytes).
 	// Zero means DefaultMaxBodyBytes.
 	MaxBodyBytes int64
+	// BodyBufferBytes bounds the memory of the OpenAI bodies read whole
+	// before the pick because their key is not within their first 64 KiB
+	// (model or prompt_cache_key after the messages, or no
+	// prompt_cache_key): one budget for the whole router
+	// (--body-buffer-bytes; heldbody.go). A body that finds it taken waits
+	// for room up to 10 s, then gets 503. Zero means
+	// DefaultBodyBufferBytes, or MaxBodyBytes+1 when that is more;
+	// otherwise it must be at least MaxBodyBytes+1 (MaxBodyBytes' default
+	// when zero).
+	BodyBufferBytes int64
 	// BalanceFactor > 0 bounds PREFIX_AWARE loads (consistent hashing with
 	// bounded loads, as HAProxy's hash-balance-factor): a candidate is
 	// admitted only if its load is below
@@ -205,6 +216,9 @@ func (o Options) withDefaults() Options {
 	if o.MaxBodyBytes == 0 {
 		o.MaxBodyBytes = DefaultMaxBodyBytes
 	}
+	if o.BodyBufferBytes == 0 {
+		o.BodyBufferBytes = max(DefaultBodyBufferBytes, o.MaxBodyBytes+1)
+	}
 	if o.LoadMetricsPath == "" {
 		o.LoadMetricsPath = "/metrics"
 	}
@@ -250,6 +264,9 @@ func (o Options) Validate() error {
 	}
 	if o.MaxBodyBytes < 0 {
 		bad("MaxBodyBytes (--max-body-bytes) %d is negative", o.MaxBodyBytes)
+	}
+	if maxBody := cmp.Or(o.MaxBodyBytes, DefaultMaxBodyBytes); o.BodyBufferBytes != 0 && o.BodyBufferBytes <= maxBody {
+		bad("BodyBufferBytes (--body-buffer-bytes) %d must exceed the largest body, %d (--max-body-bytes)", o.BodyBufferBytes, maxBody)
 	}
 	if f := o.BalanceFactor; !(f == 0 || (f >= 1 && f <= 10)) {
 		bad("BalanceFactor (--balance-factor) %v must be 0 (off) or in [1, 10]", f)

@@ -44,9 +44,12 @@ type Router struct {
 	salter  *salter
 	// sessions seals and opens stateful session ids (session.go).
 	sessions sessionKeys
-	metrics  *metrics
-	load     *probe.Prober // nil unless LoadPollInterval > 0
-	health   *probe.Prober // nil unless HealthCheckInterval > 0
+	// arena lends the buffers of bodies read whole before the pick
+	// (heldbody.go).
+	arena   *bodyArena
+	metrics *metrics
+	load    *probe.Prober // nil unless LoadPollInterval > 0
+	health  *probe.Prober // nil unless HealthCheckInterval > 0
 
 	modelLists   modelsCache          // GET /v1/models answers (models.go)
 	view         atomic.Pointer[view] // nil until the first Update
@@ -126,6 +129,7 @@ func newRouter(opts Options, clock clockwork.Clock) (*Router, error) {
 	r.metrics = m
 	r.salter = newSalter(opts.CacheSaltKey)
 	r.sessions = newSessionKeys(opts.SessionKey, opts.SessionKeys)
+	r.arena = newBodyArena(opts.BodyBufferBytes, int(opts.MaxBodyBytes)+1)
 	tr := opts.Transport
 	// Probes and the load poller use tr itself: they are not traced.
 	var upstream http.RoundTripper

@@ -74,6 +74,7 @@ share the fleet, and keeps routing on its last good snapshot while etcd is unrea
 	f.BoolVar(&r.HideInstanceID, "hide-instance-id", false, "leave X-Prefixrouter-Instance out of responses and instance ids out of error messages")
 	f.StringVar(&r.CacheSaltKey, "cache-salt-key", "", "secret key of the tenant cache salt (--tenant-cache-salt), the same on every replica, at least 16 bytes; empty: a built-in key, which keeps tenants apart but lets whoever knows a tenant id compute its salt")
 	f.Int64Var(&r.MaxBodyBytes, "max-body-bytes", router.DefaultMaxBodyBytes, "largest request body accepted (413 beyond)")
+	f.Int64Var(&r.BodyBufferBytes, "body-buffer-bytes", 0, "memory, for the whole replica, of the OpenAI bodies read whole before routing because model or prompt_cache_key is not in their first 64 KiB; a body that finds it taken waits up to 10 s, then gets 503 (0: 32 MiB, or --max-body-bytes + 1 if more)")
 	f.Uint32Var(&r.Breaker.ConsecutiveFailures, "breaker-failures", overload.DefaultConsecutiveFailures, "consecutive upstream failures that open an instance's circuit breaker")
 	f.DurationVar(&r.Breaker.OpenTimeout, "breaker-open-timeout", overload.DefaultOpenTimeout, "how long an open breaker waits before letting a probe through")
 	f.DurationVar(&r.LoadPollInterval, "load-poll-interval", 0, "poll each instance's /metrics (vllm:num_requests_running+waiting) this often and count load from other replicas against the concurrency threshold (0: off)")
