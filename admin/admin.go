@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"runtime/debug"
 	"strings"
 	"sync"
@@ -30,6 +29,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/admin/adminpb"
 	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/overload"
+	"github.com/prefixrouter/prefixrouter/router"
 )
 
 // SnapshotSource gives the fleet snapshot the router routes with now (nil
@@ -65,41 +65,16 @@ type AdapterStore interface {
 	DeleteAdapter(ctx context.Context, endpoint, name string) error
 }
 
-// Explanation is where a request would go with no load.
-type Explanation struct {
-	// Strategy is the endpoint's routing strategy.
-	Strategy fleet.Strategy
-	// Instance is the id of the instance the request would go to.
-	Instance string
-	// Candidates are the instance ids in the key's ring order within the
-	// model's sticky set: where the request spills when earlier ones are full.
-	Candidates []string
-	// Key is the routing key.
-	Key uint64
-	// Model and Tenant are the model (adapter) and tenant id the key was
-	// built from; empty when the request named none.
-	Model  string
-	Tenant string
-	// PrefixLength is the prefix length (units) that went into the key.
-	PrefixLength int
-}
-
-// Errors an Explainer wraps so that ExplainRoute answers the right code.
-// Errors that already carry a gRPC status keep it; others are Internal.
-var (
-	// ErrNotFound: unknown endpoint or model (NotFound).
-	ErrNotFound = errors.New("admin: not found")
-	// ErrInvalidRequest: the request would be rejected as malformed (InvalidArgument).
-	ErrInvalidRequest = errors.New("admin: invalid request")
-	// ErrNoInstance: no instance can take the request now (Unavailable).
-	ErrNoInstance = errors.New("admin: no instance available")
-)
-
 // Explainer computes where a request would go with no load, without sending
-// it. path is the data-plane path (it decides how the key is extracted).
+// it: the router's routing sequence without admission (router.Explain).
+// Its errors carry the sequence's class (router.ErrUnknownEndpoint,
+// router.ErrInvalidRequest, lora.ErrUnknownModel, lora.ErrModelNotReady,
+// fleet.ErrNoInstance), which ExplainRoute maps to gRPC codes.
 type Explainer interface {
-	Explain(ctx context.Context, endpoint, path string, header http.Header, body []byte) (Explanation, error)
+	Explain(ctx context.Context, req router.PickRequest) (router.Explanation, error)
 }
+
+var _ Explainer = (*router.Router)(nil)
 
 // Options configure a Server. Snapshots and Ready are required.
 type Options struct {
@@ -117,6 +92,10 @@ type Options struct {
 	Adapters AdapterStore
 	// Explainer serves ExplainRoute; nil makes it answer Unimplemented.
 	Explainer Explainer
+	// Overrides lists the settings given to this replica (its `serve`
+	// flags) that an endpoint's routing config replaces, for GetFleet; nil
+	// means none.
+	Overrides func(cfg fleet.Resolved) []fleet.Override
 	// Ready reports readiness for the gRPC health service: the router's
 	// Ready, the rule /readyz applies too (router.Readiness). Required.
 	Ready func() error

@@ -29,7 +29,9 @@ import (
 	"github.com/prefixrouter/prefixrouter/admin/adminpb"
 	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/internal/testsupport"
+	"github.com/prefixrouter/prefixrouter/lora"
 	"github.com/prefixrouter/prefixrouter/overload"
+	"github.com/prefixrouter/prefixrouter/router"
 )
 
 func TestMain(m *testing.M) { testsupport.VerifyNoLeaks(m) }
@@ -96,22 +98,23 @@ type explainCall struct {
 	endpoint, path string
 	header         http.Header
 	body           []byte
+	subset         []string
 }
 
 type fakeExplainer struct {
 	mu   sync.Mutex
 	last explainCall // guarded by mu
-	ex   admin.Explanation
+	ex   router.Explanation
 	err  error
 	pan  bool
 }
 
-func (f *fakeExplainer) Explain(_ context.Context, endpoint, path string, header http.Header, body []byte) (admin.Explanation, error) {
+func (f *fakeExplainer) Explain(_ context.Context, req router.PickRequest) (router.Explanation, error) {
 	if f.pan {
 		panic("explainer exploded")
 	}
 	f.mu.Lock()
-	f.last = explainCall{endpoint, path, header, body}
+	f.last = explainCall{req.Endpoint, req.Path, req.Header, req.Body, req.Subset}
 	f.mu.Unlock()
 	return f.ex, f.err
 }
@@ -337,9 +340,9 @@ func sameConfig(a, b *adminpb.RoutingConfig) bool { return proto.Equal(a, b) }
 // ways still fail.
 func storedAsPB(c fleet.RoutingConfig) *adminpb.RoutingConfig {
 	pc := &adminpb.RoutingConfig{
-		Strategy: string(c.RoutingStrategy), PrefixLength: int32(c.PrefixLength()), ConcurrencyThreshold: int32(c.ConcurrencyThreshold()),
-		HotKeyReplication: c.HotKeyReplication(), TenantCacheSalt: c.TenantCacheSalt,
-		FirstByteTimeoutInMilliseconds: int32(c.FirstByteTimeout().Milliseconds()),
+		Strategy: string(c.RoutingStrategy), PrefixLength: int32(c.PrefixAwareRoutingConfig.PrefixLength), ConcurrencyThreshold: int32(c.PrefixAwareRoutingConfig.ConcurrencyThreshold),
+		HotKeyReplication: c.PrefixAwareRoutingConfig.HotKeyReplication, TenantCacheSalt: c.TenantCacheSalt,
+		FirstByteTimeoutInMilliseconds: int32(c.FirstByteTimeoutInMilliseconds),
 	}
 	for _, v := range c.ProductionVariants {
 		pc.ProductionVariants = append(pc.ProductionVariants, &adminpb.ProductionVariant{VariantName: v.VariantName, InitialVariantWeight: v.InitialVariantWeight})
@@ -457,9 +460,9 @@ func TestSetRoutingConfig(t *testing.T) {
 }
 
 func TestExplainRoute(t *testing.T) {
-	ex := admin.Explanation{
-		Strategy: fleet.PrefixAware, Instance: "i-a", Candidates: []string{"i-a", "i-c"},
-		Key: 0xbeef, Model: "lora-x", Tenant: "t1", PrefixLength: 2048,
+	ex := router.Explanation{
+		Endpoint: "chat", Strategy: fleet.PrefixAware, Instance: "i-a", Decision: router.DecisionAffinity, HotReplicas: 2,
+		Candidates: []string{"i-a", "i-c"}, Key: 0xbeef, Model: "lora-x", Tenant: "t1", Variant: "v2", PrefixLength: 2048,
 	}
 	e := &fakeExplainer{ex: ex}
 	h := start(t, admin.Options{Explainer: e})
@@ -469,18 +472,22 @@ func TestExplainRoute(t *testing.T) {
 		Path:     "/v1/chat/completions",
 		Headers:  map[string]string{"x-amzn-sagemaker-prefix-aware-id": "t1"},
 		Payload:  &adminpb.ExplainRouteRequest_BodyText{BodyText: `{"model":"lora-x"}`},
+		Subset:   []string{"127.0.0.1:8001"},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Every field of the explanation reaches the response: nothing is
+	// lost between the router's value and the wire.
 	if resp.Endpoint != "chat" || resp.Strategy != "PREFIX_AWARE" || resp.Instance != "i-a" || resp.InstanceAddr != "http://127.0.0.1:8001" ||
 		strings.Join(resp.Candidates, ",") != "i-a,i-c" || resp.RoutingKey != "000000000000beef" ||
-		resp.Model != "lora-x" || resp.Tenant != "t1" || resp.PrefixLength != 2048 {
+		resp.Model != "lora-x" || resp.Tenant != "t1" || resp.PrefixLength != 2048 ||
+		resp.HotReplicas != 2 || resp.Decision != "affinity" || resp.Variant != "v2" {
 		t.Fatalf("response = %v", resp)
 	}
 	call := e.lastCall()
 	if call.endpoint != "chat" || call.path != "/v1/chat/completions" || string(call.body) != `{"model":"lora-x"}` ||
-		call.header.Get("X-Amzn-Sagemaker-Prefix-Aware-Id") != "t1" {
+		call.header.Get("X-Amzn-Sagemaker-Prefix-Aware-Id") != "t1" || strings.Join(call.subset, ",") != "127.0.0.1:8001" {
 		t.Fatalf("explainer saw %+v", call)
 	}
 
@@ -507,9 +514,11 @@ func TestExplainRouteErrors(t *testing.T) {
 		code codes.Code
 		msg  string
 	}{
-		{"unknown model", fmt.Errorf("router: model %q: %w", "lora-z", admin.ErrNotFound), codes.NotFound, "lora-z"},
-		{"bad body", fmt.Errorf("%w: messages must be an array", admin.ErrInvalidRequest), codes.InvalidArgument, "messages must be an array"},
-		{"no instance", fmt.Errorf("%w: all draining", admin.ErrNoInstance), codes.Unavailable, "all draining"},
+		{"unknown model", fmt.Errorf("router: model %q: %w", "lora-z", lora.ErrUnknownModel), codes.NotFound, "lora-z"},
+		{"unknown endpoint", fmt.Errorf("%w: %q", router.ErrUnknownEndpoint, "ep-z"), codes.NotFound, "ep-z"},
+		{"bad body", fmt.Errorf("%w: messages must be an array", router.ErrInvalidRequest), codes.InvalidArgument, "messages must be an array"},
+		{"no instance", fmt.Errorf("%w: all draining", fleet.ErrNoInstance), codes.Unavailable, "all draining"},
+		{"adapter not ready", fmt.Errorf("%w: loading", lora.ErrModelNotReady), codes.Unavailable, "loading"},
 		{"status passes through", status.Error(codes.ResourceExhausted, "busy"), codes.ResourceExhausted, "busy"},
 		{"other", errors.New("boom"), codes.Internal, "boom"},
 	}

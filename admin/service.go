@@ -16,11 +16,9 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/admin/adminpb"
 	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/lora"
+	"github.com/prefixrouter/prefixrouter/router"
 )
-
-// maxNameLength matches membership.MaxNameLength: endpoint names become etcd
-// key segments.
-const maxNameLength = 128
 
 // service implements adminpb.AdminServer.
 type service struct {
@@ -56,6 +54,11 @@ func (s *service) GetFleet(_ context.Context, req *adminpb.GetFleetRequest) (*ad
 	for _, name := range names {
 		ep := snap.Endpoints[name]
 		pe := &adminpb.Endpoint{Name: ep.Name, Config: configToPB(ep.Config)}
+		if s.o.Overrides != nil {
+			for _, o := range s.o.Overrides(ep.Resolved) {
+				pe.Overridden = append(pe.Overridden, &adminpb.Override{Flag: o.Flag, Given: o.Given, Stored: o.Stored})
+			}
+		}
 		for _, in := range ep.Instances {
 			pe.Instances = append(pe.Instances, s.instanceToPB(ep.Name, in))
 		}
@@ -193,9 +196,9 @@ func (s *service) SetRoutingConfig(ctx context.Context, req *adminpb.SetRoutingC
 	}
 	n := c.WithDefaults()
 	s.o.Logger.InfoContext(ctx, "admin: routing config set", "endpoint", req.GetEndpoint(),
-		"strategy", n.RoutingStrategy, "prefixLength", n.PrefixLength(), "concurrencyThreshold", n.ConcurrencyThreshold(),
-		"hotKeyReplication", n.HotKeyReplication(), "tenantCacheSalt", n.TenantCacheSalt, "productionVariants", len(n.ProductionVariants),
-		"firstByteTimeout", n.FirstByteTimeout(), "peer", from)
+		"strategy", n.RoutingStrategy, "prefixLength", n.PrefixAwareRoutingConfig.PrefixLength, "concurrencyThreshold", n.PrefixAwareRoutingConfig.ConcurrencyThreshold,
+		"hotKeyReplication", n.PrefixAwareRoutingConfig.HotKeyReplication, "tenantCacheSalt", n.TenantCacheSalt, "productionVariants", len(n.ProductionVariants),
+		"firstByteTimeoutMs", n.FirstByteTimeoutInMilliseconds, "peer", from)
 	return &adminpb.SetRoutingConfigResponse{Config: configToPB(n)}, nil
 }
 
@@ -226,7 +229,7 @@ func (s *service) ExplainRoute(ctx context.Context, req *adminpb.ExplainRouteReq
 	if t, ok := req.GetPayload().(*adminpb.ExplainRouteRequest_BodyText); ok {
 		body = []byte(t.BodyText)
 	}
-	ex, err := s.o.Explainer.Explain(ctx, req.GetEndpoint(), path, header, body)
+	ex, err := s.o.Explainer.Explain(ctx, router.PickRequest{Endpoint: req.GetEndpoint(), Path: path, Header: header, Body: body, Subset: req.GetSubset()})
 	if err != nil {
 		return nil, explainError(err)
 	}
@@ -239,6 +242,9 @@ func (s *service) ExplainRoute(ctx context.Context, req *adminpb.ExplainRouteReq
 		Model:        ex.Model,
 		Tenant:       ex.Tenant,
 		PrefixLength: int32(ex.PrefixLength),
+		HotReplicas:  int32(ex.HotReplicas),
+		Decision:     ex.Decision,
+		Variant:      ex.Variant,
 	}
 	for _, in := range ep.Instances {
 		if in.ID == ex.Instance {
@@ -249,16 +255,11 @@ func (s *service) ExplainRoute(ctx context.Context, req *adminpb.ExplainRouteReq
 	return resp, nil
 }
 
-// validateEndpoint applies membership's rule for names, so that a bad name is
-// InvalidArgument here rather than an opaque store error.
+// validateEndpoint applies the fleet's rule for names, so that a bad name
+// is InvalidArgument here rather than an opaque store error.
 func validateEndpoint(name string) error {
-	if name == "" || len(name) > maxNameLength {
-		return status.Errorf(codes.InvalidArgument, "admin: endpoint name must be 1..%d characters, got %q", maxNameLength, name)
-	}
-	for _, r := range name {
-		if r <= ' ' || r > '~' || r == '/' {
-			return status.Errorf(codes.InvalidArgument, "admin: endpoint name %q must be printable ASCII without spaces or '/'", name)
-		}
+	if err := fleet.ValidateName("endpoint name", name); err != nil {
+		return status.Errorf(codes.InvalidArgument, "admin: %v", err)
 	}
 	return nil
 }
@@ -278,11 +279,11 @@ func explainError(err error) error {
 		return st.Err()
 	}
 	switch {
-	case errors.Is(err, ErrNotFound):
+	case errors.Is(err, router.ErrUnknownEndpoint), errors.Is(err, lora.ErrUnknownModel):
 		return status.Error(codes.NotFound, err.Error())
-	case errors.Is(err, ErrInvalidRequest):
+	case errors.Is(err, router.ErrInvalidRequest):
 		return status.Error(codes.InvalidArgument, err.Error())
-	case errors.Is(err, ErrNoInstance):
+	case errors.Is(err, fleet.ErrNoInstance), errors.Is(err, lora.ErrModelNotReady):
 		return status.Error(codes.Unavailable, err.Error())
 	}
 	if st := status.FromContextError(err); st.Code() != codes.Unknown {

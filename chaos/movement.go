@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/internal/sim"
 	"github.com/prefixrouter/prefixrouter/replica"
+	"github.com/prefixrouter/prefixrouter/router"
 )
 
 // probeChars is the length of each probe's text: shorter than the default
@@ -64,7 +66,7 @@ func primaries(reps []*replica.Replica, endpoint string, probes [][]byte) (owner
 	for r, rep := range reps {
 		out[r] = make([]string, len(probes))
 		for i, body := range probes {
-			ex, err := rep.Router().Explain(endpoint, chatPath, nil, body)
+			ex, err := rep.Router().Explain(context.Background(), router.PickRequest{Endpoint: endpoint, Path: chatPath, Body: body})
 			if err != nil {
 				return nil, fmt.Errorf("chaos: probe %d on replica %d: %w", i, r, err)
 			}

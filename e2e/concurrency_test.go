@@ -146,7 +146,7 @@ func optionReplicas(t *testing.T, opt string, T int, bs []*backend, clusters map
 	testsupport.Eventually(t, 10*time.Second, "replicas configured", func() bool {
 		return c.everyReplica(func(r *replica.Replica) bool {
 			e := r.Router().Snapshot().Endpoint(ep)
-			return e != nil && len(e.Instances) == len(bs) && e.Config.ConcurrencyThreshold() == T && r.Router().Snapshot().Replicas == optReplicas
+			return e != nil && len(e.Instances) == len(bs) && e.Resolved.ConcurrencyThreshold == T && r.Router().Snapshot().Replicas == optReplicas
 		})
 	})
 	if opt == "c" {

@@ -75,8 +75,8 @@ func TestConfigSetFlipsStrategy(t *testing.T) {
 	testsupport.Eventually(t, 10*time.Second, "affinity decisions on every replica", decisions(router.DecisionAffinity))
 	within(t, "strategy flipped back on every replica", time.Since(start), propagation)
 	for _, r := range c.replicas {
-		if got := r.Router().Snapshot().Endpoint(ep).Config; got.PrefixLength() != 2048 || got.ConcurrencyThreshold() != 4 {
-			t.Errorf("replica %s config %+v, want PrefixLength 2048, ConcurrencyThreshold 4", r.Addr(), got.PrefixAwareRoutingConfig)
+		if got := r.Router().Snapshot().Endpoint(ep).Resolved; got.PrefixLength != 2048 || got.ConcurrencyThreshold != 4 {
+			t.Errorf("replica %s config %+v, want PrefixLength 2048, ConcurrencyThreshold 4", r.Addr(), got)
 		}
 	}
 }

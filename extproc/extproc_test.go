@@ -71,7 +71,13 @@ func fleetOf(t *testing.T, n int) []fleet.Instance {
 
 func startCluster(t *testing.T, insts []fleet.Instance, opts extproc.Options) *cluster {
 	t.Helper()
-	r, err := router.New(router.Options{DefaultEndpoint: endpoint})
+	return startClusterWith(t, insts, router.Options{DefaultEndpoint: endpoint}, opts)
+}
+
+// startClusterWith is startCluster with the router's options.
+func startClusterWith(t *testing.T, insts []fleet.Instance, ro router.Options, opts extproc.Options) *cluster {
+	t.Helper()
+	r, err := router.New(ro)
 	if err != nil {
 		t.Fatal(err)
 	}

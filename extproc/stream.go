@@ -207,6 +207,7 @@ func (st *stream) tryPick(complete, eos bool) (bool, error) {
 	p, err := st.s.opts.Picker.Pick(router.PickRequest{
 		Path: st.path, Header: st.header, Body: st.body, Complete: complete,
 		Subset: st.subset, MaxCandidates: st.s.opts.MaxCandidates,
+		Context: st.srv.Context(), // ends an adapter wait when Envoy gives up
 	})
 	if errors.Is(err, router.ErrNeedBody) {
 		return false, nil
@@ -222,15 +223,27 @@ func (st *stream) tryPick(complete, eos bool) (bool, error) {
 	}
 	st.picked = p
 	dest := strings.Join(p.Candidates, ",")
+	mutation := &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
+		setHeader(HeaderDestination, dest),
+		setHeader(HeaderPrimary, p.Candidates[0]),
+	}}
+	for k, vs := range p.SetHeaders {
+		for _, v := range vs {
+			mutation.SetHeaders = append(mutation.SetHeaders, setHeader(strings.ToLower(k), v))
+		}
+	}
+	if p.Body != nil {
+		// The router salted the body (it held all of it): its length
+		// changed, so the proxy sends it chunked.
+		st.body = p.Body
+		mutation.RemoveHeaders = append(mutation.RemoveHeaders, "content-length")
+	}
 	headers := &extprocv3.ProcessingResponse{
 		Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{
 			Response: &extprocv3.CommonResponse{
 				// The route may depend on the destination header.
 				ClearRouteCache: true,
-				HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
-					setHeader(HeaderDestination, dest),
-					setHeader(HeaderPrimary, p.Candidates[0]),
-				}},
+				HeaderMutation:  mutation,
 			},
 		}},
 		DynamicMetadata: &structpb.Struct{Fields: map[string]*structpb.Value{
@@ -289,9 +302,13 @@ func (st *stream) immediate(code int, h http.Header, body []byte, details string
 // the response with the router's instance and decision headers, as on the
 // HTTP data plane.
 func (st *stream) responseHeaders(req *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders) error {
+	upstream := http.Header{}
 	for _, hv := range h.GetHeaders().GetHeaders() {
-		if hv.GetKey() == ":status" {
+		switch k := hv.GetKey(); {
+		case k == ":status":
 			st.status, _ = strconv.Atoi(headerValue(hv))
+		case !strings.HasPrefix(k, ":"):
+			upstream.Add(k, headerValue(hv))
 		}
 	}
 	var set []*corev3.HeaderValueOption
@@ -299,9 +316,12 @@ func (st *stream) responseHeaders(req *extprocv3.ProcessingRequest, h *extprocv3
 		if v, ok := st.servedFrom(req); ok && st.trusted {
 			p.Served(v)
 		}
-		set = []*corev3.HeaderValueOption{
-			setHeader(strings.ToLower(router.HeaderInstance), p.Instance),
-			setHeader(strings.ToLower(router.HeaderDecision), p.Decision),
+		// The router's response headers, as its HTTP data plane sets
+		// them: instance, decision, variant, the client's session ids.
+		for k, vs := range p.ResponseHeaders(upstream) {
+			for _, v := range vs {
+				set = append(set, setHeader(strings.ToLower(k), v))
+			}
 		}
 	}
 	if h.GetEndOfStream() {

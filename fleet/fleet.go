@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"sort"
 	"time"
+
+	"github.com/prefixrouter/prefixrouter/engine"
 )
 
 // Strategy names a routing strategy, spelled as SageMaker spells it.
@@ -43,6 +45,13 @@ const (
 // routing config, an instance record, a component's Options. The command
 // line maps it to exit code 2 (invalid input).
 var ErrInvalid = errors.New("invalid")
+
+// ErrNoInstance is wrapped by every "nothing can serve this now" answer,
+// whoever gives it: an endpoint or a model's set with no instance that is
+// not draining (lora), a pick whose candidates are all refused (router), an
+// explanation with no candidate (admin maps it to Unavailable). There is one
+// such error in the whole program, so one errors.Is serves every caller.
+var ErrNoInstance = errors.New("no instance available")
 
 // ErrInvalidConfig is wrapped by every validation error of a RoutingConfig;
 // it wraps ErrInvalid.
@@ -150,46 +159,63 @@ func (c RoutingConfig) Validate() error {
 }
 
 // WithDefaults returns c with every zero value replaced by its default. It does
-// not validate.
+// not validate. It copies c whole (the nested config too) before filling
+// zeros, so a field added to the struct is carried through without being
+// listed here (TestWithDefaultsCarriesEveryField).
 func (c RoutingConfig) WithDefaults() RoutingConfig {
-	out := DefaultRoutingConfig()
-	out.TenantCacheSalt = c.TenantCacheSalt
-	out.ProductionVariants = c.ProductionVariants
-	out.FirstByteTimeoutInMilliseconds = c.FirstByteTimeoutInMilliseconds
-	if c.RoutingStrategy != "" {
-		out.RoutingStrategy = c.RoutingStrategy
+	out := c
+	def := DefaultRoutingConfig()
+	if out.RoutingStrategy == "" {
+		out.RoutingStrategy = def.RoutingStrategy
 	}
-	if p := c.PrefixAwareRoutingConfig; p != nil {
-		if p.PrefixLength != 0 {
-			out.PrefixAwareRoutingConfig.PrefixLength = p.PrefixLength
-		}
-		if p.ConcurrencyThreshold != 0 {
-			out.PrefixAwareRoutingConfig.ConcurrencyThreshold = p.ConcurrencyThreshold
-		}
-		out.PrefixAwareRoutingConfig.HotKeyReplication = p.HotKeyReplication
+	p := *def.PrefixAwareRoutingConfig
+	if c.PrefixAwareRoutingConfig != nil {
+		p = *c.PrefixAwareRoutingConfig
 	}
+	if p.PrefixLength == 0 {
+		p.PrefixLength = DefaultPrefixLength
+	}
+	if p.ConcurrencyThreshold == 0 {
+		p.ConcurrencyThreshold = DefaultConcurrencyThreshold
+	}
+	out.PrefixAwareRoutingConfig = &p
 	return out
 }
 
-// PrefixLength returns the effective prefix length of c.
-func (c RoutingConfig) PrefixLength() int {
-	return c.WithDefaults().PrefixAwareRoutingConfig.PrefixLength
+// Resolved is an endpoint's routing configuration with every default filled
+// in and validated, in the fields the data plane reads. A snapshot carries
+// it (Endpoint.Resolved), so nothing on the request path re-normalizes a
+// RoutingConfig (grpc-go's ringhash parseConfig does the same once).
+type Resolved struct {
+	Strategy             Strategy
+	PrefixLength         int
+	ConcurrencyThreshold int
+	HotKeyReplication    bool
+	TenantCacheSalt      bool
+	// FirstByteTimeout is the endpoint's own; zero means the replica's
+	// default applies.
+	FirstByteTimeout time.Duration
+	// Variants are the ProductionVariants in order, nil without a split.
+	Variants []ProductionVariant
 }
 
-// HotKeyReplication reports whether c turns popularity-aware replication on.
-func (c RoutingConfig) HotKeyReplication() bool {
-	return c.PrefixAwareRoutingConfig != nil && c.PrefixAwareRoutingConfig.HotKeyReplication
-}
-
-// FirstByteTimeout returns c's first-byte timeout; zero means none is set
-// (the replica's default applies).
-func (c RoutingConfig) FirstByteTimeout() time.Duration {
-	return time.Duration(c.FirstByteTimeoutInMilliseconds) * time.Millisecond
-}
-
-// ConcurrencyThreshold returns the effective concurrency threshold of c.
-func (c RoutingConfig) ConcurrencyThreshold() int {
-	return c.WithDefaults().PrefixAwareRoutingConfig.ConcurrencyThreshold
+// Resolve validates c and returns it resolved. Every field of RoutingConfig
+// reaches the result (TestResolveCarriesEveryField fails otherwise).
+func (c RoutingConfig) Resolve() (Resolved, error) {
+	if err := c.Validate(); err != nil {
+		return Resolved{}, err
+	}
+	d := c.WithDefaults()
+	p := d.PrefixAwareRoutingConfig
+	return Resolved{
+		Strategy:             d.RoutingStrategy,
+		PrefixLength:         p.PrefixLength,
+		ConcurrencyThreshold: p.ConcurrencyThreshold,
+		HotKeyReplication:    p.HotKeyReplication,
+		TenantCacheSalt:      d.TenantCacheSalt,
+		FirstByteTimeout:     time.Duration(d.FirstByteTimeoutInMilliseconds) * time.Millisecond,
+		Variants:             d.ProductionVariants,
+	}, nil
 }
 
 // Instance is one model-server instance as registered in etcd.
@@ -202,15 +228,32 @@ type Instance struct {
 	Labels       map[string]string `json:"labels,omitempty"`
 	Draining     bool              `json:"draining"`
 	RegisteredAt time.Time         `json:"registeredAt"`
-	// Hot is set by the agent while the server's requests in flight have
-	// stayed at or above the endpoint's concurrency threshold for its hot
-	// window, and cleared after they stayed below half of it as long
-	// (hysteresis).
-	Hot bool `json:"hot,omitempty"`
-	// HotAdapters are, while Hot, the adapters that carry the load: in use
-	// in most of the agent's recent samples (see agent.Options.HotWindow).
-	// Placement grows the set of an adapter that every member lists here.
-	HotAdapters []string `json:"hotAdapters,omitempty"`
+	// Engine names the model server's engine (engine.VLLM, engine.SGLang,
+	// engine.LlamaCpp, engine.TGI), detected by the agent or forced with
+	// `register --engine`. Empty (records of older agents) means unknown:
+	// engine.Generic. A name this build does not know is kept and read as
+	// Generic too.
+	Engine string `json:"engine,omitempty"`
+	// AdapterIndex gives, for an engine that selects adapters by position
+	// (llama-server: the order of its --lora flags), each adapter's
+	// position; nil for the others. Every key is one of Adapters, and for
+	// such an engine every adapter has one.
+	AdapterIndex map[string]int `json:"adapterIndex,omitempty"`
+	// Listed are the model ids the instance's own /v1/models lists (its
+	// base model and adapters), which the replica reads for a static fleet
+	// (issue 20). They name models in metric labels only: routing never
+	// reads them, so a static fleet routes as its flag declares.
+	Listed []string `json:"-"`
+	// Saturated is set by the agent while the server's requests in flight
+	// have stayed at or above the endpoint's concurrency threshold for its
+	// saturation window, and cleared after they stayed below half of it as
+	// long (hysteresis). (A popular key is "hot": package hotkey.)
+	Saturated bool `json:"saturated,omitempty"`
+	// BusyAdapters are, while Saturated, the adapters that carry the load:
+	// in use in most of the agent's recent samples (see
+	// agent.Options.SaturationWindow). Placement grows the set of an
+	// adapter that every member lists here.
+	BusyAdapters []string `json:"busyAdapters,omitempty"`
 	// ActiveAdapters are the adapters that served a request within the
 	// agent's active window, sorted; an adapter that no member lists is
 	// cold and its set shrinks back to MinReplicas.
@@ -227,9 +270,6 @@ type Instance struct {
 // equals ring.MaxWeight; a ratio of 100 to 1 covers any real fleet.
 const MaxWeight = 100
 
-// MaxIDLength bounds instance ids (they become etcd key segments and metric labels).
-const MaxIDLength = 128
-
 // Bounds of what one instance record may list (issue 19: a record with
 // 50,000 labels was accepted, and every replica holds every record). A
 // record beyond them is refused whole, like any invalid record.
@@ -240,7 +280,7 @@ const (
 	MaxLabelKeyLength   = 128
 	MaxLabelValueLength = 512
 	// MaxAdapterNames bounds each of an instance's adapter lists (loaded,
-	// hot, active); MaxAdapterNameLength each name, in bytes. vLLM keeps
+	// busy, active); MaxAdapterNameLength each name, in bytes. vLLM keeps
 	// at most --max-cpu-loras adapters loaded, typically tens to hundreds.
 	MaxAdapterNames      = 4096
 	MaxAdapterNameLength = 512
@@ -266,13 +306,8 @@ func (in Instance) HasAdapter(name string) bool {
 
 // Validate checks the fields a router relies on.
 func (in Instance) Validate() error {
-	if in.ID == "" || len(in.ID) > MaxIDLength {
-		return fmt.Errorf("fleet: instance id must be 1..%d characters, got %q", MaxIDLength, in.ID)
-	}
-	for _, r := range in.ID {
-		if r <= ' ' || r > '~' || r == '/' {
-			return fmt.Errorf("fleet: instance id %q must be printable ASCII without spaces or '/'", in.ID)
-		}
+	if err := ValidateName("instance id", in.ID); err != nil {
+		return err
 	}
 	if in.Addr == "" {
 		return fmt.Errorf("fleet: instance %q has no addr", in.ID)
@@ -291,7 +326,7 @@ func (in Instance) Validate() error {
 	for _, list := range []struct {
 		name  string
 		names []string
-	}{{"adapters", in.Adapters}, {"hotAdapters", in.HotAdapters}, {"activeAdapters", in.ActiveAdapters}} {
+	}{{"adapters", in.Adapters}, {"busyAdapters", in.BusyAdapters}, {"activeAdapters", in.ActiveAdapters}} {
 		if len(list.names) > MaxAdapterNames {
 			return fmt.Errorf("fleet: %w instance: %q lists %d %s, more than %d", ErrInvalid, in.ID, len(list.names), list.name, MaxAdapterNames)
 		}
@@ -301,14 +336,38 @@ func (in Instance) Validate() error {
 			}
 		}
 	}
+	if err := engine.ValidateName(in.Engine); err != nil {
+		return fmt.Errorf("fleet: %w instance: %q: %w", ErrInvalid, in.ID, err)
+	}
+	seen := make(map[int]string, len(in.AdapterIndex))
+	for name, i := range in.AdapterIndex {
+		if i < 0 || i >= MaxAdapterIndex || !in.HasAdapter(name) {
+			return fmt.Errorf("fleet: %w instance: %q: adapterIndex %q: %d must be 0..%d and name one of its adapters", ErrInvalid, in.ID, name, i, MaxAdapterIndex-1)
+		}
+		if other, dup := seen[i]; dup {
+			return fmt.Errorf("fleet: %w instance: %q: adapters %q and %q have the same index %d", ErrInvalid, in.ID, min(name, other), max(name, other), i)
+		}
+		seen[i] = name
+	}
+	if p, _ := engine.Lookup(in.Engine); p.Adapters.Select == engine.ByIndex && len(in.AdapterIndex) != len(in.Adapters) {
+		return fmt.Errorf("fleet: %w instance: %q: engine %s selects adapters by position: adapterIndex must give each of %v one", ErrInvalid, in.ID, in.Engine, in.Adapters)
+	}
 	return nil
 }
+
+// MaxAdapterIndex bounds AdapterIndex's positions (an engine with this many
+// adapters loaded at start is beyond any real deployment).
+const MaxAdapterIndex = 1024
 
 // Endpoint is one endpoint's instances and routing configuration.
 type Endpoint struct {
 	Name string
-	// Config is already validated and normalized.
+	// Config is the stored configuration with its defaults filled in
+	// (for display and for writing back).
 	Config RoutingConfig
+	// Resolved is Config validated and resolved once, when the snapshot
+	// was built: what the data plane reads.
+	Resolved Resolved
 	// Instances are sorted by ID, draining ones included (routers skip them).
 	Instances []Instance
 	// Adapters is the adapter catalogue with its placement state, sorted
@@ -341,7 +400,13 @@ func NewSnapshot(endpoints []Endpoint, revision int64, replicas int, now time.Ti
 		sort.Slice(insts, func(i, j int) bool { return insts[i].ID < insts[j].ID })
 		ads := append([]Adapter(nil), ep.Adapters...)
 		sort.Slice(ads, func(i, j int) bool { return ads[i].Name < ads[j].Name })
-		s.Endpoints[ep.Name] = &Endpoint{Name: ep.Name, Config: ep.Config.WithDefaults(), Instances: insts, Adapters: ads}
+		res, err := ep.Config.Resolve()
+		if err != nil {
+			// Callers validate first (the watcher keeps the default for
+			// an invalid stored config); never route on an invalid one.
+			res, _ = RoutingConfig{}.Resolve()
+		}
+		s.Endpoints[ep.Name] = &Endpoint{Name: ep.Name, Config: ep.Config.WithDefaults(), Resolved: res, Instances: insts, Adapters: ads}
 	}
 	return s
 }
@@ -412,8 +477,8 @@ var ErrAdapterNotFound = errors.New("fleet: adapter not in the catalogue")
 // Validate checks the name, the source and the replica range. Zero replica
 // counts are accepted and mean the defaults.
 func (a Adapter) Validate() error {
-	if err := validateID("adapter name", a.Name); err != nil {
-		return fmt.Errorf("%w: %w", ErrInvalidAdapter, err)
+	if p := nameProblem("name", a.Name); p != "" {
+		return fmt.Errorf("%w %s", ErrInvalidAdapter, p)
 	}
 	if a.Source == "" || len(a.Source) > 4096 {
 		return fmt.Errorf("%w %q: source must be 1..4096 bytes", ErrInvalidAdapter, a.Name)
@@ -447,20 +512,6 @@ func (a Adapter) Max() int {
 // Target returns the current target size k, clamped to Min..Max.
 func (a Adapter) Target() int {
 	return min(max(a.Replicas, a.Min()), a.Max())
-}
-
-// validateID checks a name that becomes an etcd key segment and a metric
-// label: 1..MaxIDLength printable ASCII characters without spaces or '/'.
-func validateID(kind, id string) error {
-	if id == "" || len(id) > MaxIDLength {
-		return fmt.Errorf("%s must be 1..%d characters, got %q", kind, MaxIDLength, id)
-	}
-	for _, r := range id {
-		if r <= ' ' || r > '~' || r == '/' {
-			return fmt.Errorf("%s %q must be printable ASCII without spaces or '/'", kind, id)
-		}
-	}
-	return nil
 }
 
 // Adapter returns the catalogued adapter named name.

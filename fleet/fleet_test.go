@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"errors"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -51,24 +52,119 @@ func TestRoutingConfigValidate(t *testing.T) {
 }
 
 func TestRoutingConfigWithDefaults(t *testing.T) {
-	got := RoutingConfig{}.WithDefaults()
-	if got.RoutingStrategy != PrefixAware || got.PrefixLength() != DefaultPrefixLength || got.ConcurrencyThreshold() != DefaultConcurrencyThreshold {
-		t.Fatalf("zero config normalizes to %+v", got)
+	got, err := RoutingConfig{}.Resolve()
+	if err != nil || got.Strategy != PrefixAware || got.PrefixLength != DefaultPrefixLength || got.ConcurrencyThreshold != DefaultConcurrencyThreshold {
+		t.Fatalf("zero config resolves to %+v, %v", got, err)
 	}
 	c := RoutingConfig{RoutingStrategy: Random, PrefixAwareRoutingConfig: &PrefixAwareConfig{ConcurrencyThreshold: 7}}
-	n := c.WithDefaults()
-	if n.RoutingStrategy != Random || n.PrefixLength() != DefaultPrefixLength || n.ConcurrencyThreshold() != 7 {
-		t.Fatalf("partial config normalizes to %+v", n.PrefixAwareRoutingConfig)
+	n, err := c.Resolve()
+	if err != nil || n.Strategy != Random || n.PrefixLength != DefaultPrefixLength || n.ConcurrencyThreshold != 7 {
+		t.Fatalf("partial config resolves to %+v, %v", n, err)
 	}
-	if c.PrefixAwareRoutingConfig.PrefixLength != 0 {
+	if c.WithDefaults(); c.PrefixAwareRoutingConfig.PrefixLength != 0 {
 		t.Fatal("WithDefaults modified its receiver's nested config")
 	}
-	if d := (RoutingConfig{FirstByteTimeoutInMilliseconds: 50}).WithDefaults().FirstByteTimeout(); d != 50*time.Millisecond {
-		t.Fatalf("first-byte timeout normalizes to %v, want 50ms", d)
+	if d, _ := (RoutingConfig{FirstByteTimeoutInMilliseconds: 50}).Resolve(); d.FirstByteTimeout != 50*time.Millisecond {
+		t.Fatalf("first-byte timeout resolves to %v, want 50ms", d.FirstByteTimeout)
 	}
-	if d := n.FirstByteTimeout(); d != 0 {
-		t.Fatalf("unset first-byte timeout normalizes to %v, want 0 (the replica's)", d)
+	if n.FirstByteTimeout != 0 {
+		t.Fatalf("unset first-byte timeout resolves to %v, want 0 (the replica's)", n.FirstByteTimeout)
 	}
+	if _, err := (RoutingConfig{RoutingStrategy: "ROUND_ROBIN"}).Resolve(); !errors.Is(err, ErrInvalidConfig) {
+		t.Fatalf("Resolve of an invalid config = %v, want ErrInvalidConfig", err)
+	}
+}
+
+// setEveryField sets every exported field reachable from v (through
+// pointers and slices of structs) to a non-zero value inside the valid
+// ranges where the test knows them, and returns the paths it set.
+func setEveryField(t *testing.T, v reflect.Value, path string) []string {
+	t.Helper()
+	var paths []string
+	switch v.Kind() {
+	case reflect.Pointer:
+		v.Set(reflect.New(v.Type().Elem()))
+		return setEveryField(t, v.Elem(), path)
+	case reflect.Struct:
+		for i := 0; i < v.NumField(); i++ {
+			f := v.Type().Field(i)
+			if f.IsExported() {
+				paths = append(paths, setEveryField(t, v.Field(i), path+"."+f.Name)...)
+			}
+		}
+		return paths
+	case reflect.Slice:
+		// A slice's element is one unit: its fields are valid only
+		// together (a variant needs a name and a weight).
+		v.Set(reflect.MakeSlice(v.Type(), 1, 1))
+		setEveryField(t, v.Index(0), path+"[0]")
+	case reflect.String:
+		if v.Type() == reflect.TypeOf(Strategy("")) {
+			v.SetString(string(LeastOutstanding)) // not the default
+		} else {
+			v.SetString("v")
+		}
+	case reflect.Bool:
+		v.SetBool(true)
+	case reflect.Int, reflect.Int64, reflect.Int32:
+		v.SetInt(1024) // in range of every int setting, never a default
+	case reflect.Float64:
+		v.SetFloat(3)
+	default:
+		t.Fatalf("%s: kind %v: teach setEveryField about it", path, v.Kind())
+	}
+	return append(paths, path)
+}
+
+// TestResolveCarriesEveryField fails when a field of RoutingConfig (or of
+// its nested config) is added without reaching WithDefaults' result and
+// the resolved config the data plane reads: each field set alone must
+// change both.
+func TestResolveCarriesEveryField(t *testing.T) {
+	var all RoutingConfig
+	paths := setEveryField(t, reflect.ValueOf(&all).Elem(), "RoutingConfig")
+	if len(paths) < 7 {
+		t.Fatalf("found %d fields, want every field of RoutingConfig: %v", len(paths), paths)
+	}
+	base, err := RoutingConfig{}.Resolve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	baseDef := RoutingConfig{}.WithDefaults()
+	for _, p := range paths {
+		// Set only p: copy all's value at p into a zero config.
+		one := RoutingConfig{}
+		copyPath(reflect.ValueOf(&one).Elem(), reflect.ValueOf(all), strings.Split(p, ".")[1:])
+		if one.PrefixAwareRoutingConfig == nil && strings.Contains(p, "PrefixAwareRoutingConfig") {
+			t.Fatalf("%s: copyPath did not set it", p)
+		}
+		if reflect.DeepEqual(one.WithDefaults(), baseDef) {
+			t.Errorf("%s: WithDefaults drops it", p)
+		}
+		got, err := one.Resolve()
+		if err != nil {
+			t.Fatalf("%s: %v", p, err)
+		}
+		if reflect.DeepEqual(got, base) {
+			t.Errorf("%s: Resolve does not carry it into Resolved", p)
+		}
+	}
+}
+
+// copyPath copies the field at path (field names) from src to dst,
+// allocating pointers on the way.
+func copyPath(dst, src reflect.Value, path []string) {
+	for dst.Kind() == reflect.Pointer {
+		if dst.IsNil() {
+			dst.Set(reflect.New(dst.Type().Elem()))
+		}
+		dst, src = dst.Elem(), src.Elem()
+	}
+	if len(path) == 0 {
+		dst.Set(src)
+		return
+	}
+	copyPath(dst.FieldByName(path[0]), src.FieldByName(path[0]), path[1:])
 }
 
 func labels(n int) map[string]string {
@@ -98,7 +194,7 @@ func TestInstanceValidate(t *testing.T) {
 		{"empty id", Instance{Addr: ok.Addr}, false},
 		{"id with slash", Instance{ID: "a/b", Addr: ok.Addr}, false},
 		{"id with space", Instance{ID: "a b", Addr: ok.Addr}, false},
-		{"id too long", Instance{ID: strings.Repeat("x", MaxIDLength+1), Addr: ok.Addr}, false},
+		{"id too long", Instance{ID: strings.Repeat("x", MaxNameLength+1), Addr: ok.Addr}, false},
 		{"no addr", Instance{ID: "a"}, false},
 		{"negative weight", Instance{ID: "a", Addr: ok.Addr, Weight: -1}, false},
 		{"max weight", Instance{ID: "a", Addr: ok.Addr, Weight: MaxWeight}, true},
@@ -114,9 +210,20 @@ func TestInstanceValidate(t *testing.T) {
 		{"empty label key", Instance{ID: "a", Addr: ok.Addr, Labels: map[string]string{"": "v"}}, false},
 		{"max adapters", Instance{ID: "a", Addr: ok.Addr, Adapters: names(MaxAdapterNames)}, true},
 		{"adapters over", Instance{ID: "a", Addr: ok.Addr, Adapters: names(MaxAdapterNames + 1)}, false},
-		{"hot adapters over", Instance{ID: "a", Addr: ok.Addr, HotAdapters: names(MaxAdapterNames + 1)}, false},
+		{"busy adapters over", Instance{ID: "a", Addr: ok.Addr, BusyAdapters: names(MaxAdapterNames + 1)}, false},
 		{"active adapters over", Instance{ID: "a", Addr: ok.Addr, ActiveAdapters: names(MaxAdapterNames + 1)}, false},
 		{"adapter name too long", Instance{ID: "a", Addr: ok.Addr, Adapters: []string{strings.Repeat("a", MaxAdapterNameLength+1)}}, false},
+		{"engine", Instance{ID: "a", Addr: ok.Addr, Engine: "llamacpp"}, true},
+		{"unknown engine", Instance{ID: "a", Addr: ok.Addr, Engine: "tgi-next"}, true},
+		{"engine uppercase", Instance{ID: "a", Addr: ok.Addr, Engine: "vLLM"}, false},
+		{"engine too long", Instance{ID: "a", Addr: ok.Addr, Engine: strings.Repeat("v", 33)}, false},
+		{"adapter index", Instance{ID: "a", Addr: ok.Addr, Adapters: []string{"x", "y"}, AdapterIndex: map[string]int{"x": 0, "y": 1}}, true},
+		{"adapter index not an adapter", Instance{ID: "a", Addr: ok.Addr, Adapters: []string{"x"}, AdapterIndex: map[string]int{"z": 0}}, false},
+		{"adapter index negative", Instance{ID: "a", Addr: ok.Addr, Adapters: []string{"x"}, AdapterIndex: map[string]int{"x": -1}}, false},
+		{"adapter index too large", Instance{ID: "a", Addr: ok.Addr, Adapters: []string{"x"}, AdapterIndex: map[string]int{"x": MaxAdapterIndex}}, false},
+		{"llamacpp adapter without index", Instance{ID: "a", Addr: ok.Addr, Engine: "llamacpp", Adapters: []string{"x", "y"}, AdapterIndex: map[string]int{"x": 0}}, false},
+		{"llamacpp adapters indexed", Instance{ID: "a", Addr: ok.Addr, Engine: "llamacpp", Adapters: []string{"x", "y"}, AdapterIndex: map[string]int{"x": 1, "y": 0}}, true},
+		{"adapter index repeated", Instance{ID: "a", Addr: ok.Addr, Adapters: []string{"x", "y"}, AdapterIndex: map[string]int{"x": 0, "y": 0}}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

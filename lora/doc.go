@@ -27,9 +27,9 @@
 //     Place), and the router waits for it, bounded, instead of sending it
 //     anywhere else.
 //   - A name that only draining instances report or declare is known but has
-//     nowhere to go right now → ErrNoInstance (retry later), rather than
+//     nowhere to go right now → fleet.ErrNoInstance (retry later), rather than
 //     being sent to instances that lack the adapter.
-//   - An endpoint without a non-draining instance → ErrNoInstance for every
+//   - An endpoint without a non-draining instance → fleet.ErrNoInstance for every
 //     model.
 //
 // Walkthrough:
@@ -38,7 +38,7 @@
 //	set, err := t.Set(req.Model)            // first call per model builds its ring
 //	switch {
 //	case errors.Is(err, lora.ErrUnknownModel): // 404
-//	case errors.Is(err, lora.ErrNoInstance):   // 503 + Retry-After
+//	case errors.Is(err, fleet.ErrNoInstance):   // 503 + Retry-After
 //	}
 //	for _, i := range set.Ring().Candidates(key, 3, buf[:0]) {
 //		inst := set.Instance(i)          // admit the first with room

@@ -3,6 +3,7 @@ package lora
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 
@@ -14,10 +15,7 @@ var (
 	// ErrUnknownModel is returned (wrapped with the name) for a model that no
 	// instance of the endpoint serves.
 	ErrUnknownModel = errors.New("lora: unknown model")
-	// ErrNoInstance is returned (wrapped) when the endpoint, or the model's
-	// set, has no non-draining instance.
-	ErrNoInstance = errors.New("lora: no instance available")
-	// ErrModelNotReady is wrapped, with ErrNoInstance, when a model is
+	// ErrModelNotReady is wrapped, with fleet.ErrNoInstance, when a model is
 	// known but every instance serving it is draining (or leaving): the
 	// model is not ready rather than unknown.
 	ErrModelNotReady = errors.New("lora: model not ready")
@@ -112,6 +110,14 @@ func New(ep *fleet.Endpoint, opts ...ring.Option) *Table {
 		delete(t.parked, name)
 		t.models = append(t.models, name)
 	}
+	// What instances list of themselves names models too (labels only).
+	for _, in := range all {
+		for _, name := range in.Listed {
+			if name != "" && t.named[name] == nil {
+				t.models = append(t.models, name)
+			}
+		}
+	}
 	// Catalogued adapters are served on demand: a request loads them.
 	for _, a := range ep.Adapters {
 		if t.named[a.Name] == nil {
@@ -119,6 +125,7 @@ func New(ep *fleet.Endpoint, opts ...ring.Option) *Table {
 		}
 	}
 	sort.Strings(t.models)
+	t.models = slices.Compact(t.models)
 	return t
 }
 
@@ -126,15 +133,16 @@ func New(ep *fleet.Endpoint, opts ...ring.Option) *Table {
 func (t *Table) Endpoint() *fleet.Endpoint { return t.ep }
 
 // Models returns the sorted names of the base models instances declare and
-// the adapters they report, draining instances excluded. Callers must not
-// modify it.
+// the adapters they report, with the catalogued adapters and the models
+// instances list of themselves (fleet.Instance.Listed), draining instances
+// excluded. Callers must not modify it.
 func (t *Table) Models() []string { return t.models }
 
 // Set returns the sticky set serving model, building its ring on first use.
 // See the package documentation for how a name is resolved.
 func (t *Table) Set(model string) (*Set, error) {
 	if t.base == nil {
-		return nil, fmt.Errorf("%w: endpoint %q has no instance that is not draining", ErrNoInstance, t.ep.Name)
+		return nil, fmt.Errorf("%w: endpoint %q has no instance that is not draining", fleet.ErrNoInstance, t.ep.Name)
 	}
 	e := t.base
 	if model != "" {
@@ -143,14 +151,14 @@ func (t *Table) Set(model string) (*Set, error) {
 		} else if _, ok := t.ep.Adapter(model); ok {
 			return nil, fmt.Errorf("%w: %q", ErrNotLoaded, model)
 		} else if t.parked[model] {
-			return nil, fmt.Errorf("%w: %w: every instance serving model %q is draining", ErrNoInstance, ErrModelNotReady, model)
+			return nil, fmt.Errorf("%w: %w: every instance serving model %q is draining", fleet.ErrNoInstance, ErrModelNotReady, model)
 		} else if t.declared {
 			return nil, fmt.Errorf("%w: %q", ErrUnknownModel, model)
 		}
 	}
 	e.once.Do(func() { e.set, e.err = newSet(e.insts, t.opts) })
 	if e.err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrNoInstance, e.err)
+		return nil, fmt.Errorf("%w: %w", fleet.ErrNoInstance, e.err)
 	}
 	return e.set, nil
 }
@@ -187,3 +195,15 @@ func (s *Set) Instance(i int) *fleet.Instance { return s.insts[i] }
 
 // Len returns the number of instances in the set.
 func (s *Set) Len() int { return len(s.insts) }
+
+// Index returns the member index of in (an instance of the snapshot the
+// set was built from), or -1 when in is not a member. It scans the set: for
+// the rare request that names its instance (a stateful session).
+func (s *Set) Index(in *fleet.Instance) int {
+	for i, m := range s.insts {
+		if m == in {
+			return i
+		}
+	}
+	return -1
+}

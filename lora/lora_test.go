@@ -66,18 +66,18 @@ func TestSet(t *testing.T) {
 		{"adapter: its sticky set without draining", unlabeled, "sql", []string{"vllm-0", "vllm-1"}, nil},
 		{"adapter on one instance", unlabeled, "chat", []string{"vllm-0"}, nil},
 		{"unlabeled fleet: other name is the base model", unlabeled, "meta-llama/Llama-3-8B", []string{"vllm-0", "vllm-1", "vllm-2"}, nil},
-		{"adapter only on draining instances", unlabeled, "legal", nil, ErrNoInstance},
+		{"adapter only on draining instances", unlabeled, "legal", nil, fleet.ErrNoInstance},
 		{"labeled: base model name", labeled, "llama-3-8b", []string{"a-0", "a-1"}, nil},
 		{"labeled: other base model", labeled, "qwen-7b", []string{"b-0"}, nil},
 		{"labeled: adapter across base models", labeled, "sql", []string{"a-0", "b-0"}, nil},
 		{"labeled: name both adapter and model", labeled, "both", []string{"b-1"}, nil},
 		{"labeled: no model is every instance", labeled, "", []string{"a-0", "a-1", "b-0", "b-1"}, nil},
 		{"labeled: unknown name", labeled, "gpt-4", nil, ErrUnknownModel},
-		{"labeled: model only on draining instances", labeled, "mistral-7b", nil, ErrNoInstance},
-		{"all draining: no model", allDraining, "", nil, ErrNoInstance},
-		{"all draining: adapter", allDraining, "sql", nil, ErrNoInstance},
-		{"all draining: other", allDraining, "zzz", nil, ErrNoInstance},
-		{"nil endpoint", nil, "", nil, ErrNoInstance},
+		{"labeled: model only on draining instances", labeled, "mistral-7b", nil, fleet.ErrNoInstance},
+		{"all draining: no model", allDraining, "", nil, fleet.ErrNoInstance},
+		{"all draining: adapter", allDraining, "sql", nil, fleet.ErrNoInstance},
+		{"all draining: other", allDraining, "zzz", nil, fleet.ErrNoInstance},
+		{"nil endpoint", nil, "", nil, fleet.ErrNoInstance},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -125,6 +125,8 @@ func TestModels(t *testing.T) {
 		{"unlabeled", endpoint(inst("0", []string{"sql", "chat"}, "", false), inst("1", []string{"sql"}, "", false)), []string{"chat", "sql"}},
 		{"labeled", endpoint(inst("0", []string{"sql"}, "llama", false), inst("1", nil, "qwen", false), inst("2", []string{"old"}, "gone", true)), []string{"llama", "qwen", "sql"}},
 		{"empty", endpoint(), nil},
+		{"listed", listed(endpoint(inst("0", []string{"sql"}, "", false), inst("1", nil, "", false), inst("2", nil, "", true)),
+			[]string{"tiny", "sql"}, []string{"tiny"}, []string{"gone"}), []string{"sql", "tiny"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -132,6 +134,29 @@ func TestModels(t *testing.T) {
 				t.Fatalf("Models() = %v, want %v", got, tt.want)
 			}
 		})
+	}
+}
+
+// listed sets each instance's Listed models, in order.
+func listed(ep *fleet.Endpoint, names ...[]string) *fleet.Endpoint {
+	for i := range ep.Instances {
+		ep.Instances[i].Listed = names[i]
+	}
+	return ep
+}
+
+// TestListedDoesNotRoute: the models a static fleet's instances list name
+// labels but leave routing as declared: a request naming a listed model
+// still goes to the whole fleet, not only to the instances listing it.
+func TestListedDoesNotRoute(t *testing.T) {
+	ep := listed(endpoint(inst("0", nil, "", false), inst("1", nil, "", false)), []string{"tiny"}, nil)
+	tbl := New(ep)
+	s, err := tbl.Set("tiny")
+	if err != nil || len(s.Ring().Members()) != 2 {
+		t.Fatalf("Set(tiny) = %v, %v; want the whole fleet", s, err)
+	}
+	if _, err := tbl.Set("anything"); err != nil {
+		t.Fatalf("an undeclared model is refused: %v", err)
 	}
 }
 

@@ -114,3 +114,9 @@ func (p *proxy) close() {
 	p.setBlocked(true)
 	p.wg.Wait()
 }
+
+// resolved is c resolved; the tests give valid configs.
+func resolved(c fleet.RoutingConfig) fleet.Resolved {
+	r, _ := c.Resolve()
+	return r
+}

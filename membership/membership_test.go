@@ -227,7 +227,7 @@ func TestRoutingConfig(t *testing.T) {
 		t.Fatalf("PutConfig(invalid) = %v, want ErrInvalidConfig", err)
 	}
 	c, set, err := GetConfig(ctx, cli, l, "ep1")
-	if err != nil || set || c.RoutingStrategy != fleet.PrefixAware || c.PrefixLength() != fleet.DefaultPrefixLength {
+	if err != nil || set || c.RoutingStrategy != fleet.PrefixAware || resolved(c).PrefixLength != fleet.DefaultPrefixLength {
 		t.Fatalf("GetConfig of unset = %+v %v %v", c, set, err)
 	}
 
@@ -241,7 +241,7 @@ func TestRoutingConfig(t *testing.T) {
 		return ep != nil && ep.Config.RoutingStrategy == fleet.LeastOutstanding
 	})
 	c, set, err = GetConfig(ctx, cli, l, "ep1")
-	if err != nil || !set || c.RoutingStrategy != fleet.LeastOutstanding || c.ConcurrencyThreshold() != fleet.DefaultConcurrencyThreshold {
+	if err != nil || !set || c.RoutingStrategy != fleet.LeastOutstanding || resolved(c).ConcurrencyThreshold != fleet.DefaultConcurrencyThreshold {
 		t.Fatalf("GetConfig = %+v %v %v", c, set, err)
 	}
 
@@ -275,7 +275,7 @@ func TestRoutingConfig(t *testing.T) {
 	}
 	testsupport.Eventually(t, time.Second, "new config", func() bool {
 		c := w.Snapshot().Endpoint("ep1").Config
-		return c.RoutingStrategy == fleet.PrefixAware && c.PrefixLength() == 2048 && c.ConcurrencyThreshold() == 3
+		return c.RoutingStrategy == fleet.PrefixAware && resolved(c).PrefixLength == 2048 && resolved(c).ConcurrencyThreshold == 3
 	})
 }
 
@@ -531,13 +531,13 @@ func TestDefaultConfigForUnsetEndpoints(t *testing.T) {
 	t.Cleanup(func() { reg.Close(context.Background()) })
 	testsupport.Eventually(t, 2*time.Second, "the default config on an endpoint with no key", func() bool {
 		ep := w.Snapshot().Endpoint("ep")
-		return ep != nil && ep.Config.RoutingStrategy == fleet.Random && ep.Config.PrefixLength() == 2048 && ep.Config.ConcurrencyThreshold() == 7
+		return ep != nil && ep.Config.RoutingStrategy == fleet.Random && ep.Resolved.PrefixLength == 2048 && ep.Resolved.ConcurrencyThreshold == 7
 	})
 	if err := PutConfig(ctx, cli, Layout{}, "ep", fleet.RoutingConfig{RoutingStrategy: fleet.LeastOutstanding}); err != nil {
 		t.Fatal(err)
 	}
 	testsupport.Eventually(t, 2*time.Second, "the stored config wins", func() bool {
 		ep := w.Snapshot().Endpoint("ep")
-		return ep != nil && ep.Config.RoutingStrategy == fleet.LeastOutstanding && ep.Config.PrefixLength() == fleet.DefaultPrefixLength
+		return ep != nil && ep.Config.RoutingStrategy == fleet.LeastOutstanding && ep.Resolved.PrefixLength == fleet.DefaultPrefixLength
 	})
 }

@@ -142,7 +142,7 @@ func configRoundTrip(ctx context.Context, t *testing.T, cli *clientv3.Client) {
 		t.Fatalf("PutConfig: %v", err)
 	}
 	c, set, err := GetConfig(ctx, cli, l, "ep1")
-	if err != nil || !set || c.RoutingStrategy != fleet.PrefixAware || c.PrefixLength() != 2048 || c.ConcurrencyThreshold() != 3 {
+	if err != nil || !set || c.RoutingStrategy != fleet.PrefixAware || resolved(c).PrefixLength != 2048 || resolved(c).ConcurrencyThreshold != 3 {
 		t.Fatalf("GetConfig = %+v, %v, %v", c, set, err)
 	}
 }

@@ -38,7 +38,7 @@ func ParseSessionKey(value []byte) ([]byte, error) {
 // first one wrote (a transaction on the key's absence). Creating needs
 // write access to the key (docs/security.md); reading, read access.
 func EnsureSessionKey(ctx context.Context, cli *clientv3.Client, l Layout, endpoint string) ([]byte, error) {
-	if err := ValidateName("endpoint", endpoint); err != nil {
+	if err := fleet.ValidateName("endpoint", endpoint); err != nil {
 		return nil, err
 	}
 	key := l.SessionKeyKey(endpoint)

@@ -264,7 +264,9 @@ func TestRoutingConfigFieldsWithEtcd(t *testing.T) {
 		applied func(fleet.RoutingConfig) bool
 	}{
 		{"hot_key_replication", func(c *adminpb.RoutingConfig) { c.HotKeyReplication = true },
-			func(c fleet.RoutingConfig) bool { return c.HotKeyReplication() }},
+			func(c fleet.RoutingConfig) bool {
+				return c.PrefixAwareRoutingConfig != nil && c.PrefixAwareRoutingConfig.HotKeyReplication
+			}},
 		{"tenant_cache_salt", func(c *adminpb.RoutingConfig) { c.TenantCacheSalt = true },
 			func(c fleet.RoutingConfig) bool { return c.TenantCacheSalt }},
 		{"production_variants", func(c *adminpb.RoutingConfig) { c.ProductionVariants = variants },
@@ -272,7 +274,7 @@ func TestRoutingConfigFieldsWithEtcd(t *testing.T) {
 				return slices.Equal(c.ProductionVariants, []fleet.ProductionVariant{{VariantName: "blue", InitialVariantWeight: 4}, {VariantName: "green", InitialVariantWeight: 0.5}})
 			}},
 		{"first_byte_timeout_in_milliseconds", func(c *adminpb.RoutingConfig) { c.FirstByteTimeoutInMilliseconds = 250 },
-			func(c fleet.RoutingConfig) bool { return c.FirstByteTimeout() == 250*time.Millisecond }},
+			func(c fleet.RoutingConfig) bool { return c.FirstByteTimeoutInMilliseconds == 250 }},
 	} {
 		t.Run(tc.field, func(t *testing.T) {
 			want := defaults()

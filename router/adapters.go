@@ -28,6 +28,10 @@ var (
 	errAdapterGone = errors.New("router: adapter not found on any member")
 )
 
+// AdapterWaiting returns how many requests wait for a catalogued adapter
+// to be loaded (or for another holder) now, on every front end.
+func (r *Router) AdapterWaiting() int64 { return r.waiting.Load() }
+
 // waitLoaded waits until a view in which model of endpoint has a set, at
 // most AdapterWait, with at most AdapterWaitQueue requests waiting at once.
 // accept, if not nil, must also approve the set (the stale retry waits for
@@ -40,7 +44,7 @@ func (r *Router) waitLoaded(ctx context.Context, v *view, endpoint, model string
 func (r *Router) waitLoadedUntil(ctx context.Context, v *view, endpoint, model string, accept func(*endpointView, *lora.Set) bool, deadline time.Time) (*view, *endpointView, *lora.Set, error) {
 	if n := r.waiting.Add(1); n > int64(r.opts.AdapterWaitQueue) {
 		r.waiting.Add(-1)
-		r.metrics.adapterWaits.WithLabelValues(endpoint, "queue_full").Inc()
+		r.metrics.adapterWaits.WithLabelValues(endpoint, adapterWaitQueueFull).Inc()
 		return nil, nil, nil, fmt.Errorf("%w (%d)", errWaitQueueFull, r.opts.AdapterWaitQueue)
 	}
 	defer r.waiting.Add(-1)
@@ -50,10 +54,10 @@ func (r *Router) waitLoadedUntil(ctx context.Context, v *view, endpoint, model s
 		select {
 		case <-v.next:
 		case <-ctx.Done():
-			r.metrics.adapterWaits.WithLabelValues(endpoint, "client_gone").Inc()
+			r.metrics.adapterWaits.WithLabelValues(endpoint, adapterWaitClientGone).Inc()
 			return nil, nil, nil, ctx.Err()
 		case <-timer.C:
-			r.metrics.adapterWaits.WithLabelValues(endpoint, "timeout").Inc()
+			r.metrics.adapterWaits.WithLabelValues(endpoint, adapterWaitTimeout).Inc()
 			return nil, nil, nil, fmt.Errorf("%w: %q not reported loaded within %v", errWaitTimeout, model, r.opts.AdapterWait)
 		}
 		v = r.view.Load()
@@ -64,9 +68,9 @@ func (r *Router) waitLoadedUntil(ctx context.Context, v *view, endpoint, model s
 		set, err := ev.table.Set(model)
 		switch {
 		case err == nil && (accept == nil || accept(ev, set)):
-			r.metrics.adapterWaits.WithLabelValues(endpoint, "loaded").Inc()
+			r.metrics.adapterWaits.WithLabelValues(endpoint, adapterWaitLoaded).Inc()
 			return v, ev, set, nil
-		case err == nil, errors.Is(err, lora.ErrNotLoaded), errors.Is(err, lora.ErrNoInstance):
+		case err == nil, errors.Is(err, lora.ErrNotLoaded), errors.Is(err, fleet.ErrNoInstance):
 			// Not yet: keep waiting for the next view.
 		default:
 			return nil, nil, nil, err // e.g. removed from the catalogue
@@ -102,33 +106,6 @@ func (f failedHolders) accept(_ *endpointView, set *lora.Set) bool {
 		}
 	}
 	return false
-}
-
-// waitPick waits, until deadline, for a view in which model's set has a
-// member that failed does not avoid, and admits one of those members for
-// key. A view whose new members cannot take the request either (their
-// breakers are open) is skipped for the next one.
-func (r *Router) waitPick(ctx context.Context, v *view, endpoint, model string, key uint64, failed failedHolders, deadline time.Time) (*view, *endpointView, *lora.Set, pick, error) {
-	for {
-		var ev *endpointView
-		var set *lora.Set
-		var err error
-		// v becomes the view waited for: the next round waits for the
-		// view after it.
-		v, ev, set, err = r.waitLoadedUntil(ctx, v, endpoint, model, failed.accept, deadline)
-		if err != nil {
-			return nil, nil, nil, pick{}, err
-		}
-		var skip bitset
-		for i := 0; i < set.Len(); i++ {
-			if failed.avoid(set.Instance(i)) {
-				skip.set(i)
-			}
-		}
-		if p, ok := r.pick(ev, set, key, hotChoice{}, v.snap.Replicas, skip); ok {
-			return v, ev, set, p, nil
-		}
-	}
 }
 
 // staleAdapter reports whether resp is an instance's "adapter not found"

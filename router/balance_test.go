@@ -97,7 +97,7 @@ func holdPicks(t *testing.T, h *harness, body string, hot hotChoice, n int) []st
 		}
 	})
 	for range n {
-		p, ok := h.r.pick(ev, set, rr.key, hot, v.snap.Replicas, bitset{})
+		p, ok := h.r.pickKey(ev, set, rr.key, hot, v.snap.Replicas, bitset{})
 		if !ok {
 			t.Fatal("no pick")
 		}
@@ -195,7 +195,7 @@ func TestBalancePickLoads(t *testing.T) {
 			v := h.r.view.Load()
 			ev := v.endpoints["ep"]
 			set, _ := ev.table.Set("")
-			p, ok := h.r.pick(ev, set, rr.key, hotChoice{}, v.snap.Replicas, bitset{})
+			p, ok := h.r.pickKey(ev, set, rr.key, hotChoice{}, v.snap.Replicas, bitset{})
 			if !ok {
 				t.Fatal("no pick")
 			}

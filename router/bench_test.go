@@ -103,7 +103,7 @@ func BenchmarkPickHotKeys(b *testing.B) {
 					j := i % stream
 					i++
 					hc := newHotChoice(ev, set, keys[j], bodies[j])
-					p, ok := r.pick(ev, set, keys[j], hc, replicas, bitset{})
+					p, ok := r.pickKey(ev, set, keys[j], hc, replicas, bitset{})
 					if !ok {
 						b.Fatal("no pick")
 					}
@@ -139,7 +139,7 @@ func benchPick(b *testing.B, balance float64, hot bool) {
 					if err != nil {
 						b.Fatal(err)
 					}
-					p, ok := r.pick(ev, set, rr.key, newHotChoice(ev, set, rr.key, tc.body), replicas, bitset{})
+					p, ok := r.pickKey(ev, set, rr.key, newHotChoice(ev, set, rr.key, tc.body), replicas, bitset{})
 					if !ok {
 						b.Fatal("no pick")
 					}

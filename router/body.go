@@ -25,9 +25,9 @@ import (
 // read and, when the body goes on, the reader of the rest (nil when head is
 // the whole body). The limit is enforced on both: the rest reader fails
 // with *http.MaxBytesError past it.
-func readHead(w http.ResponseWriter, req *http.Request, limit int64, need int) (head []byte, rest io.Reader, _ *reqError) {
+func readHead(w http.ResponseWriter, req *http.Request, limit int64, need int) (head []byte, rest io.Reader, _ *routeError) {
 	if req.ContentLength > limit {
-		return nil, nil, &reqError{http.StatusRequestEntityTooLarge, codeTooLarge, fmt.Sprintf("request body of %d bytes exceeds the limit of %d bytes", req.ContentLength, limit)}
+		return nil, nil, &routeError{http.StatusRequestEntityTooLarge, codeTooLarge, fmt.Sprintf("request body of %d bytes exceeds the limit of %d bytes", req.ContentLength, limit)}
 	}
 	body := http.MaxBytesReader(w, req.Body, limit)
 	size := need + 1
@@ -78,9 +78,9 @@ const maxHeadClass = 64 << 10
 // instance has been sent it: such a body is returned with a rest (empty
 // when the body ended) and checked whole here, since the caller then reads
 // it as a head.
-func (r *Router) readOpenAIHead(w http.ResponseWriter, req *http.Request, limit int64, chat bool, prefixLen int) (head []byte, rest io.Reader, _ *reqError) {
+func (r *Router) readOpenAIHead(w http.ResponseWriter, req *http.Request, limit int64, chat bool, prefixLen int) (head []byte, rest io.Reader, _ *routeError) {
 	if req.ContentLength > limit {
-		return nil, nil, &reqError{http.StatusRequestEntityTooLarge, codeTooLarge, fmt.Sprintf("request body of %d bytes exceeds the limit of %d bytes", req.ContentLength, limit)}
+		return nil, nil, &routeError{http.StatusRequestEntityTooLarge, codeTooLarge, fmt.Sprintf("request body of %d bytes exceeds the limit of %d bytes", req.ContentLength, limit)}
 	}
 	body := http.MaxBytesReader(w, req.Body, limit)
 	size := openAIHeadStart + 1
@@ -89,7 +89,7 @@ func (r *Router) readOpenAIHead(w http.ResponseWriter, req *http.Request, limit 
 	}
 	head = getHead(size)
 	var held *heldBuf
-	fail := func(e *reqError) ([]byte, io.Reader, *reqError) {
+	fail := func(e *routeError) ([]byte, io.Reader, *routeError) {
 		if held != nil {
 			r.arena.recycle(held) // never lent on: nothing else reads it
 		} else {
@@ -106,7 +106,7 @@ func (r *Router) readOpenAIHead(w http.ResponseWriter, req *http.Request, limit 
 				return head, nil, nil
 			}
 			if _, err := parseOpenAI(head, chat, prefixLen); err != nil {
-				return fail(&reqError{http.StatusBadRequest, codeInvalidJSON, "invalid request body: " + err.Error()})
+				return fail(&routeError{http.StatusBadRequest, codeInvalidJSON, "invalid request body: " + err.Error()})
 			}
 			return head, &heldRest{a: r.arena, h: held}, nil
 		}
@@ -138,7 +138,7 @@ func (r *Router) readOpenAIHead(w http.ResponseWriter, req *http.Request, limit 
 			// The arena buffer holds the declared length: the body
 			// went past it (a chunked body past MaxBodyBytes fails
 			// in the MaxBytesReader first).
-			return fail(&reqError{http.StatusBadRequest, codeBadBody, "reading the request body: longer than declared"})
+			return fail(&routeError{http.StatusBadRequest, codeBadBody, "reading the request body: longer than declared"})
 		}
 		need := int(limit) + 1
 		if req.ContentLength >= 0 {
@@ -188,7 +188,7 @@ func (r *Router) putHead(ctx context.Context, b []byte) {
 
 // readRest reads the rest of a streamed body after head: for the callers
 // that need the whole body after all (a hot key's spread hash).
-func readRest(head []byte, rest io.Reader, limit int64) ([]byte, *reqError) {
+func readRest(head []byte, rest io.Reader, limit int64) ([]byte, *routeError) {
 	buf := bytes.NewBuffer(head)
 	if _, err := buf.ReadFrom(rest); err != nil {
 		return nil, bodyError(err, limit)
@@ -198,12 +198,12 @@ func readRest(head []byte, rest io.Reader, limit int64) ([]byte, *reqError) {
 
 // bodyError is the client-facing rejection of a body that could not be read:
 // 413 past the limit, 400 otherwise.
-func bodyError(err error, limit int64) *reqError {
+func bodyError(err error, limit int64) *routeError {
 	var mbe *http.MaxBytesError
 	if errors.As(err, &mbe) {
-		return &reqError{http.StatusRequestEntityTooLarge, codeTooLarge, fmt.Sprintf("request body exceeds the limit of %d bytes", limit)}
+		return &routeError{http.StatusRequestEntityTooLarge, codeTooLarge, fmt.Sprintf("request body exceeds the limit of %d bytes", limit)}
 	}
-	return &reqError{http.StatusBadRequest, codeBadBody, "reading the request body: " + publicError(err)}
+	return &routeError{http.StatusBadRequest, codeBadBody, "reading the request body: " + publicError(err)}
 }
 
 // streamed is the state of a body routed before it ended, shared by every

@@ -2,6 +2,8 @@ package router
 
 import (
 	"bytes"
+	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -9,18 +11,17 @@ import (
 	"strings"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
-	"github.com/prefixrouter/prefixrouter/lora"
 	"github.com/prefixrouter/prefixrouter/overload"
 )
 
-// Errors of Explain and Choose, for errors.Is. An unknown model wraps
-// lora.ErrUnknownModel; an endpoint or model with no instance that can serve
-// (nothing loaded yet, every instance draining) wraps ErrNoInstance.
+// Classes of the routing sequence's errors, for errors.Is (route.go): an
+// unknown model wraps lora.ErrUnknownModel, one not ready yet
+// lora.ErrModelNotReady, nothing that can serve fleet.ErrNoInstance.
 var (
 	// ErrUnknownEndpoint: the endpoint is not in the snapshot.
 	ErrUnknownEndpoint = errors.New("router: endpoint not found")
-	// ErrInvalidRequest: the data plane would reject the request as
-	// malformed (4xx before any pick).
+	// ErrInvalidRequest: the data plane rejects the request as malformed
+	// (4xx before any pick).
 	ErrInvalidRequest = errors.New("router: invalid request")
 )
 
@@ -28,29 +29,36 @@ var (
 // few candidates is rare, and ranking a whole large set costs O(n) per entry.
 const MaxExplainCandidates = 16
 
-// Explanation is where a request would go with no load.
+// Explanation is where a request would go with no load: the routing
+// sequence's answer without admission. The admin API renders it whole.
 type Explanation struct {
-	// Strategy is the endpoint's routing strategy. Instance and Candidates
-	// are the ring's answer whatever the strategy (RANDOM and
-	// LEAST_OUTSTANDING_REQUESTS do not follow it).
+	// Endpoint and Strategy: where the request goes and how it is routed.
+	// Instance and Candidates are the ring's answer whatever the strategy
+	// (RANDOM and LEAST_OUTSTANDING_REQUESTS do not follow it).
+	Endpoint string
 	Strategy fleet.Strategy
-	// Instance is the ring primary of Key within the model's set: the
+	// Instance is the instance the request goes to with no load: a
+	// session's instance; else the ring primary of Key within the model's
+	// set and the request's variant (and the proxy's subset), the
 	// PREFIX_AWARE choice when it has room. For a key that hot-key
 	// replication spreads over HotReplicas candidates, it is the one an
 	// idle fleet gives this request (the request's spread hash among them).
 	Instance string
+	// Decision is DecisionSession for a session's request, else
+	// DecisionAffinity.
+	Decision string
 	// HotReplicas is how many leading candidates hot-key replication
 	// currently spreads Key over (from this replica's estimate); 1 when
 	// the key is cold or replication is off.
 	HotReplicas int
 	// Candidates are instance ids in Key's spill order within the model's
-	// set, Instance first, at most MaxExplainCandidates.
+	// set and the variant, Instance first, at most MaxExplainCandidates.
 	Candidates []string
 	// Key is the routing key.
 	Key uint64
-	// Model and Tenant are what the key was built from; empty when the
-	// request named none.
-	Model, Tenant string
+	// Model, Tenant and Variant are what the key was built from and the
+	// variant the request is held to; empty when there is none.
+	Model, Tenant, Variant string
 	// PrefixLength is the endpoint's prefix length (units of the path's
 	// API: bytes on invoke paths, characters on OpenAI paths).
 	PrefixLength int
@@ -68,62 +76,64 @@ func kindForPath(path string) apiKind {
 	return kindInvoke
 }
 
-// Explain computes where a request to endpoint with this path, header and
-// body would go with no load, without sending it or touching any instance's
-// state. It parses exactly as the data plane does.
-func (r *Router) Explain(endpoint, path string, header http.Header, body []byte) (Explanation, error) {
-	v := r.view.Load()
-	if v == nil {
-		return Explanation{}, fmt.Errorf("%w: no fleet snapshot loaded", ErrNoInstance)
-	}
-	ev := v.endpoints[endpoint]
-	if ev == nil {
-		return Explanation{}, fmt.Errorf("%w: %q", ErrUnknownEndpoint, endpoint)
-	}
-	if int64(len(body)) > r.opts.MaxBodyBytes {
-		return Explanation{}, fmt.Errorf("%w: request body of %d bytes exceeds the limit of %d bytes", ErrInvalidRequest, len(body), r.opts.MaxBodyBytes)
-	}
+// Explain is the admin front end: it runs the routing sequence (route.go)
+// on req, whose body is whole, and tells where the request would go with
+// no load, without sending it, admitting it or counting it. ctx bounds the
+// wait for a catalogued adapter, as on the data plane. req.Endpoint, when
+// set, names the endpoint; otherwise the path does. The error wraps the
+// sequence's class (ErrUnknownEndpoint, ErrInvalidRequest,
+// lora.ErrUnknownModel, lora.ErrModelNotReady, fleet.ErrNoInstance).
+func (r *Router) Explain(ctx context.Context, req PickRequest) (Explanation, error) {
+	kind := kindForPath(req.Path)
+	header := req.Header
 	if header == nil {
 		header = http.Header{}
 	}
-	rr, rerr := parseRequest(kindForPath(path), header, body, ev.prefixLen)
-	if rerr != nil {
-		return Explanation{}, fmt.Errorf("%w: %s", ErrInvalidRequest, rerr.msg)
+	endpoint := cmp.Or(req.Endpoint, r.endpointOf(req.Path))
+	rt, err := r.route(routeInput{
+		ctx: ctx, kind: kind, endpoint: endpoint, header: header,
+		src:    heldBody{body: req.Body, complete: true, limit: r.opts.MaxBodyBytes},
+		subset: req.Subset, explain: true,
+	})
+	ex := Explanation{Endpoint: endpoint, Key: rt.key, Model: rt.model, Tenant: rt.tenant, Variant: rt.variant}
+	if rt.ev != nil {
+		ex.Strategy, ex.PrefixLength = rt.ev.strategy, rt.ev.prefixLen
 	}
-	ex := Explanation{Strategy: ev.strategy, Key: rr.key, Model: rr.model, Tenant: rr.tenant, PrefixLength: ev.prefixLen}
-	set, err := ev.table.Set(rr.model)
 	if err != nil {
-		if errors.Is(err, lora.ErrNoInstance) {
-			// Callers need only router's sentinel for "nothing can serve".
-			return ex, fmt.Errorf("%w: %w", ErrNoInstance, err)
-		}
-		return ex, fmt.Errorf("router: endpoint %q: %w", endpoint, err)
+		return ex, err
+	}
+	ex.HotReplicas, ex.Decision = 1, DecisionAffinity
+	if rt.session != nil {
+		ex.Instance, ex.Decision, ex.Candidates = rt.session.inst.ID, DecisionSession, []string{rt.session.inst.ID}
+		return ex, nil
 	}
 	var buf [MaxExplainCandidates]int
-	idx := set.Ring().Candidates(rr.key, MaxExplainCandidates, buf[:0])
-	if len(idx) == 0 {
-		return ex, ErrNoInstance
-	}
-	ex.Candidates = make([]string, len(idx))
-	for j, i := range idx {
-		ex.Candidates[j] = set.Instance(i).ID
-	}
-	ex.Instance, ex.HotReplicas = ex.Candidates[0], 1
-	if ev.hot != nil {
-		// Read only: Explain does not count the request.
-		if k := min(ev.hot.K(rr.key, set.Len()), len(idx)); k > 1 {
-			ex.HotReplicas = k
-			ex.Instance = ex.Candidates[spreadChoice(idx[:k], spreadHash(body))]
+	all := rt.set.Ring().Candidates(rt.key, min(rt.set.Len(), MaxExplainCandidates), buf[:0])
+	k := min(rt.hot.k, len(all))
+	var hot []int // the hot key's first k candidates the request may take
+	for j, i := range all {
+		if rt.skip.has(i) || rt.ev.instance(rt.set, i) == nil {
+			continue
 		}
+		if j < k {
+			hot = append(hot, i)
+		}
+		ex.Candidates = append(ex.Candidates, rt.set.Instance(i).ID)
+	}
+	if len(ex.Candidates) == 0 {
+		return ex, &routeError{http.StatusServiceUnavailable, codeNoInstance, fmt.Sprintf("no instance of endpoint %q can take the request", endpoint)}
+	}
+	ex.Instance = ex.Candidates[0]
+	if k > 1 && len(hot) > 0 {
+		ex.HotReplicas = k
+		ex.Instance = rt.set.Instance(hot[spreadChoice(hot, rt.hot.spread)]).ID
 	}
 	return ex, nil
 }
 
-// Choose returns the instance the request would go to with no load: the ring
-// primary of its key within its model's set (or, for a hot key, the one of
-// its candidates an idle fleet gives this request), whatever the endpoint's
-// strategy (chaos and agreement tests compare it across replicas). The body
-// is read and restored. See Explain for the path rule and the errors.
+// Choose returns the instance the request would go to with no load (see
+// Explain), whatever the endpoint's strategy: chaos and agreement tests
+// compare it across replicas. The body is read and restored.
 func (r *Router) Choose(endpoint string, req *http.Request) (string, error) {
 	var body []byte
 	if req.Body != nil {
@@ -135,7 +145,7 @@ func (r *Router) Choose(endpoint string, req *http.Request) (string, error) {
 		req.Body = io.NopCloser(bytes.NewReader(b))
 		body = b
 	}
-	ex, err := r.Explain(endpoint, req.URL.Path, req.Header, body)
+	ex, err := r.Explain(req.Context(), PickRequest{Endpoint: endpoint, Path: req.URL.Path, Header: req.Header, Body: body})
 	if err != nil {
 		return "", err
 	}

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -46,7 +47,7 @@ func TestExplainMatchesDataPlane(t *testing.T) {
 			for k, v := range tc.hdr {
 				hdr.Set(k, v)
 			}
-			ex, err := h.r.Explain("ep", tc.path, hdr, []byte(tc.body))
+			ex, err := h.r.Explain(context.Background(), PickRequest{Endpoint: "ep", Path: tc.path, Header: hdr, Body: []byte(tc.body)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -100,7 +101,7 @@ func TestExplainErrors(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := h.r.Explain(tc.endpoint, tc.path, tc.hdr, []byte(tc.body))
+			_, err := h.r.Explain(context.Background(), PickRequest{Endpoint: tc.endpoint, Path: tc.path, Header: tc.hdr, Body: []byte(tc.body)})
 			if !errors.Is(err, tc.want) {
 				t.Fatalf("err %v, want %v", err, tc.want)
 			}
@@ -120,7 +121,7 @@ func TestExplainErrors(t *testing.T) {
 		h.ep.Instances[i].Draining = true
 	}
 	h.update()
-	if _, err := h.r.Explain("ep", "/invocations", nil, []byte("x")); !errors.Is(err, ErrNoInstance) || !errors.Is(err, lora.ErrNoInstance) {
+	if _, err := h.r.Explain(context.Background(), PickRequest{Endpoint: "ep", Path: "/invocations", Header: nil, Body: []byte("x")}); !errors.Is(err, fleet.ErrNoInstance) || !errors.Is(err, fleet.ErrNoInstance) {
 		t.Fatalf("all draining: %v", err)
 	}
 
@@ -130,7 +131,7 @@ func TestExplainErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	if _, err := r.Explain("ep", "/invocations", nil, nil); !errors.Is(err, ErrNoInstance) {
+	if _, err := r.Explain(context.Background(), PickRequest{Endpoint: "ep", Path: "/invocations", Header: nil, Body: nil}); !errors.Is(err, fleet.ErrNoInstance) {
 		t.Fatalf("no snapshot: %v", err)
 	}
 	if _, ok := r.Status("ep", "i-a"); ok {
@@ -153,7 +154,7 @@ func TestExplainCandidatesBounded(t *testing.T) {
 				ep.Instances = append(ep.Instances, fleet.Instance{ID: fmt.Sprintf("i-%02d", i), Addr: fmt.Sprintf("http://127.0.0.1:%d", 20000+i)})
 			}
 			r.Update(fleet.NewSnapshot([]fleet.Endpoint{ep}, 0, 1, time.Now()))
-			ex, err := r.Explain("ep", "/invocations", nil, []byte("some prompt"))
+			ex, err := r.Explain(context.Background(), PickRequest{Endpoint: "ep", Path: "/invocations", Header: nil, Body: []byte("some prompt")})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -192,7 +193,7 @@ func TestStatus(t *testing.T) {
 	for i := 0; ex.Instance == "" || ex.Instance == "i-dead"; i++ {
 		body = fmt.Sprint("block me ", i)
 		var err error
-		if ex, err = h.r.Explain("ep", "/invocations", nil, []byte(body)); err != nil {
+		if ex, err = h.r.Explain(context.Background(), PickRequest{Endpoint: "ep", Path: "/invocations", Header: nil, Body: []byte(body)}); err != nil {
 			t.Fatal(err)
 		}
 	}

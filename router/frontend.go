@@ -1,16 +1,14 @@
 package router
 
 import (
+	"cmp"
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	"net/http"
 	"net/url"
 	"strings"
-	"time"
 
-	"github.com/prefixrouter/prefixrouter/lora"
 	"github.com/prefixrouter/prefixrouter/overload"
 )
 
@@ -25,6 +23,8 @@ var ErrNeedBody = errors.New("router: routing key needs more of the body")
 
 // PickRequest is a request as a front end sees it while its body streams in.
 type PickRequest struct {
+	// Endpoint, when set, names the endpoint; otherwise Path does.
+	Endpoint string
 	// Path is the request path (a query is ignored). It selects the endpoint
 	// and the API as on the HTTP data plane: /endpoints/{endpoint}/... names
 	// the endpoint, other paths use Options.DefaultEndpoint; paths ending in
@@ -44,6 +44,11 @@ type PickRequest struct {
 	Subset []string
 	// MaxCandidates bounds Picked.Candidates; zero means 1.
 	MaxCandidates int
+	// Context bounds the wait for a catalogued adapter the agents are
+	// loading (at most Options.AdapterWait, as on the HTTP data plane):
+	// the stream's context, so that a proxy that gives up ends the wait.
+	// Nil means context.Background().
+	Context context.Context
 }
 
 // Picked is an admitted choice. Its methods are for the one goroutine that
@@ -59,17 +64,53 @@ type Picked struct {
 	// Spill is why the key's ring primary was passed over (a Spill*
 	// value), empty when it was not.
 	Spill string
+	// SetHeaders are request headers the proxy must set before it sends
+	// the request on, as the HTTP data plane does: a stateful session's
+	// id becomes the container's own (X-Amzn-SageMaker-Session-Id).
+	SetHeaders http.Header
+	// Body, when not nil, replaces the request body held so far (which
+	// was all of it): a tenant's body with the endpoint's cache salt.
+	Body []byte
 
 	r       *Router
+	kind    apiKind
 	ev      *endpointView
 	cur     pick
 	primary string // Candidates[0]
 }
 
+// ResponseHeaders returns the headers the proxy sets on the instance's
+// response, as the HTTP data plane does: the instance (unless
+// Options.HideInstanceID) and the decision; on invoke paths the invoked
+// variant and a new or closed session's id turned into the client's (so
+// that the session's next request reaches its instance from any replica
+// and either front end). upstream holds the response's headers.
+func (p *Picked) ResponseHeaders(upstream http.Header) http.Header {
+	out := http.Header{}
+	if p.cur.iv == nil {
+		return out
+	}
+	if p.r == nil || !p.r.opts.HideInstanceID {
+		out.Set(HeaderInstance, p.cur.iv.inst.ID)
+	}
+	out.Set(HeaderDecision, p.cur.decision)
+	if p.kind == kindInvoke {
+		out.Set(HeaderInvokedVariant, variantOf(p.cur.iv))
+		for _, h := range [...]string{HeaderNewSessionID, HeaderClosedSessionID} {
+			if v := upstream.Get(h); v != "" && p.r != nil {
+				out.Set(h, v)
+				p.r.sessions.rewrite(out, h, p.Endpoint, p.cur.iv.inst.ID)
+			}
+		}
+	}
+	return out
+}
+
 // Rejection is a request Pick turned away before any instance was admitted:
 // the status, headers and body the HTTP data plane answers in the same case.
-// It wraps ErrInvalidRequest, ErrUnknownEndpoint, lora.ErrUnknownModel or
-// ErrNoInstance.
+// It wraps the routing sequence's error, whose class errors.Is tells:
+// ErrInvalidRequest, ErrUnknownEndpoint, lora.ErrUnknownModel,
+// lora.ErrModelNotReady or fleet.ErrNoInstance.
 type Rejection struct {
 	Status int
 	Header http.Header
@@ -80,107 +121,88 @@ type Rejection struct {
 func (e *Rejection) Error() string { return e.err.Error() }
 func (e *Rejection) Unwrap() error { return e.err }
 
-// Pick chooses and admits an instance for req as the HTTP data plane would,
-// once the body holds enough of the prompt for the key: the first
-// PrefixLength bytes on invoke paths; on OpenAI paths the whole body, since
-// model and prompt_cache_key may follow the messages. Before that it returns
-// ErrNeedBody. Otherwise the error is a *Rejection. The caller must call Done
-// on the result when the response ends.
+// Pick is the ext_proc front end: it runs the routing sequence (route.go)
+// on req as the HTTP data plane does (sessions, variants and inference
+// components, the bounded wait for a catalogued adapter, the tenant salt)
+// and admits an instance, once the body holds enough of the prompt for the
+// key: the first PrefixLength bytes on invoke paths; on OpenAI paths the
+// whole body, since model and prompt_cache_key may follow the messages.
+// Before that it returns ErrNeedBody. Otherwise the error is a *Rejection.
+// The caller must call Done on the result when the response ends.
 func (r *Router) Pick(req PickRequest) (*Picked, error) {
 	kind := kindForPath(req.Path)
-	endpoint := r.opts.DefaultEndpoint
-	if rest, ok := strings.CutPrefix(req.Path, "/endpoints/"); ok {
-		if name, _, ok := strings.Cut(rest, "/"); ok && name != "" {
-			if n, err := url.PathUnescape(name); err == nil {
-				endpoint = n
-			}
-		}
-	}
-	v := r.view.Load()
-	if v == nil {
-		return nil, r.rejectPick(kind, "unknown", "", ErrNoInstance, &reqError{statusNotLoaded(kind), codeNotLoaded, "no fleet snapshot loaded yet"})
-	}
-	ev := v.endpoints[endpoint]
-	if ev == nil {
-		return nil, r.rejectPick(kind, "unknown", "", ErrUnknownEndpoint, &reqError{statusNotFound(kind), codeUnknownEndpoint, fmt.Sprintf("endpoint %q not found", endpoint)})
-	}
-	strategy := string(ev.strategy)
-	if int64(len(req.Body)) > r.opts.MaxBodyBytes {
-		return nil, r.rejectPick(kind, endpoint, strategy, ErrInvalidRequest, &reqError{http.StatusRequestEntityTooLarge, codeTooLarge, fmt.Sprintf("request body exceeds the limit of %d bytes", r.opts.MaxBodyBytes)})
-	}
-	if !req.Complete && (kind != kindInvoke || len(req.Body) < ev.prefixLen) {
-		return nil, ErrNeedBody
-	}
 	header := req.Header
 	if header == nil {
 		header = http.Header{}
 	}
-	rr, rerr := parseRequest(kind, header, req.Body, ev.prefixLen)
-	if rerr != nil {
-		return nil, r.rejectPick(kind, endpoint, strategy, ErrInvalidRequest, rerr)
+	ctx := req.Context
+	if ctx == nil {
+		ctx = context.Background()
 	}
-	start := time.Now()
-	set, err := ev.table.Set(rr.model)
+	rt, err := r.route(routeInput{
+		ctx: ctx, kind: kind, endpoint: cmp.Or(req.Endpoint, r.endpointOf(req.Path)), header: header,
+		src:    heldBody{body: req.Body, complete: req.Complete, limit: r.opts.MaxBodyBytes},
+		subset: req.Subset,
+	})
 	if err != nil {
-		if errors.Is(err, lora.ErrUnknownModel) {
-			return nil, r.rejectPick(kind, endpoint, strategy, err, &reqError{statusNotFound(kind), codeUnknownModel, fmt.Sprintf("model %q is not served by endpoint %q", rr.model, endpoint)})
+		if err.code == codeNeedBody {
+			return nil, ErrNeedBody
 		}
-		return nil, r.rejectPick(kind, endpoint, strategy, fmt.Errorf("%w: %w", ErrNoInstance, err), noInstance(kind, err))
-	}
-	var skip bitset
-	if req.Subset != nil {
-		skip = subsetSkip(ev, set, req.Subset)
-	}
-	p, ok := r.pick(ev, set, rr.key, newHotChoice(ev, set, rr.key, req.Body), v.snap.Replicas, skip)
-	r.metrics.pickSeconds.WithLabelValues(strategy).Observe(time.Since(start).Seconds())
-	if !ok {
-		msg := fmt.Sprintf("no instance of endpoint %q can take the request (all circuit breakers open)", endpoint)
-		if req.Subset != nil {
-			msg = fmt.Sprintf("no instance of endpoint %q in the proxy's subset of %d can take the request", endpoint, len(req.Subset))
-		}
-		return nil, r.rejectPick(kind, endpoint, strategy, ErrNoInstance, &reqError{http.StatusServiceUnavailable, codeNoInstance, msg})
+		ep, strategy := rt.labels()
+		return nil, r.rejectPick(kind, ep, strategy, err)
 	}
 	out := &Picked{
-		Instance: p.iv.inst.ID, Decision: p.decision, Endpoint: endpoint, Strategy: strategy, Spill: p.spill.String(),
-		r: r, ev: ev, cur: p, primary: p.iv.hostPort,
+		Instance: rt.cur.iv.inst.ID, Decision: rt.cur.decision, Endpoint: rt.endpoint, Strategy: string(rt.ev.strategy), Spill: rt.cur.spill.String(),
+		r: r, kind: kind, ev: rt.ev, cur: rt.cur, primary: rt.cur.iv.hostPort,
 	}
-	out.Candidates = fallbacks(ev, set, rr.key, p, skip, max(req.MaxCandidates, 1))
+	if rt.session != nil {
+		// A session stays on its instance: no fallback elsewhere.
+		out.Candidates = []string{rt.cur.iv.hostPort}
+		out.SetHeaders = http.Header{HeaderSessionID: {rt.sessionID}}
+	} else {
+		out.Candidates = fallbacks(rt, rt.skip, max(req.MaxCandidates, 1))
+	}
+	if len(rt.body) != len(req.Body) || (len(rt.body) > 0 && &rt.body[0] != &req.Body[0]) {
+		out.Body = rt.body
+	}
 	return out, nil
+}
+
+// endpointOf is the endpoint a data-plane path names: /endpoints/{endpoint}/...,
+// else Options.DefaultEndpoint.
+func (r *Router) endpointOf(path string) string {
+	if rest, ok := strings.CutPrefix(path, "/endpoints/"); ok {
+		if name, _, ok := strings.Cut(rest, "/"); ok && name != "" {
+			if n, err := url.PathUnescape(name); err == nil {
+				return n
+			}
+		}
+	}
+	return r.opts.DefaultEndpoint
 }
 
 // fallbacks lists the admitted instance, then the key's further ring
 // candidates that are eligible now (not skipped, not marked down, breaker not
 // open), up to n addresses.
-func fallbacks(ev *endpointView, set *lora.Set, key uint64, p pick, skip bitset, n int) []string {
+func fallbacks(rt *route, skip bitset, n int) []string {
+	p := rt.cur
 	out := make([]string, 1, n)
 	out[0] = p.iv.hostPort
 	if n == 1 {
 		return out
 	}
 	var buf [MaxExplainCandidates]int
-	for _, i := range set.Ring().Candidates(key, min(set.Len(), MaxExplainCandidates), buf[:0]) {
+	for _, i := range rt.set.Ring().Candidates(rt.key, min(rt.set.Len(), MaxExplainCandidates), buf[:0]) {
 		if len(out) == n {
 			break
 		}
-		iv := ev.instance(set, i)
+		iv := rt.ev.instance(rt.set, i)
 		if i == p.idx || skip.has(i) || iv == nil || iv.state.Open() || !iv.state.Healthy() {
 			continue
 		}
 		out = append(out, iv.hostPort)
 	}
 	return out
-}
-
-// subsetSkip marks the set indexes of instances outside subset.
-func subsetSkip(ev *endpointView, set *lora.Set, subset []string) bitset {
-	var skip bitset
-	for i := 0; i < set.Len(); i++ {
-		iv := ev.instance(set, i)
-		if iv == nil || !inSubset(iv, subset) {
-			skip.set(i)
-		}
-	}
-	return skip
 }
 
 // inSubset matches host:port exactly, or the host alone when an entry has no
@@ -209,11 +231,11 @@ func hostPort(u *url.URL) string {
 
 // rejectPick counts a rejection as the HTTP data plane does and renders the
 // answer it would write.
-func (r *Router) rejectPick(kind apiKind, endpoint, strategy string, sentinel error, e *reqError) *Rejection {
+func (r *Router) rejectPick(kind apiKind, endpoint, strategy string, e *routeError) *Rejection {
 	r.metrics.requests.WithLabelValues(endpoint, strategy, decisionNone, r.metrics.code(e.status)).Inc()
 	w := &bufferWriter{header: http.Header{}}
 	writeError(w, kind, e.status, e.code, e.msg)
-	return &Rejection{Status: e.status, Header: w.header, Body: w.body, err: fmt.Errorf("%w: %s", sentinel, e.msg)}
+	return &Rejection{Status: e.status, Header: w.header, Body: w.body, err: e}
 }
 
 // bufferWriter is the http.ResponseWriter writeError renders a Rejection

@@ -222,9 +222,9 @@ func (a *bodyArena) lookup(ctx context.Context, b []byte) *heldBuf {
 }
 
 // fullError is the rejection of a body that found no room.
-func (a *bodyArena) fullError(err error) *reqError {
+func (a *bodyArena) fullError(err error) *routeError {
 	if errors.Is(err, errArenaFull) {
-		return &reqError{http.StatusServiceUnavailable, codeBodyBuffer, fmt.Sprintf("the router holds as many request bodies as its body buffer takes (%d bytes) and none freed room within %v: a body whose model or prompt_cache_key comes after its first 64 KiB is read whole before routing; retry, or put model and prompt_cache_key first", a.limit, bodyBufferWait)}
+		return &routeError{http.StatusServiceUnavailable, codeBodyBuffer, fmt.Sprintf("the router holds as many request bodies as its body buffer takes (%d bytes) and none freed room within %v: a body whose model or prompt_cache_key comes after its first 64 KiB is read whole before routing; retry, or put model and prompt_cache_key first", a.limit, bodyBufferWait)}
 	}
-	return &reqError{statusClientClosed, codeBadBody, "the client went away while its body waited for room"}
+	return &routeError{statusClientClosed, codeBadBody, "the client went away while its body waited for room"}
 }

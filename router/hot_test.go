@@ -82,7 +82,7 @@ func TestHotKeyAgreement(t *testing.T) {
 		if i < warmup {
 			continue
 		}
-		ex, err := other.r.Explain("ep", "/invocations", nil, []byte(body))
+		ex, err := other.r.Explain(context.Background(), PickRequest{Endpoint: "ep", Path: "/invocations", Header: nil, Body: []byte(body)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -126,7 +126,7 @@ func TestHotKeySpreadsByLoad(t *testing.T) {
 				}
 				h.mustDo("/invocations", hotBody(d, i), nil)
 			}
-			ex, err := h.r.Explain("ep", "/invocations", nil, []byte(hotBody(0, 0)))
+			ex, err := h.r.Explain(context.Background(), PickRequest{Endpoint: "ep", Path: "/invocations", Header: nil, Body: []byte(hotBody(0, 0))})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -155,11 +155,13 @@ func (ev *endpointView) instance(set *lora.Set, i int) *instanceView {
 	return iv
 }
 
-// pick chooses and admits an instance of set for key by the endpoint's
-// strategy, skipping the indexes in skip (instances already tried). ok is
-// false when no instance can take the request. It never blocks and takes no
-// lock beyond the chosen breaker's own.
-func (r *Router) pick(ev *endpointView, set *lora.Set, key uint64, hc hotChoice, replicas int, skip bitset) (pick, bool) {
+// pick is the routing sequence's last step (route.go): it chooses and
+// admits an instance of rt's set for rt's key by the endpoint's strategy,
+// skipping the indexes in skip (instances already tried or excluded). ok
+// is false when no instance can take the request. It never blocks and
+// takes no lock beyond the chosen breaker's own.
+func (r *Router) pick(rt *route, skip bitset) (pick, bool) {
+	ev, set, key, hc, replicas := rt.ev, rt.set, rt.key, rt.hot, rt.view.snap.Replicas
 	h := healthFilter{ev: ev, set: set}
 	switch ev.strategy {
 	case fleet.Random:

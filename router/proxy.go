@@ -19,7 +19,6 @@ import (
 
 	"golang.org/x/time/rate"
 
-	"github.com/prefixrouter/prefixrouter/lora"
 	"github.com/prefixrouter/prefixrouter/overload"
 	"github.com/prefixrouter/prefixrouter/upstream"
 )
@@ -46,28 +45,19 @@ type attemptKey struct{}
 // touched only by the goroutine serving the request (ReverseProxy calls
 // Rewrite, RoundTrip, ModifyResponse, ErrorHandler and reads the body on it).
 type attempt struct {
-	r            *Router
-	kind         apiKind
-	endpoint     string
-	ev           *endpointView
-	set          *lora.Set
-	view         *view  // the view ev and set belong to
-	model        string // the requested model or adapter ("" for none)
-	key          uint64
-	hot          hotChoice
-	replicas     int
+	r *Router
+	// route is the routing sequence's result (route.go); retries and
+	// waits for an adapter's holder move it on (repick, awaitHolder).
+	*route
 	upstreamPath string
-	body         []byte    // the request body (its head when streamed), replayed on our own retries
 	streamed     *streamed // the body routed before it ended; nil when body is all of it
 	clientCtx    context.Context
 	upCtx        context.Context // the upstream call's; its cause tells a first-byte timeout
 	firstByte    *firstByte      // the first-byte timeout; nil when off or stopped
 	stream       bool            // frame the answer as an AWS event stream (…/invocations-response-stream)
 	bodyAsync    bool            // a try went to a transport that may read body after answering (https)
-	pinned       bool            // a session's request: its instance only, no retry elsewhere
 
-	cur     pick   // the admitted instance; cur.done nil once released
-	tried   bitset // set indexes already tried
+	tried   bitset // set indexes already tried (and those the route excluded)
 	retries int
 	// failed lists the instances that could not serve model: they
 	// answered "adapter not found" (the stale retry) or could not be
@@ -83,6 +73,10 @@ type attempt struct {
 	err      error        // transport error of the last try, if no response
 	bodyErr  error        // upstream body read error while copying
 }
+
+// pinned reports a session's request: its instance only, no retry
+// elsewhere.
+func (a *attempt) pinned() bool { return a.session != nil }
 
 // statusClientClosed is nginx's convention for the metrics of a request whose
 // client went away before any status was sent.
@@ -146,11 +140,13 @@ func (a *attempt) setTarget(out *http.Request) {
 	out.URL.Path = joinPath(t.Path, a.upstreamPath)
 	out.URL.RawPath = ""
 	out.Host = "" // the instance's host, not the router's
-	if hasIdempotencyKey(out.Header) {
-		// Go's Transport replays a POST with an Idempotency-Key on a
-		// reused connection that broke after the upstream may have read
-		// it; without GetBody it cannot. Our own retries (dial errors
-		// only: provably unseen) replay a.body (replayBody).
+	if t.Scheme != "http" && hasIdempotencyKey(out.Header) {
+		// Go's Transport (the https fallback) replays a POST with an
+		// Idempotency-Key on a reused connection that broke after the
+		// upstream may have read it; without GetBody it cannot. Our own
+		// transport re-sends only what the instance provably never read
+		// (a dead pooled connection, no answer byte), and our retries
+		// (dial errors) replay a.body (replayBody): both keep GetBody.
 		out.GetBody = nil
 	}
 }
@@ -159,11 +155,11 @@ func joinPath(base, p string) string {
 	return strings.TrimSuffix(base, "/") + p
 }
 
-// serve proxies req to a.cur. body holds the body read so far; rest, when
-// not nil, is the client's body after it, streamed to the instance as it
-// arrives (the client's Content-Length, or chunked when it sent none).
-func (p *proxy) serve(w http.ResponseWriter, req *http.Request, body []byte, rest io.Reader, a *attempt) {
-	a.body = body
+// serve proxies req to a.cur. a.body holds the body read so far; a.rest,
+// when not nil, is the client's body after it, streamed to the instance as
+// it arrives (the client's Content-Length, or chunked when it sent none).
+func (p *proxy) serve(w http.ResponseWriter, req *http.Request, a *attempt) {
+	body, rest := a.body, a.rest
 	if rest == nil {
 		// Replay the body from the bytes already read, also for retries.
 		req.Body = upstream.NewBytesBody(body)
@@ -474,9 +470,9 @@ func (t retryTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 	a := attemptFrom(out.Context())
 	m := t.p.r.metrics
 	for {
-		resp, err := t.p.base.RoundTrip(out)
+		resp, err := t.p.base.RoundTrip(a.forEngine(out))
 		if err == nil {
-			if a.pinned || !a.staleAdapter(resp) {
+			if a.pinned() || !a.staleAdapter(resp) {
 				return resp, nil
 			}
 			// The instance refused the adapter: it saw the request but
@@ -496,7 +492,7 @@ func (t retryTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 		}
 		kind := errorKind(err)
 		m.upstreamErrors.WithLabelValues(a.endpoint, kind).Inc()
-		if kind != errKindDial || a.retries >= MaxRetries || a.pinned {
+		if kind != errKindDial || a.retries >= MaxRetries || a.pinned() {
 			return nil, err
 		}
 		replay, rerr := a.replayBody()
@@ -509,7 +505,7 @@ func (t retryTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 		a.cur.done = nil
 		a.tried.set(a.cur.idx)
 		failedIn := a.cur.iv.inst
-		next, ok := t.p.r.pick(a.ev, a.set, a.key, a.hot, a.replicas, a.tried)
+		next, ok := a.repick(t.p.r, a.tried)
 		if !ok {
 			if _, catalogued := a.ev.table.Endpoint().Adapter(a.model); !catalogued {
 				return nil, err
@@ -566,7 +562,7 @@ func (t retryTransport) staleRetry(ctx context.Context, a *attempt) error {
 	if err := a.countWait(); err != nil {
 		return err
 	}
-	if next, ok := r.pick(a.ev, a.set, a.key, a.hot, a.replicas, a.tried); ok {
+	if next, ok := a.repick(r, a.tried); ok {
 		a.cur = next
 		return nil
 	}
@@ -587,19 +583,14 @@ func (a *attempt) countWait() error {
 
 // awaitHolder is reached when the last member of a.set that could take
 // the request refused the adapter or could not be dialled (the caller
-// added it to a.failed and counted the wait). It waits (until AdapterWait after the first such failure) for a view in
-// which the adapter has a member that has not failed the request, or one
-// whose record changed since it did (Instance.Revision: its agent
-// re-polled and reloaded, or it registered again), and admits it into
-// a.cur.
+// added it to a.failed and counted the wait). It re-enters the routing
+// sequence on newer views (route.awaitHolder) until AdapterWait after the
+// first such failure.
 func (t retryTransport) awaitHolder(ctx context.Context, a *attempt) error {
-	r := t.p.r
-	v, ev, set, p, err := r.waitPick(ctx, a.view, a.endpoint, a.model, a.key, a.failed, a.waitUntil)
-	if err != nil {
+	if err := a.route.awaitHolder(ctx, t.p.r, a.failed, a.waitUntil); err != nil {
 		return fmt.Errorf("%w: %q: %w", errAdapterGone, a.model, err)
 	}
-	a.view, a.ev, a.set, a.replicas = v, ev, set, v.snap.Replicas
-	a.tried, a.hot, a.cur = bitset{}, hotChoice{}, p
+	a.tried = bitset{}
 	return nil
 }
 

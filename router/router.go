@@ -78,7 +78,7 @@ type endpointView struct {
 	table     *lora.Table
 	instances map[string]*instanceView          // by instance id, draining included
 	byPtr     map[*fleet.Instance]*instanceView // by lora's instance pointers (into ep.Instances)
-	// From the endpoint's (normalized) routing config.
+	// From the endpoint's resolved routing config (fleet.Resolved).
 	strategy  fleet.Strategy
 	prefixLen int
 	threshold int
@@ -206,25 +206,25 @@ func (r *Router) Update(s *fleet.Snapshot) {
 			ids[i] = ep.Instances[i].ID
 		}
 		states := tr.Sync(ids)
-		cfg := ep.Config.WithDefaults()
+		cfg := ep.Resolved
 		ev := &endpointView{
 			ep:        ep,
 			table:     lora.New(ep, r.opts.RingOptions...),
 			instances: make(map[string]*instanceView, len(ep.Instances)),
 			byPtr:     make(map[*fleet.Instance]*instanceView, len(ep.Instances)),
-			strategy:  cfg.RoutingStrategy,
-			prefixLen: cfg.PrefixLength(),
-			threshold: cfg.ConcurrencyThreshold(),
+			strategy:  cfg.Strategy,
+			prefixLen: cfg.PrefixLength,
+			threshold: cfg.ConcurrencyThreshold,
 			salt:      cfg.TenantCacheSalt,
-			firstByte: cmp.Or(cfg.FirstByteTimeout(), r.opts.FirstByteTimeout),
+			firstByte: cmp.Or(cfg.FirstByteTimeout, r.opts.FirstByteTimeout),
 		}
 		total := 0.0
-		for _, pv := range cfg.ProductionVariants {
+		for _, pv := range cfg.Variants {
 			total += pv.InitialVariantWeight
 			ev.variants = append(ev.variants, pv.VariantName)
 			ev.cumWeight = append(ev.cumWeight, total)
 		}
-		if cfg.RoutingStrategy == fleet.PrefixAware && cfg.HotKeyReplication() {
+		if cfg.Strategy == fleet.PrefixAware && cfg.HotKeyReplication {
 			ev.hot = r.hot[name]
 			if ev.hot == nil {
 				// Options were validated in New.
@@ -252,6 +252,7 @@ func (r *Router) Update(s *fleet.Snapshot) {
 				v.ready = true
 			}
 		}
+		r.metrics.initSeries(name, ev, r.view.Load())
 		v.endpoints[name] = ev
 		mv, moved, ok := measureMovement(r.moves[name], ev.table)
 		moves[name] = mv
@@ -293,7 +294,7 @@ func (r *Router) targets(path string) []probe.Target {
 			}
 			u := *iv.target
 			u.Path = joinPath(u.Path, path)
-			out = append(out, probe.Target{URL: u.String(), Instance: iv.state})
+			out = append(out, probe.Target{URL: u.String(), Instance: iv.state, Engine: iv.inst.Engine})
 		}
 	}
 	return out

@@ -24,6 +24,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/internal/testsupport"
+	"github.com/prefixrouter/prefixrouter/lora"
 	"github.com/prefixrouter/prefixrouter/overload"
 )
 
@@ -476,4 +477,17 @@ func counterValue(c prometheus.Counter) float64 {
 		panic(err)
 	}
 	return m.GetCounter().GetValue()
+}
+
+// parseRequest is parseRoute on a body read whole.
+func parseRequest(kind apiKind, h http.Header, body []byte, prefixLen int) (routeRequest, *routeError) {
+	return parseRoute(kind, h, body, prefixLen, false)
+}
+
+// pickKey runs step 8 of the routing sequence for key in set of ev, as
+// the data plane does after the earlier steps.
+func (r *Router) pickKey(ev *endpointView, set *lora.Set, key uint64, hc hotChoice, replicas int, skip bitset) (pick, bool) {
+	snap := *r.view.Load().snap
+	snap.Replicas = replicas
+	return r.pick(&route{view: &view{snap: &snap}, ev: ev, set: set, key: key, hot: hc}, skip)
 }

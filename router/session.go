@@ -9,11 +9,8 @@ import (
 	"crypto/subtle"
 	"encoding/base64"
 	"encoding/binary"
-	"fmt"
 	"net/http"
 	"strings"
-
-	"github.com/prefixrouter/prefixrouter/lora"
 )
 
 // Stateful sessions carry their instance in the id the client sees, so
@@ -144,44 +141,4 @@ func (k sessionKeys) rewrite(hdr http.Header, h, endpoint, instance string) {
 		rest = ";" + rest
 	}
 	hdr.Set(h, k.seal(endpoint, instance, strings.TrimSpace(sid))+rest)
-}
-
-// errForgedSession is the one answer to every session id the endpoint did
-// not issue: the same whichever instance a made-up id names.
-const errForgedSession = "X-Amzn-SageMaker-Session-Id is not a session id this endpoint issued"
-
-// pickSession admits the instance a session id names, and puts the
-// container's own id in the request for it. A session stays on its
-// instance: no threshold spill and no retry elsewhere (the session's state
-// lives there); only an open breaker refuses it (503). The instance must
-// serve the request's model (set) and be in variant, when the request
-// names one (X-Amzn-SageMaker-Target-Variant); otherwise, and for an id the
-// endpoint did not issue, the answer is SageMaker's ValidationError.
-func (r *Router) pickSession(ev *endpointView, set *lora.Set, variant string, h http.Header, id string) (pick, *reqError) {
-	instance, inner, ok := r.sessions.open(ev.ep.Name, id)
-	if !ok {
-		return pick{}, &reqError{http.StatusBadRequest, codeInvalidSession, errForgedSession}
-	}
-	iv := ev.instances[instance]
-	if iv == nil || iv.target == nil || iv.inst.Draining {
-		return pick{}, &reqError{http.StatusBadRequest, codeInvalidSession, "the session's instance has left the endpoint: the session is closed"}
-	}
-	idx := -1
-	for i := 0; i < set.Len() && idx < 0; i++ {
-		if ev.instance(set, i) == iv {
-			idx = i
-		}
-	}
-	if idx < 0 {
-		return pick{}, &reqError{http.StatusBadRequest, codeInvalidSession, "the session's instance does not serve the requested model"}
-	}
-	if variant != "" && variantOf(iv) != variant {
-		return pick{}, &reqError{http.StatusBadRequest, codeInvalidSession, fmt.Sprintf("the session's instance is not in production variant %q", variant)}
-	}
-	done, ok := iv.state.Acquire()
-	if !ok {
-		return pick{}, &reqError{http.StatusServiceUnavailable, codeNoInstance, "the session's instance is failing (its circuit breaker is open)"}
-	}
-	h.Set(HeaderSessionID, inner)
-	return pick{iv: iv, idx: -1, done: done, decision: DecisionSession}, nil
 }

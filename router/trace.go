@@ -99,7 +99,7 @@ func (a *attempt) traceFinish(ctx context.Context) {
 }
 
 // traceReject records a rejection before any pick.
-func traceReject(ctx context.Context, endpoint, strategy string, e *reqError) {
+func traceReject(ctx context.Context, endpoint, strategy string, e *routeError) {
 	span := trace.SpanFromContext(ctx)
 	if !span.IsRecording() {
 		return

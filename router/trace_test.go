@@ -119,7 +119,7 @@ func attrs(s tracetest.SpanStub) map[attribute.Key]string {
 func TestTracing(t *testing.T) {
 	tr := newTracedRouter(t, 1)
 	body := strings.Repeat("shared prefix ", 100)
-	ex, err := tr.r.Explain("ep", "/invocations", nil, []byte(body))
+	ex, err := tr.r.Explain(context.Background(), PickRequest{Endpoint: "ep", Path: "/invocations", Header: nil, Body: []byte(body)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,7 +209,7 @@ func countServer(exp *tracetest.InMemoryExporter) int {
 func TestTracingSpillHealth(t *testing.T) {
 	tr := newTracedRouter(t, 4)
 	body := strings.Repeat("health prefix ", 100)
-	ex, err := tr.r.Explain("ep", "/invocations", nil, []byte(body))
+	ex, err := tr.r.Explain(context.Background(), PickRequest{Endpoint: "ep", Path: "/invocations", Header: nil, Body: []byte(body)})
 	if err != nil {
 		t.Fatal(err)
 	}
