@@ -92,12 +92,12 @@ type RoutingConfig struct {
 	// (the zero value) means no split: every instance serves every request.
 	ProductionVariants []ProductionVariant `json:"ProductionVariants,omitempty"`
 	// FirstByteTimeoutInMilliseconds (prefixrouter's, not SageMaker's)
-	// bounds the wait for the first byte of an instance's response body on
+	// bounds the wait for the first byte of a streamed answer's body on
 	// this endpoint: beyond it the call is cut and counts against the
 	// instance's breaker, so an instance whose health check answers while
-	// its generations hang is taken out (issue 12). It must exceed the
-	// endpoint's longest non-streamed generation, whose body comes at the
-	// end. Zero (left out) means the replica's --upstream-first-byte-timeout;
+	// its generations hang is taken out (issue 12). Non-streamed answers
+	// are not cut by it: their body comes when the generation ends (issue
+	// 19). Zero (left out) means the replica's --upstream-first-byte-timeout;
 	// otherwise 1..MaxFirstByteTimeoutMillis.
 	FirstByteTimeoutInMilliseconds int `json:"FirstByteTimeoutInMilliseconds,omitempty"`
 }

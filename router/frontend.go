@@ -77,6 +77,7 @@ type Picked struct {
 	ev      *endpointView
 	cur     pick
 	primary string // Candidates[0]
+	key     uint64 // the routing key, which the breaker rule reads (overload.StatusError)
 }
 
 // ResponseHeaders returns the headers the proxy sets on the instance's
@@ -153,7 +154,7 @@ func (r *Router) Pick(req PickRequest) (*Picked, error) {
 	}
 	out := &Picked{
 		Instance: rt.cur.iv.inst.ID, Decision: rt.cur.decision, Endpoint: rt.endpoint, Strategy: string(rt.ev.strategy), Spill: rt.cur.spill.String(),
-		r: r, kind: kind, ev: rt.ev, cur: rt.cur, primary: rt.cur.iv.hostPort,
+		r: r, kind: kind, ev: rt.ev, cur: rt.cur, primary: rt.cur.iv.hostPort, key: rt.key,
 	}
 	if rt.session != nil {
 		// A session stays on its instance: no fallback elsewhere.
@@ -183,7 +184,7 @@ func (r *Router) endpointOf(path string) string {
 
 // fallbacks lists the admitted instance, then the key's further ring
 // candidates that are eligible now (not skipped, not marked down, breaker not
-// open), up to n addresses.
+// open, as picks see them), up to n addresses.
 func fallbacks(rt *route, skip bitset, n int) []string {
 	p := rt.cur
 	out := make([]string, 1, n)
@@ -197,7 +198,7 @@ func fallbacks(rt *route, skip bitset, n int) []string {
 			break
 		}
 		iv := rt.ev.instance(rt.set, i)
-		if i == p.idx || skip.has(i) || iv == nil || iv.state.Open() || !iv.state.Healthy() {
+		if i == p.idx || skip.has(i) || iv == nil || iv.state.Ejected() || iv.state.MarkedDown() {
 			continue
 		}
 		out = append(out, iv.hostPort)
@@ -292,7 +293,7 @@ func (p *Picked) end(status int, judge bool) {
 	if p.r == nil {
 		return
 	}
-	outcome := overload.UpstreamStatus(status)
+	outcome := overload.UpstreamStatusFor(status, p.key)
 	if status == 0 || !judge {
 		outcome = context.Canceled // neither a success nor a failure
 	}

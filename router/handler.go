@@ -87,6 +87,7 @@ type routeRequest struct {
 	tenant string
 	model  string
 	key    uint64
+	stream bool // an OpenAI body asking for a streamed answer ("stream": true)
 }
 
 // parseRoute extracts tenant, model and routing key from the body read so
@@ -121,7 +122,7 @@ func parseRoute(kind apiKind, h http.Header, body []byte, prefixLen int, head bo
 	if o.hasTenant && !validTenant(o.tenant) {
 		return rr, &routeError{http.StatusBadRequest, codeInvalidTenant, "prompt_cache_key must be 1 to 64 printable ASCII characters"}
 	}
-	rr.tenant, rr.model = o.tenant, o.model
+	rr.tenant, rr.model, rr.stream = o.tenant, o.model, o.stream
 	rr.key = routingKey(rr.tenant, rr.model, o.prefix)
 	return rr, nil
 }
@@ -196,7 +197,7 @@ func (r *Router) serve(w http.ResponseWriter, req *http.Request, kind apiKind, u
 	if rt.session != nil {
 		req.Header.Set(HeaderSessionID, rt.sessionID)
 	}
-	a = &attempt{r: r, route: rt, upstreamPath: upstreamPath, stream: stream, tried: rt.skip}
+	a = &attempt{r: r, route: rt, upstreamPath: upstreamPath, stream: stream, streaming: stream || rt.stream, tried: rt.skip}
 	proxied = true
 	r.proxy.serve(w, req, a)
 }

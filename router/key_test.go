@@ -307,3 +307,31 @@ func TestControlAt(t *testing.T) {
 		}
 	}
 }
+
+// TestOpenAIStream: the walk reads a top-level "stream": true, which makes
+// the first-byte timeout apply (proxy.go); anything else is not a stream.
+func TestOpenAIStream(t *testing.T) {
+	for _, tc := range []struct {
+		body string
+		want bool
+	}{
+		{`{"model":"m","stream":true,"messages":[]}`, true},
+		{`{"model":"m","messages":[],"stream":true}`, true},
+		{`{"model":"m","messages":[],"stream":false}`, false},
+		{`{"model":"m","messages":[]}`, false},
+		{`{"model":"m","messages":[],"stream":"true"}`, false},
+		{`{"model":"m","messages":[],"stream":null}`, false},
+		{`{"model":"m","stream":true,"messages":[],"stream":false}`, false}, // the last one, as encoding/json
+		{`{"model":"m","stream":false,"messages":[],"stream":true}`, true},
+		{`{"model":"m","messages":[{"role":"user","content":"x","stream":true}]}`, false}, // not top-level
+		{`{"model":"m","stream_options":{"stream":true},"messages":[]}`, false},
+	} {
+		o, err := parseOpenAI([]byte(tc.body), true, 1024)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.body, err)
+		}
+		if o.stream != tc.want {
+			t.Errorf("%s: stream %v, want %v", tc.body, o.stream, tc.want)
+		}
+	}
+}

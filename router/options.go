@@ -76,8 +76,10 @@ type Options struct {
 	HotKeyThreshold float64
 	// UpstreamHeaderTimeout bounds the wait for an instance's response
 	// headers when Transport is nil (--upstream-header-timeout). A timeout
-	// counts against the instance's breaker. Zero means no bound: a
-	// non-streamed generation sends its headers only when it is done.
+	// counts against the instance's breaker on a streamed call only: a
+	// non-streamed generation sends its headers when it is done, so its
+	// timeout is the client's max_tokens, not the instance (issue 19).
+	// Zero means no bound.
 	UpstreamHeaderTimeout time.Duration
 	// UpstreamIdleTimeout bounds the silence between an answer's bytes
 	// (--upstream-idle-timeout, DefaultUpstreamIdleTimeout in `serve`):
@@ -92,14 +94,17 @@ type Options struct {
 	// deployments whose clients must not learn the fleet's layout. False
 	// (the default) shows them.
 	HideInstanceID bool
-	// FirstByteTimeout bounds the wait for the first byte of an instance's
-	// response body (--upstream-first-byte-timeout): beyond it the call is
-	// cut and counts against the instance's breaker, so an instance whose
-	// health check answers while its generations hang is taken out. Like
-	// UpstreamHeaderTimeout it must exceed the longest non-streamed
-	// generation (its body comes at the end). It is the default of the
-	// endpoints whose routing config sets no FirstByteTimeoutInMilliseconds
-	// (which wins, and changes live with the config). Zero means off.
+	// FirstByteTimeout bounds the wait for the first byte of a streamed
+	// answer's body (--upstream-first-byte-timeout; the event-stream path,
+	// or an OpenAI body with "stream": true): beyond it the call is cut and
+	// counts against the instance's breaker, so an instance whose health
+	// check answers while its generations hang is taken out. Non-streamed
+	// calls are not cut by it: their first byte comes when the whole
+	// generation is done, whose length the client's max_tokens decides
+	// (issue 19); --max-stream-duration and the client's deadline bound
+	// them. It is the default of the endpoints whose routing config sets no
+	// FirstByteTimeoutInMilliseconds (which wins, and changes live with the
+	// config). Zero means off.
 	FirstByteTimeout time.Duration
 	// APIKeys turns on data-plane API keys: every request but the probes'
 	// must present one of these (Authorization: Bearer, or HeaderAPIKey),

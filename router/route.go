@@ -45,6 +45,7 @@ type route struct {
 
 	tenant, model string
 	key           uint64
+	stream        bool // an OpenAI body's "stream": true (as far as step 2 read it)
 
 	session   *instanceView // step 4: the session's instance; nil without a session
 	sessionID string        // the container's own session id, sent to the instance
@@ -165,7 +166,7 @@ func (r *Router) stepParse(rt *route, in *routeInput) *routeError {
 	if err != nil {
 		return err
 	}
-	rt.tenant, rt.model, rt.key = rr.tenant, rr.model, rr.key
+	rt.tenant, rt.model, rt.key, rt.stream = rr.tenant, rr.model, rr.key, rr.stream
 	if rt.ev.salt && rt.tenant != "" && in.kind.openAI() {
 		// Front ends give a salted endpoint's OpenAI body whole.
 		rt.body = r.salter.withCacheSalt(rt.body, rt.endpoint, rt.tenant)

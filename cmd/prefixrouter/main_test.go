@@ -75,6 +75,8 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"header count negative", []string{"serve", "--static-instances", "a=http://127.0.0.1:1", "--max-header-count", "-1"}, "--max-header-count"},
 		{"negative upstream idle timeout", []string{"serve", "--static-instances", "a=http://127.0.0.1:1", "--upstream-idle-timeout", "-1s"}, "--upstream-idle-timeout"},
 		{"gc percent below -1", []string{"serve", "--static-instances", "a=http://127.0.0.1:1", "--gc-percent", "-2"}, "--gc-percent"},
+		{"max ejection percent over 100", []string{"serve", "--static-instances", "a=http://127.0.0.1:1", "--max-ejection-percent", "101"}, "--max-ejection-percent) 101 is outside 1..100"},
+		{"max ejection percent negative", []string{"serve", "--static-instances", "a=http://127.0.0.1:1", "--max-ejection-percent", "-1"}, "--max-ejection-percent) -1"},
 		{"register without id", []string{"register", "--addr", "http://127.0.0.1:1"}, "--id and --addr are required"},
 		{"register unknown engine", []string{"register", "--id", "a", "--addr", "http://127.0.0.1:1", "--engine", "vllm2"}, "unknown engine \"vllm2\" (want one of vllm, sglang, llamacpp, tgi"},
 		{"bench without target", []string{"bench"}, "--target"},
