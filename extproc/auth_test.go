@@ -19,21 +19,36 @@ import (
 	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 )
 
-// forge plays one request whose response the peer reports as a 500 from
-// the picked instance, and returns that instance's address.
+// forge plays one request whose response the peer reports as a 503 from
+// the picked instance (a failure whatever the engine), and returns that
+// instance's address.
 func forge(t *testing.T, c *cluster) string {
 	t.Helper()
 	e := c.open(t)
 	e.headers("/invocations", nil, nil, true)
 	dest := e.pickAnswer()
-	e.respond(dest[0], 500)
+	e.respond(dest[0], 503)
 	e.respondEnd()
 	return dest[0]
 }
 
+// forgeUntilOpen forges up to n reports of a 503 and reports whether one
+// opened the picked instance's breaker (after which picks are refused).
+func forgeUntilOpen(t *testing.T, c *cluster, n int) bool {
+	t.Helper()
+	for range n {
+		addr := forge(t, c)
+		if st, _ := c.router.Status(endpoint, c.ids[addr]); st.Breaker == gobreaker.StateOpen {
+			return true
+		}
+	}
+	return false
+}
+
 // TestForgedOutcomesFromUnauthenticatedPeers reproduces issue 19: the
 // ext_proc port had no authentication and 17 forged "served with :status
-// 500" reports opened every breaker. A peer that is not authenticated is
+// 500" reports opened every breaker (here 503s, which count as failures
+// whatever the engine). A peer that is not authenticated is
 // still served picks, but its reports do not move a breaker; an
 // authenticated peer's do.
 func TestForgedOutcomesFromUnauthenticatedPeers(t *testing.T) {
@@ -43,20 +58,14 @@ func TestForgedOutcomesFromUnauthenticatedPeers(t *testing.T) {
 	}
 	for id := range c.addrs {
 		if st, _ := c.router.Status(endpoint, id); st.Breaker != gobreaker.StateClosed || st.InFlight != 0 {
-			t.Fatalf("after 17 forged 500s: instance %s breaker %v, in flight %d; want closed, 0", id, st.Breaker, st.InFlight)
+			t.Fatalf("after 17 forged 503s: instance %s breaker %v, in flight %d; want closed, 0", id, st.Breaker, st.InFlight)
 		}
 	}
 	// The same reports from a peer with the token count (five in a row
 	// open a breaker, overload's default).
 	trusted := startCluster(t, fleetOf(t, 3), extproc.Options{Token: "envoy-token"})
-	opened := false
-	for i := 0; i < 17 && !opened; i++ {
-		addr := forge(t, trusted)
-		st, _ := trusted.router.Status(endpoint, trusted.ids[addr])
-		opened = st.Breaker == gobreaker.StateOpen
-	}
-	if !opened {
-		t.Fatal("17 500s reported by an authenticated peer opened no breaker")
+	if !forgeUntilOpen(t, trusted, 17) {
+		t.Fatal("17 503s reported by an authenticated peer opened no breaker")
 	}
 }
 
@@ -144,13 +153,7 @@ func TestMutualTLS(t *testing.T) {
 		t.Fatal("a foreign client certificate was accepted")
 	}
 	c.client = dial(pki)
-	opened := false
-	for i := 0; i < 17 && !opened; i++ {
-		addr := forge(t, c)
-		st, _ := c.router.Status(endpoint, c.ids[addr])
-		opened = st.Breaker == gobreaker.StateOpen
-	}
-	if !opened {
-		t.Fatal("500s reported by a peer with a client certificate opened no breaker")
+	if !forgeUntilOpen(t, c, 17) {
+		t.Fatal("503s reported by a peer with a client certificate opened no breaker")
 	}
 }

@@ -294,8 +294,11 @@ func (p *Picked) end(status int, judge bool) {
 		return
 	}
 	outcome := overload.UpstreamStatusFor(status, p.key)
-	if status == 0 || !judge {
-		outcome = context.Canceled // neither a success nor a failure
+	switch {
+	case status == 0:
+		outcome = context.Canceled // the response never came: not the instance's fault
+	case !judge:
+		outcome = overload.ErrNotJudged
 	}
 	if status == 0 {
 		status = statusClientClosed

@@ -53,7 +53,7 @@ func TestUpgradeNeverReachesInstances(t *testing.T) {
 			closed <- struct{}{}
 		}()
 	}
-	r, err := New(Options{DefaultEndpoint: "ep", Logger: slog.New(slog.DiscardHandler), Breaker: overload.BreakerOptions{ConsecutiveFailures: 5, OpenTimeout: time.Hour}})
+	r, err := New(Options{DefaultEndpoint: "ep", Logger: slog.New(slog.DiscardHandler), Breaker: overload.BreakerOptions{ConsecutiveFailures: 5, OpenTimeout: time.Hour, MaxEjectionPercent: 100}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +117,7 @@ func TestUpstreamIdleTimeoutCutsAStalledStream(t *testing.T) {
 		http.NewResponseController(w).Flush()
 		<-r.Context().Done()
 	}
-	r, err := New(Options{DefaultEndpoint: "ep", Logger: slog.New(slog.DiscardHandler), UpstreamIdleTimeout: 200 * time.Millisecond, Breaker: overload.BreakerOptions{ConsecutiveFailures: 2, OpenTimeout: time.Hour}})
+	r, err := New(Options{DefaultEndpoint: "ep", Logger: slog.New(slog.DiscardHandler), UpstreamIdleTimeout: 200 * time.Millisecond, Breaker: overload.BreakerOptions{ConsecutiveFailures: 2, OpenTimeout: time.Hour, MaxEjectionPercent: 100}})
 	if err != nil {
 		t.Fatal(err)
 	}
