@@ -104,6 +104,9 @@ func exchange(t *testing.T, addr, raw string) (statuses []int, closed bool) {
 func TestSmugglingRefused(t *testing.T) {
 	var hidden, seen atomic.Int64
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			return // the static fleet's model-list probe
+		}
 		seen.Add(1)
 		if r.Header.Get("X-Smuggled") != "" {
 			hidden.Add(1)
