@@ -114,11 +114,11 @@ type Options struct {
 	// load and the adapters in use, and retries failed loads; zero means
 	// DefaultLoadPollInterval.
 	LoadPollInterval time.Duration
-	// HotWindow is how long the load must stay at or above the endpoint's
-	// concurrency threshold before the instance is published Hot (and
-	// below half of it before Hot is cleared); zero means
-	// DefaultHotWindow.
-	HotWindow time.Duration
+	// SaturationWindow is how long the load must stay at or above the
+	// endpoint's concurrency threshold before the instance is published
+	// Saturated (and below half of it before Saturated is cleared); zero
+	// means DefaultSaturationWindow.
+	SaturationWindow time.Duration
 	// ActiveWindow is how long an adapter seen in use stays in
 	// ActiveAdapters, and how long an adapter no longer assigned here is
 	// kept as a spare copy in a free slot (placement.go, spares); zero
@@ -141,7 +141,7 @@ func (c Options) Validate() error {
 	for name, d := range map[string]time.Duration{
 		"poll interval": c.PollInterval, "health interval": c.HealthInterval, "drain timeout": c.DrainTimeout,
 		"drain grace": c.DrainGrace, "drain poll interval": c.DrainPollInterval, "load poll interval": c.LoadPollInterval,
-		"hot window": c.HotWindow, "active window": c.ActiveWindow, "scale cooldown": c.ScaleCooldown,
+		"saturation window": c.SaturationWindow, "active window": c.ActiveWindow, "scale cooldown": c.ScaleCooldown,
 	} {
 		if d < 0 {
 			return fmt.Errorf("%w: agent: %s %v is negative", fleet.ErrInvalid, name, d)
@@ -181,8 +181,8 @@ func (c *Options) withDefaults() {
 	if c.LoadPollInterval <= 0 {
 		c.LoadPollInterval = DefaultLoadPollInterval
 	}
-	if c.HotWindow <= 0 {
-		c.HotWindow = DefaultHotWindow
+	if c.SaturationWindow <= 0 {
+		c.SaturationWindow = DefaultSaturationWindow
 	}
 	if c.ActiveWindow <= 0 {
 		c.ActiveWindow = DefaultActiveWindow
@@ -211,7 +211,7 @@ func Run(ctx context.Context, cfg Options) error {
 	if cfg.Client == nil {
 		return errors.New("agent: no etcd client")
 	}
-	if err := membership.ValidateName("endpoint", cfg.Endpoint); err != nil {
+	if err := fleet.ValidateName("endpoint name", cfg.Endpoint); err != nil {
 		return err
 	}
 	if err := cfg.Instance.Validate(); err != nil {

@@ -94,12 +94,12 @@ type RoutingConfig struct {
 	// (the zero value) means no split: every instance serves every request.
 	ProductionVariants []ProductionVariant `json:"ProductionVariants,omitempty"`
 	// FirstByteTimeoutInMilliseconds (prefixrouter's, not SageMaker's)
-	// bounds the wait for the first byte of an instance's response body on
+	// bounds the wait for the first byte of a streamed answer's body on
 	// this endpoint: beyond it the call is cut and counts against the
 	// instance's breaker, so an instance whose health check answers while
-	// its generations hang is taken out (issue 12). It must exceed the
-	// endpoint's longest non-streamed generation, whose body comes at the
-	// end. Zero (left out) means the replica's --upstream-first-byte-timeout;
+	// its generations hang is taken out (issue 12). Non-streamed answers
+	// are not cut by it: their body comes when the generation ends (issue
+	// 19). Zero (left out) means the replica's --upstream-first-byte-timeout;
 	// otherwise 1..MaxFirstByteTimeoutMillis.
 	FirstByteTimeoutInMilliseconds int `json:"FirstByteTimeoutInMilliseconds,omitempty"`
 }
@@ -246,15 +246,16 @@ type Instance struct {
 	// (issue 20). They name models in metric labels only: routing never
 	// reads them, so a static fleet routes as its flag declares.
 	Listed []string `json:"-"`
-	// Hot is set by the agent while the server's requests in flight have
-	// stayed at or above the endpoint's concurrency threshold for its hot
-	// window, and cleared after they stayed below half of it as long
-	// (hysteresis).
-	Hot bool `json:"hot,omitempty"`
-	// HotAdapters are, while Hot, the adapters that carry the load: in use
-	// in most of the agent's recent samples (see agent.Options.HotWindow).
-	// Placement grows the set of an adapter that every member lists here.
-	HotAdapters []string `json:"hotAdapters,omitempty"`
+	// Saturated is set by the agent while the server's requests in flight
+	// have stayed at or above the endpoint's concurrency threshold for its
+	// saturation window, and cleared after they stayed below half of it as
+	// long (hysteresis). (A popular key is "hot": package hotkey.)
+	Saturated bool `json:"saturated,omitempty"`
+	// BusyAdapters are, while Saturated, the adapters that carry the load:
+	// in use in most of the agent's recent samples (see
+	// agent.Options.SaturationWindow). Placement grows the set of an
+	// adapter that every member lists here.
+	BusyAdapters []string `json:"busyAdapters,omitempty"`
 	// ActiveAdapters are the adapters that served a request within the
 	// agent's active window, sorted; an adapter that no member lists is
 	// cold and its set shrinks back to MinReplicas.
@@ -271,8 +272,21 @@ type Instance struct {
 // equals ring.MaxWeight; a ratio of 100 to 1 covers any real fleet.
 const MaxWeight = 100
 
-// MaxIDLength bounds instance ids (they become etcd key segments and metric labels).
-const MaxIDLength = 128
+// Bounds of what one instance record may list (issue 19: a record with
+// 50,000 labels was accepted, and every replica holds every record). A
+// record beyond them is refused whole, like any invalid record.
+const (
+	// MaxLabels bounds an instance's labels; MaxLabelKeyLength and
+	// MaxLabelValueLength their keys and values, in bytes.
+	MaxLabels           = 64
+	MaxLabelKeyLength   = 128
+	MaxLabelValueLength = 512
+	// MaxAdapterNames bounds each of an instance's adapter lists (loaded,
+	// busy, active); MaxAdapterNameLength each name, in bytes. vLLM keeps
+	// at most --max-cpu-loras adapters loaded, typically tens to hundreds.
+	MaxAdapterNames      = 4096
+	MaxAdapterNameLength = 512
+)
 
 // EffectiveWeight returns the weight used for hashing: at least 1.
 func (in Instance) EffectiveWeight() int {
@@ -294,19 +308,35 @@ func (in Instance) HasAdapter(name string) bool {
 
 // Validate checks the fields a router relies on.
 func (in Instance) Validate() error {
-	if in.ID == "" || len(in.ID) > MaxIDLength {
-		return fmt.Errorf("fleet: instance id must be 1..%d characters, got %q", MaxIDLength, in.ID)
-	}
-	for _, r := range in.ID {
-		if r <= ' ' || r > '~' || r == '/' {
-			return fmt.Errorf("fleet: instance id %q must be printable ASCII without spaces or '/'", in.ID)
-		}
+	if err := ValidateName("instance id", in.ID); err != nil {
+		return err
 	}
 	if in.Addr == "" {
 		return fmt.Errorf("fleet: instance %q has no addr", in.ID)
 	}
 	if in.Weight < 0 || in.Weight > MaxWeight {
 		return fmt.Errorf("fleet: %w instance: %q has weight %d, outside 0..%d", ErrInvalid, in.ID, in.Weight, MaxWeight)
+	}
+	if len(in.Labels) > MaxLabels {
+		return fmt.Errorf("fleet: %w instance: %q has %d labels, more than %d", ErrInvalid, in.ID, len(in.Labels), MaxLabels)
+	}
+	for k, v := range in.Labels {
+		if k == "" || len(k) > MaxLabelKeyLength || len(v) > MaxLabelValueLength {
+			return fmt.Errorf("fleet: %w instance: %q has a label key of %d bytes (1..%d) or value of %d bytes (at most %d)", ErrInvalid, in.ID, len(k), MaxLabelKeyLength, len(v), MaxLabelValueLength)
+		}
+	}
+	for _, list := range []struct {
+		name  string
+		names []string
+	}{{"adapters", in.Adapters}, {"busyAdapters", in.BusyAdapters}, {"activeAdapters", in.ActiveAdapters}} {
+		if len(list.names) > MaxAdapterNames {
+			return fmt.Errorf("fleet: %w instance: %q lists %d %s, more than %d", ErrInvalid, in.ID, len(list.names), list.name, MaxAdapterNames)
+		}
+		for _, a := range list.names {
+			if len(a) > MaxAdapterNameLength {
+				return fmt.Errorf("fleet: %w instance: %q lists %s with a name of %d bytes, more than %d", ErrInvalid, in.ID, list.name, len(a), MaxAdapterNameLength)
+			}
+		}
 	}
 	if err := engine.ValidateName(in.Engine); err != nil {
 		return fmt.Errorf("fleet: %w instance: %q: %w", ErrInvalid, in.ID, err)
@@ -467,8 +497,8 @@ var ErrAdapterNotFound = errors.New("fleet: adapter not in the catalogue")
 // Validate checks the name, the source and the replica range. Zero replica
 // counts are accepted and mean the defaults.
 func (a Adapter) Validate() error {
-	if err := validateID("adapter name", a.Name); err != nil {
-		return fmt.Errorf("%w: %w", ErrInvalidAdapter, err)
+	if p := nameProblem("name", a.Name); p != "" {
+		return fmt.Errorf("%w %s", ErrInvalidAdapter, p)
 	}
 	if a.Source == "" || len(a.Source) > 4096 {
 		return fmt.Errorf("%w %q: source must be 1..4096 bytes", ErrInvalidAdapter, a.Name)
@@ -502,20 +532,6 @@ func (a Adapter) Max() int {
 // Target returns the current target size k, clamped to Min..Max.
 func (a Adapter) Target() int {
 	return min(max(a.Replicas, a.Min()), a.Max())
-}
-
-// validateID checks a name that becomes an etcd key segment and a metric
-// label: 1..MaxIDLength printable ASCII characters without spaces or '/'.
-func validateID(kind, id string) error {
-	if id == "" || len(id) > MaxIDLength {
-		return fmt.Errorf("%s must be 1..%d characters, got %q", kind, MaxIDLength, id)
-	}
-	for _, r := range id {
-		if r <= ' ' || r > '~' || r == '/' {
-			return fmt.Errorf("%s %q must be printable ASCII without spaces or '/'", kind, id)
-		}
-	}
-	return nil
 }
 
 // Adapter returns the catalogued adapter named name.

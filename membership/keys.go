@@ -1,11 +1,6 @@
 package membership
 
-import (
-	"fmt"
-	"os"
-	"strconv"
-	"strings"
-)
+import "strings"
 
 // DefaultPrefix is the root of the etcd layout (v1) unless --etcd-prefix
 // says otherwise.
@@ -18,6 +13,7 @@ const DefaultPrefix = "/prefixrouter/v1"
 //	<prefix>/endpoints/<endpoint>/adapters/<name>            fleet.Adapter JSON: the catalogue
 //	<prefix>/endpoints/<endpoint>/placement/<name>           Placement JSON: an adapter's set size
 //	<prefix>/endpoints/<endpoint>/stale/<instance-id>        lease-bound StaleMark JSON
+//	<prefix>/endpoints/<endpoint>/session-key                the base64 key of the endpoint's session ids (routers only)
 //	<prefix>/routers/<replica-id>                            lease-bound RouterInfo JSON
 type Layout struct {
 	// Prefix is the root; a trailing slash is ignored. Empty (or "/")
@@ -71,6 +67,14 @@ func (l Layout) StaleKey(endpoint, id string) string {
 	return l.EndpointsPrefix() + endpoint + "/stale/" + id
 }
 
+// SessionKeyKey returns the key of an endpoint's session key: the secret
+// every router replica of the endpoint seals its session ids with. Only
+// router roles may read it (docs/security.md); it is never part of an
+// instance record or a snapshot.
+func (l Layout) SessionKeyKey(endpoint string) string {
+	return l.EndpointsPrefix() + endpoint + "/session-key"
+}
+
 // RoutersPrefix returns the prefix of router replica keys.
 func (l Layout) RoutersPrefix() string { return l.root() + "/routers/" }
 
@@ -88,6 +92,7 @@ const (
 	kindAdapter
 	kindPlacement
 	kindStale
+	kindSessionKey
 )
 
 // parseKey splits a key into its kind and names. Keys that do not fit the
@@ -107,6 +112,8 @@ func (l Layout) parseKey(key string) (kind keyKind, endpoint, id string) {
 	switch {
 	case len(parts) == 2 && parts[1] == "config" && parts[0] != "":
 		return kindConfig, parts[0], ""
+	case len(parts) == 2 && parts[1] == "session-key" && parts[0] != "":
+		return kindSessionKey, parts[0], ""
 	case len(parts) == 3 && parts[1] == "instances" && parts[0] != "" && parts[2] != "":
 		return kindInstance, parts[0], parts[2]
 	case len(parts) == 3 && parts[1] == "adapters" && parts[0] != "" && parts[2] != "":
@@ -117,36 +124,4 @@ func (l Layout) parseKey(key string) (kind keyKind, endpoint, id string) {
 		return kindStale, parts[0], parts[2]
 	}
 	return kindOther, "", ""
-}
-
-// MaxNameLength bounds endpoint and replica names (they become key segments
-// and metric labels).
-const MaxNameLength = 128
-
-// ValidateName checks an endpoint or router replica name: 1..MaxNameLength
-// printable ASCII characters without spaces or '/'.
-func ValidateName(kind, name string) error {
-	if name == "" || len(name) > MaxNameLength {
-		return fmt.Errorf("membership: %s name must be 1..%d characters, got %q", kind, MaxNameLength, name)
-	}
-	for _, r := range name {
-		if r <= ' ' || r > '~' || r == '/' {
-			return fmt.Errorf("membership: %s name %q must be printable ASCII without spaces or '/'", kind, name)
-		}
-	}
-	return nil
-}
-
-// DefaultReplicaID names a router replica when --replica-id is not given:
-// the host name and process id, unique among live replicas on a host.
-func DefaultReplicaID() string {
-	h, err := os.Hostname()
-	if err != nil || ValidateName("router replica", h) != nil {
-		h = "router"
-	}
-	id := h + "-" + strconv.Itoa(os.Getpid())
-	if len(id) > MaxNameLength {
-		id = id[len(id)-MaxNameLength:]
-	}
-	return id
 }

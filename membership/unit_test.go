@@ -46,9 +46,6 @@ func TestLayoutParseKey(t *testing.T) {
 	if got := l.ConfigKey("ep"); got != "/x/endpoints/ep/config" {
 		t.Errorf("ConfigKey = %q", got)
 	}
-	if err := ValidateName("router replica", DefaultReplicaID()); err != nil {
-		t.Errorf("DefaultReplicaID: %v", err)
-	}
 }
 
 func TestParseRoutingConfig(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sort"
 	"strconv"
@@ -67,6 +68,11 @@ type WatcherOptions struct {
 	// not set (serve's --strategy, --prefix-length, --concurrency-threshold).
 	// The zero value means fleet.DefaultRoutingConfig(). It must be valid.
 	DefaultConfig fleet.RoutingConfig
+	// OnSessionKeys, if set, is given the endpoints' session keys (by
+	// endpoint; a key that does not parse is left out and counted,
+	// kind="session-key") with every snapshot, on the watcher's goroutine:
+	// it must not block. The keys are never part of a snapshot.
+	OnSessionKeys func(map[string][]byte)
 
 	// page is the keys per list request; zero means listPage (tests set it).
 	page int64
@@ -88,6 +94,7 @@ type Watcher struct {
 	log      *slog.Logger
 	metrics  *Metrics
 	publish  func(*fleet.Snapshot)
+	onKeys   func(map[string][]byte)
 	progress time.Duration
 	clock    clockwork.Clock
 	defCfg   fleet.RoutingConfig
@@ -122,6 +129,7 @@ func StartWatcher(cli *clientv3.Client, opts WatcherOptions, onSnapshot func(*fl
 		log:      opts.logger(),
 		metrics:  opts.Metrics,
 		publish:  onSnapshot,
+		onKeys:   opts.OnSessionKeys,
 		progress: opts.ProgressInterval,
 		clock:    opts.Clock,
 		defCfg:   opts.DefaultConfig.WithDefaults(),
@@ -189,6 +197,7 @@ type state struct {
 	routers   map[string]struct{}
 	adapters  map[string]map[string]fleet.Adapter // endpoint → name → catalogue record
 	placement map[string]map[string]Placement     // endpoint → name → placement state
+	keys      map[string][]byte                   // endpoint → session key
 	rev       int64
 
 	// sorted is each endpoint's instance list as last published, sorted by
@@ -208,6 +217,7 @@ func newState() *state {
 		routers:   map[string]struct{}{},
 		adapters:  map[string]map[string]fleet.Adapter{},
 		placement: map[string]map[string]Placement{},
+		keys:      map[string][]byte{},
 		sorted:    map[string][]fleet.Instance{},
 		changed:   map[string]map[string]struct{}{},
 	}
@@ -265,7 +275,7 @@ func (st *state) sortedInstances(ep string) []fleet.Instance {
 func (w *Watcher) run() {
 	defer w.wg.Done()
 	st := newState()
-	reason := "start"
+	reason := relistStart
 	bo := retryBackoff{min: 100 * time.Millisecond, max: 2 * time.Second}
 	for {
 		if w.ctx.Err() != nil {
@@ -355,22 +365,22 @@ func (w *Watcher) watch(st *state) string {
 				if w.ctx.Err() != nil {
 					return ""
 				}
-				return "watch_closed"
+				return relistWatchClosed
 			}
 			if resp.CompactRevision != 0 || errors.Is(resp.Err(), rpctypes.ErrCompacted) {
-				return "compacted"
+				return relistCompacted
 			}
 			if err := resp.Err(); err != nil {
 				w.log.Warn("membership: watch error", "err", err)
-				return "watch_error"
+				return relistWatchError
 			}
 			if resp.Canceled {
-				return "watch_closed"
+				return relistWatchClosed
 			}
 			if resp.Header.Revision < st.rev {
 				// etcd went back in time (restored or replaced with
 				// an empty cluster): our history is meaningless.
-				return "revision_regressed"
+				return relistRevisionRegressed
 			}
 			w.markSynced()
 			if len(resp.Events) == 0 {
@@ -396,11 +406,11 @@ func (w *Watcher) watch(st *state) string {
 // config of an endpoint whose new config is invalid.
 func (w *Watcher) applyPut(st, prev *state, key string, value []byte, modRev int64) {
 	kind, ep, id := w.layout.parseKey(key)
-	if ep != "" && ValidateName("endpoint", ep) != nil {
+	if ep != "" && fleet.ValidateName("endpoint name", ep) != nil {
 		// Endpoint names become metric labels and URL path segments on
 		// every replica: an invalid-UTF-8 name made metric creation
 		// panic and /metrics answer 500 (issue 12).
-		w.metrics.invalidRecord("endpoint")
+		w.metrics.invalidRecord(invalidEndpoint)
 		w.log.Warn("membership: ignoring a record under an invalid endpoint name", "key", strconv.Quote(key))
 		return
 	}
@@ -408,7 +418,7 @@ func (w *Watcher) applyPut(st, prev *state, key string, value []byte, modRev int
 	case kindAdapter:
 		a, err := ParseAdapter(id, value)
 		if err != nil {
-			w.metrics.invalidRecord("adapter")
+			w.metrics.invalidRecord(invalidAdapter)
 			w.log.Warn("membership: ignoring invalid adapter record", "key", key, "err", err)
 			deleteIn(st.adapters, ep, id)
 			return
@@ -417,7 +427,7 @@ func (w *Watcher) applyPut(st, prev *state, key string, value []byte, modRev int
 	case kindPlacement:
 		p, err := parsePlacement(value)
 		if err != nil {
-			w.metrics.invalidRecord("placement")
+			w.metrics.invalidRecord(invalidPlacement)
 			w.log.Warn("membership: ignoring invalid placement record", "key", key, "err", err)
 			deleteIn(st.placement, ep, id)
 			return
@@ -426,10 +436,19 @@ func (w *Watcher) applyPut(st, prev *state, key string, value []byte, modRev int
 		putIn(st.placement, ep, id, p)
 	case kindRouter:
 		st.routers[id] = struct{}{}
+	case kindSessionKey:
+		k, err := ParseSessionKey(value)
+		if err != nil {
+			w.metrics.invalidRecord("session-key")
+			w.log.Warn("membership: ignoring an invalid session key", "key", key, "err", err)
+			delete(st.keys, ep)
+			return
+		}
+		st.keys[ep] = k
 	case kindConfig:
 		c, err := ParseRoutingConfig(value)
 		if err != nil {
-			w.metrics.invalidRecord("config")
+			w.metrics.invalidRecord(invalidConfig)
 			if old, ok := prev.configs[ep]; ok {
 				st.configs[ep] = old
 				w.log.Warn("membership: ignoring invalid routing config; keeping the previous one", "key", key, "err", err)
@@ -441,10 +460,10 @@ func (w *Watcher) applyPut(st, prev *state, key string, value []byte, modRev int
 		st.configs[ep] = c.WithDefaults()
 	case kindInstance:
 		in, err := parseInstance(id, value)
-		kind := "instance"
+		kind := invalidInstance
 		if err == nil {
 			if err = w.allowed.Check(in.Addr); err != nil {
-				kind = "upstream"
+				kind = invalidUpstream
 			}
 		}
 		st.instanceChanged(ep, id)
@@ -469,12 +488,14 @@ func (w *Watcher) applyPut(st, prev *state, key string, value []byte, modRev int
 
 func applyDelete(st *state, l Layout, key string) {
 	kind, ep, id := l.parseKey(key)
-	if ep != "" && ValidateName("endpoint", ep) != nil {
+	if ep != "" && fleet.ValidateName("endpoint name", ep) != nil {
 		return // never applied
 	}
 	switch kind {
 	case kindRouter:
 		delete(st.routers, id)
+	case kindSessionKey:
+		delete(st.keys, ep)
 	case kindConfig:
 		delete(st.configs, ep)
 	case kindAdapter:
@@ -572,6 +593,9 @@ func (w *Watcher) emit(st *state) {
 	w.snap.Store(s)
 	w.syncOnce.Do(func() { close(w.synced) })
 	w.metrics.snapshotPublished(time.Since(start))
+	if w.onKeys != nil {
+		w.onKeys(maps.Clone(st.keys))
+	}
 	if w.publish != nil {
 		w.publish(s)
 	}

@@ -32,6 +32,11 @@ const (
 	// waiting_lora_adapters, comma-separated) and the adapter slots
 	// (max_lora). Read it with Metrics.LoRAUse.
 	VLLMLoRARequestsInfo = "vllm:lora_requests_info"
+	// LlamaCppPromptTokens is llama.cpp's llama-server counter of the
+	// prompt tokens it evaluated (server.cpp n_prompt_tokens_processed_total,
+	// with --metrics): those its prefix cache served are not counted, and
+	// it counts no hits nor queries. bench and the real-engine tests read it.
+	LlamaCppPromptTokens = "llamacpp:prompt_tokens_total"
 )
 
 // Lists of metric names. Callers must not modify them.

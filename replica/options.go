@@ -67,6 +67,9 @@ type Options struct {
 	// as a Gateway API Inference Extension endpoint picker, with gRPC
 	// health (--ext-proc-listen; see docs/envoy.md). Empty means off.
 	ExtProcListen string
+	// ExtProc authenticates the ext_proc listener's peers (--ext-proc-token,
+	// --ext-proc-tls-*; see ExtProcSecurity).
+	ExtProc ExtProcSecurity
 	// OTLPEndpoint, when set, turns tracing on: spans go to this OTLP/gRPC
 	// collector (--otlp-endpoint; a URL, http:// meaning no TLS, or
 	// host:port). Empty means the standard OTEL_EXPORTER_OTLP_ENDPOINT
@@ -86,6 +89,15 @@ type Options struct {
 	// --prefix-length, --concurrency-threshold). Zero fields mean
 	// fleet.DefaultRoutingConfig's.
 	Routing fleet.RoutingConfig
+	// RoutingFlags name the routing settings the operator gave explicitly,
+	// by flag without dashes: strategy, prefix-length,
+	// concurrency-threshold, hot-key-replication, tenant-cache-salt,
+	// upstream-first-byte-timeout. `serve` lists those set on the command
+	// line or in the environment. Each of them, and each of Routing and
+	// Router.FirstByteTimeout that differs from its built-in default, is
+	// reported (logged, and in the admin API's GetFleet) wherever an
+	// endpoint's stored routing config replaces it (docs/operations.md).
+	RoutingFlags []string
 	// Etcd says how to reach etcd (--etcd-*); used when Static is empty and
 	// Client is nil. Empty endpoints mean membership.DefaultClientURL, or
 	// the embedded etcd's.
@@ -232,11 +244,16 @@ func (o Options) Validate() error {
 			errs = append(errs, fmt.Errorf("replica: %s: %w", what, err))
 		}
 	}
-	wrap("endpoint", membership.ValidateName("endpoint", o.Router.DefaultEndpoint))
+	wrap("endpoint", fleet.ValidateName("endpoint name", o.Router.DefaultEndpoint))
 	if o.ID != "" {
-		wrap("replica id", membership.ValidateName("replica id", o.ID))
+		wrap("replica id", fleet.ValidateName("replica id", o.ID))
 	}
 	wrap("routing config", o.Routing.Validate())
+	for _, f := range o.RoutingFlags {
+		if !validRoutingFlag(f) {
+			bad("RoutingFlags: %q is not a routing setting's flag", f)
+		}
+	}
 	allowed, err := fleet.ParseUpstreams(o.AllowedUpstreams)
 	wrap("allowed upstreams (--allowed-upstreams)", err)
 	for i, in := range o.Static {
@@ -303,6 +320,10 @@ func (o Options) Validate() error {
 	}
 	o.Limits.validate(bad)
 	o.Admin.validate(bad)
+	o.ExtProc.validate(bad)
+	if o.ExtProc != (ExtProcSecurity{}) && o.ExtProcListen == "" {
+		bad("ExtProc (--ext-proc-token, --ext-proc-tls-*) needs --ext-proc-listen")
+	}
 	if err := o.Router.Validate(); err != nil {
 		errs = append(errs, err)
 	}

@@ -70,7 +70,7 @@ func fakeLlamaServer(t *testing.T) (*httptest.Server, func() []byte) {
 // to it.
 func TestStaticFleetEngines(t *testing.T) {
 	srv, last := fakeLlamaServer(t)
-	insts, err := router.ParseStaticInstances("llama=" + srv.URL + ";adapters=sql-lora+not-loaded")
+	insts, err := fleet.ParseStaticInstances("llama=" + srv.URL + ";adapters=sql-lora+not-loaded")
 	if err != nil {
 		t.Fatal(err)
 	}

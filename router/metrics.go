@@ -1,9 +1,12 @@
 package router
 
 import (
+	"net/http"
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/prefixrouter/prefixrouter/fleet"
 )
 
 // Decisions, the values of the decision label and of X-Prefixrouter-Decision.
@@ -24,6 +27,14 @@ const (
 	errKindStatus  = "status"  // 5xx that counts as a failure
 	errKindBody    = "body"    // the response broke off while streaming
 	errKindOther   = "other"
+)
+
+// Adapter wait outcomes, the values of the outcome label.
+const (
+	adapterWaitLoaded     = "loaded"      // the adapter was loaded within the wait
+	adapterWaitTimeout    = "timeout"     // the wait ended first
+	adapterWaitQueueFull  = "queue_full"  // too many requests were waiting already
+	adapterWaitClientGone = "client_gone" // the client hung up while waiting
 )
 
 type metrics struct {
@@ -81,12 +92,87 @@ func newMetrics(reg prometheus.Registerer, r *Router) (*metrics, error) {
 	for i := range m.codes {
 		m.codes[i] = strconv.Itoa(i)
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.pickSeconds, m.retries, m.upstreamErrors, m.keysMoved, m.promptTokens, m.cachedTokens, m.adapterWaits, m.staleRetries, stateCollector{r}} {
+	collectors := []prometheus.Collector{m.requests, m.pickSeconds, m.retries, m.upstreamErrors, m.keysMoved, m.promptTokens, m.cachedTokens, m.adapterWaits, m.staleRetries, stateCollector{r}}
+	if tr, ok := r.opts.Transport.(interface{ Resent() int64 }); ok {
+		// The upstream transport's own re-sends (issue 20), which the
+		// router never sees as failures.
+		collectors = append(collectors, prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "prefixrouter_upstream_resent_total",
+			Help: "Requests the upstream transport sent again on a new connection because a reused keep-alive connection broke (closed or reset) before the instance read them.",
+		}, func() float64 { return float64(tr.Resent()) }))
+	}
+	for _, c := range collectors {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
 	}
 	return m, nil
+}
+
+// decisionsOf are the decisions a strategy makes when it picks (sessions
+// aside: they are the endpoint's only when clients open them).
+func decisionsOf(s fleet.Strategy) []string {
+	switch s {
+	case fleet.PrefixAware:
+		return []string{DecisionAffinity, DecisionSpill, DecisionFallback}
+	case fleet.Random:
+		return []string{DecisionRandom}
+	case fleet.LeastOutstanding:
+		return []string{DecisionLeastOutstanding}
+	}
+	return nil
+}
+
+// upstreamErrorKinds are the values of prefixrouter_upstream_errors_total's
+// kind label.
+var upstreamErrorKinds = []string{errKindDial, errKindTimeout, errKindStatus, errKindBody, errKindOther}
+
+// adapterWaitOutcomes are the values of prefixrouter_adapter_waits_total's
+// outcome label.
+var adapterWaitOutcomes = []string{adapterWaitLoaded, adapterWaitTimeout, adapterWaitQueueFull, adapterWaitClientGone}
+
+// initSeries creates at 0 the series whose label values an endpoint's view
+// already tells, so that a dashboard panel reads 0, not "No data", until
+// the first event: per endpoint, the requests answered 200 by each of its
+// strategy's decisions, the retries, the upstream errors of every kind, the
+// adapter waits of every outcome, the keys-moved histogram; the pick
+// duration of its strategy; and per instance the prompt tokens of requests
+// naming no model. old is the view ev replaces (nil at first): only what ev
+// adds (the endpoint, a strategy, instances) is created. Called by Update,
+// under Router.mu.
+func (m *metrics) initSeries(endpoint string, ev *endpointView, old *view) {
+	var prev *endpointView
+	if old != nil {
+		prev = old.endpoints[endpoint]
+	}
+	decisions := decisionsOf(ev.strategy)
+	if prev == nil {
+		m.retries.WithLabelValues(endpoint)
+		m.staleRetries.WithLabelValues(endpoint)
+		m.keysMoved.WithLabelValues(endpoint)
+		for _, k := range upstreamErrorKinds {
+			m.upstreamErrors.WithLabelValues(endpoint, k)
+		}
+		for _, o := range adapterWaitOutcomes {
+			m.adapterWaits.WithLabelValues(endpoint, o)
+		}
+	}
+	newStrategy := prev == nil || prev.strategy != ev.strategy
+	if newStrategy {
+		m.pickSeconds.WithLabelValues(string(ev.strategy))
+		for _, d := range decisions {
+			m.requests.WithLabelValues(endpoint, string(ev.strategy), d, m.code(http.StatusOK))
+		}
+	}
+	for id := range ev.instances {
+		if !newStrategy && prev.instances[id] != nil {
+			continue
+		}
+		for _, d := range decisions {
+			m.promptTokens.WithLabelValues(endpoint, "", id, d)
+			m.cachedTokens.WithLabelValues(endpoint, "", id, d)
+		}
+	}
 }
 
 func (m *metrics) code(status int) string {
@@ -105,6 +191,8 @@ var (
 		"Load other sources put on the instance, from its /metrics (-1 unknown or not polled).", []string{"endpoint", "instance"}, nil)
 	healthyDesc = prometheus.NewDesc("prefixrouter_instance_healthy",
 		"1 unless active health checks marked the instance down (always 1 when they are off).", []string{"endpoint", "instance"}, nil)
+	panicDesc = prometheus.NewDesc("prefixrouter_endpoint_panic",
+		"1 while more of the endpoint's instances are out of rotation (open breakers, health marks) than its ejection cap (--max-ejection-percent) allows: picks then ignore both.", []string{"endpoint"}, nil)
 	thresholdDesc = prometheus.NewDesc("prefixrouter_endpoint_concurrency_threshold",
 		"The endpoint's ConcurrencyThreshold: requests in flight on one instance, summed over router replicas, beyond which PREFIX_AWARE spills (each replica admits its share of it, or compares it with the polled load).", []string{"endpoint"}, nil)
 )
@@ -119,6 +207,7 @@ func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- externalDesc
 	ch <- healthyDesc
 	ch <- thresholdDesc
+	ch <- panicDesc
 }
 
 func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
@@ -128,7 +217,11 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for name, ev := range v.endpoints {
 		ch <- prometheus.MustNewConstMetric(thresholdDesc, prometheus.GaugeValue, float64(ev.threshold), name)
+		panicking := 0.0
 		for id, iv := range ev.instances {
+			if iv.state.Panicking() { // the endpoint's states share one decision
+				panicking = 1
+			}
 			st := iv.state.Status()
 			ch <- prometheus.MustNewConstMetric(inFlightDesc, prometheus.GaugeValue, float64(st.InFlight), name, id)
 			ch <- prometheus.MustNewConstMetric(breakerDesc, prometheus.GaugeValue, float64(st.Breaker), name, id)
@@ -139,5 +232,6 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 			ch <- prometheus.MustNewConstMetric(healthyDesc, prometheus.GaugeValue, healthy, name, id)
 		}
+		ch <- prometheus.MustNewConstMetric(panicDesc, prometheus.GaugeValue, panicking, name)
 	}
 }

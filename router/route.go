@@ -45,6 +45,7 @@ type route struct {
 
 	tenant, model string
 	key           uint64
+	stream        bool // an OpenAI body's "stream": true (as far as step 2 read it)
 
 	session   *instanceView // step 4: the session's instance; nil without a session
 	sessionID string        // the container's own session id, sent to the instance
@@ -165,7 +166,7 @@ func (r *Router) stepParse(rt *route, in *routeInput) *routeError {
 	if err != nil {
 		return err
 	}
-	rt.tenant, rt.model, rt.key = rr.tenant, rr.model, rr.key
+	rt.tenant, rt.model, rt.key, rt.stream = rr.tenant, rr.model, rr.key, rr.stream
 	if rt.ev.salt && rt.tenant != "" && in.kind.openAI() {
 		// Front ends give a salted endpoint's OpenAI body whole.
 		rt.body = r.salter.withCacheSalt(rt.body, rt.endpoint, rt.tenant)
@@ -181,7 +182,7 @@ func (r *Router) stepSession(rt *route, in *routeInput) *routeError {
 	if in.kind != kindInvoke || sid == "" || sid == NewSession {
 		return nil
 	}
-	id, inner, ok := parseSessionID(sid)
+	id, inner, ok := r.sessions.open(rt.endpoint, sid)
 	if !ok {
 		return &routeError{http.StatusBadRequest, codeInvalidSession, "X-Amzn-SageMaker-Session-Id is not a session id this endpoint issued"}
 	}
@@ -378,6 +379,7 @@ func (rt *route) awaitHolder(ctx context.Context, r *Router, failed failedHolder
 // httpBody is the HTTP data plane's body source: it reads from the client
 // as the key needs, and streams the rest after the pick.
 type httpBody struct {
+	r     *Router // its body arena (heldbody.go)
 	w     http.ResponseWriter
 	req   *http.Request
 	limit int64
@@ -388,7 +390,7 @@ func (b httpBody) read(ev *endpointView, kind apiKind) ([]byte, io.Reader, *rout
 	case kind == kindInvoke:
 		return readHead(b.w, b.req, b.limit, ev.prefixLen)
 	case !ev.salt:
-		return readOpenAIHead(b.w, b.req, b.limit, kind == kindChat, ev.prefixLen)
+		return b.r.readOpenAIHead(b.w, b.req, b.limit, kind == kindChat, ev.prefixLen)
 	default:
 		// The salt goes at the body's end: read it whole.
 		body, err := readBody(b.w, b.req, b.limit)

@@ -49,7 +49,7 @@ positions routers use to select them; --adapters must name some of those.
 With --place-adapters (the default) it also loads the catalogued adapters that placement
 assigns to this instance (vLLM: POST /v1/load_lora_adapter with
 VLLM_ALLOW_RUNTIME_LORA_UPDATING=True; SGLang: POST /load_lora_adapter), unloads the others
-but --adapters, publishes whether the instance is hot and which adapters are in use, and
+but --adapters, publishes whether the instance is saturated and which adapters are in use, and
 writes the growth and shrink decisions every agent makes alike (docs/adapters.md).
 llama-server cannot load adapters at run time: it gets no placement.
 
@@ -65,7 +65,7 @@ instance.`,
 			if inst.ID == "" || inst.Addr == "" {
 				return usageErr("--id and --addr are required")
 			}
-			if err := membership.ValidateName("endpoint", endpoint); err != nil {
+			if err := fleet.ValidateName("endpoint name", endpoint); err != nil {
 				return usageErr("--endpoint: %w", err)
 			}
 			if len(labels) > 0 {
@@ -97,7 +97,7 @@ instance.`,
 				DrainTimeout:     drain,
 				PlaceAdapters:    place.PlaceAdapters,
 				LoadPollInterval: place.LoadPollInterval,
-				HotWindow:        place.HotWindow,
+				SaturationWindow: place.SaturationWindow,
 				ActiveWindow:     place.ActiveWindow,
 				ScaleCooldown:    place.ScaleCooldown,
 			})
@@ -118,7 +118,10 @@ instance.`,
 	f.IntVar(&inst.MaxAdapters, "max-adapters", 0, "adapter slots of the instance (vLLM's --max-loras/--max-cpu-loras); 0: read max_lora from vllm:lora_requests_info, else unlimited")
 	f.BoolVar(&place.PlaceAdapters, "place-adapters", true, "load the catalogued adapters placed on this instance and unload the others (see 'prefixrouter adapter')")
 	f.DurationVar(&place.LoadPollInterval, "load-poll-interval", agent.DefaultLoadPollInterval, "how often placement reads the server's load and adapters in use")
-	f.DurationVar(&place.HotWindow, "hot-window", agent.DefaultHotWindow, "load at or above the concurrency threshold this long marks the instance hot (below half of it as long clears it)")
+	f.DurationVar(&place.SaturationWindow, "saturation-window", agent.DefaultSaturationWindow, "load at or above the concurrency threshold this long marks the instance saturated (below half of it as long clears it)")
+	// The flag's name until issue 18 ("hot" now means a popular key only).
+	f.DurationVar(&place.SaturationWindow, "hot-window", agent.DefaultSaturationWindow, "old name of --saturation-window")
+	_ = f.MarkDeprecated("hot-window", "use --saturation-window")
 	f.DurationVar(&place.ActiveWindow, "active-window", agent.DefaultActiveWindow, "an adapter unused this long on every instance is cold (its set shrinks to --min-replicas)")
 	f.DurationVar(&place.ScaleCooldown, "scale-cooldown", lora.DefaultScaleCooldown, "least time between two size changes of an adapter's set")
 	f.IntVar(&inst.Weight, "weight", 1, "relative share of the hash space (e.g. 2 for an instance twice as large; 1..100)")
@@ -152,7 +155,7 @@ written. config get prints it with every field that is set.`
 	f := c.Flags()
 	bindRouting(f, &rc)
 	raw := f.String("routing-config", "", "the whole RoutingConfig as JSON (instead of the other flags)")
-	firstByte := f.Duration("first-byte-timeout", 0, "cut this endpoint's calls whose instance sends no response byte within this long, counting against its breaker (FirstByteTimeoutInMilliseconds; 1ms..1h; left out: each replica's --upstream-first-byte-timeout)")
+	firstByte := f.Duration("first-byte-timeout", 0, "cut this endpoint's streamed calls whose instance sends no response byte within this long, counting against its breaker (non-streamed calls are not cut: their first byte comes when the whole generation is done) (FirstByteTimeoutInMilliseconds; 1ms..1h; left out: each replica's --upstream-first-byte-timeout)")
 	variants := f.StringSlice("production-variants", nil, "split traffic that names no X-Amzn-SageMaker-Target-Variant by weight between variants, NAME=WEIGHT,... (ProductionVariants; weights 0..1e6, not all 0; an instance's variant is its label \"variant\")")
 	c.RunE = func(cmd *cobra.Command, _ []string) error {
 		if *raw != "" {

@@ -45,6 +45,13 @@ share the fleet, and keeps routing on its last good snapshot while etcd is unrea
 				opts.Etcd.Endpoints = nil
 			}
 			opts.Static = static
+			// Given routing settings are reported where a stored
+			// routing config replaces them.
+			for _, name := range replica.RoutingFlagNames() {
+				if cmd.Flags().Changed(name) {
+					opts.RoutingFlags = append(opts.RoutingFlags, name)
+				}
+			}
 			opts.Logger = newLogger(logLevel)
 			return replica.Run(cmd.Context(), opts)
 		},
@@ -54,6 +61,10 @@ share the fleet, and keeps routing on its last good snapshot while etcd is unrea
 	f.StringVar(&opts.Listen, "listen", replica.DefaultListen, "data-plane address")
 	f.StringVar(&opts.AdminListen, "admin-listen", replica.DefaultAdminListen, "admin address: /metrics, /readyz, /healthz and the gRPC admin API (same port)")
 	f.StringVar(&opts.ExtProcListen, "ext-proc-listen", "", "also serve Envoy's ext_proc protocol here as a Gateway API Inference Extension endpoint picker, with gRPC health (see docs/envoy.md; empty: off)")
+	f.StringVar(&opts.ExtProc.Token, "ext-proc-token", "", "token ext_proc peers (Envoy) send as gRPC metadata 'authorization: Bearer <token>'; streams without it are refused (prefer $PREFIXROUTER_EXT_PROC_TOKEN; empty: none asked for, and then no peer's outcome reports reach the circuit breakers unless it has a client certificate)")
+	f.StringVar(&opts.ExtProc.TLSCert, "ext-proc-tls-cert", "", "PEM certificate the ext_proc listener serves TLS with (with --ext-proc-tls-key)")
+	f.StringVar(&opts.ExtProc.TLSKey, "ext-proc-tls-key", "", "PEM key of --ext-proc-tls-cert")
+	f.StringVar(&opts.ExtProc.ClientCA, "ext-proc-client-ca", "", "PEM CA bundle ext_proc peers' client certificates must chain to (mTLS; needs --ext-proc-tls-cert)")
 	f.StringVar(&opts.OTLPEndpoint, "otlp-endpoint", "", "send OpenTelemetry traces to this OTLP/gRPC collector (http://host:4317 without TLS, https:// or host:port with); empty: the standard OTEL_EXPORTER_OTLP_ENDPOINT, else off")
 	f.StringVar(&r.DefaultEndpoint, "endpoint", "default", "default endpoint, served on /invocations and /v1/*")
 	f.StringVar(&opts.ID, "replica-id", "", "this replica's id under routers/ (default: hostname and a random suffix)")
@@ -64,17 +75,21 @@ share the fleet, and keeps routing on its last good snapshot while etcd is unrea
 	f.StringVar(&opts.EmbeddedEtcdTLS.Key, "embedded-etcd-key", "", "PEM key of --embedded-etcd-cert")
 	f.StringVar(&opts.EmbeddedEtcdTLS.ClientCA, "embedded-etcd-client-ca", "", "PEM CA the embedded etcd's clients must present a certificate from (client-cert auth); this replica's own goes in --etcd-cert/--etcd-key")
 	f.StringVar(&opts.EmbeddedEtcdClientURL, "embedded-etcd-client-url", membership.DefaultClientURL, "client URL the embedded etcd serves on")
-	f.DurationVar(&r.FirstByteTimeout, "upstream-first-byte-timeout", 0, "cut a call whose instance sends no byte of its response body within this long, counting against its circuit breaker: catches instances whose health check answers while generations hang; the default of endpoints whose routing config sets no FirstByteTimeoutInMilliseconds (0: off; allow for the longest non-streamed generation)")
+	f.DurationVar(&r.FirstByteTimeout, "upstream-first-byte-timeout", 0, "cut a streamed call (the event-stream path, or an OpenAI body with \"stream\": true) whose instance sends no byte of its response body within this long, counting against its circuit breaker: catches instances whose health check answers while generations hang; non-streamed calls are not cut (their first byte comes when the whole generation is done; --max-stream-duration bounds them); the default of endpoints whose routing config sets no FirstByteTimeoutInMilliseconds (0: off)")
 	f.Var(&apiKeysFileValue{keys: &r.APIKeys}, "api-keys-file", "require a data-plane API key: FILE lists the keys, one per line (or sha256:<hex digest> of one); clients send Authorization: Bearer <key>, or X-Prefixrouter-Api-Key where Authorization is SigV4's; read once at start (empty: no key asked for)")
+	f.Var(&sessionKeyFileValue{key: &r.SessionKey}, "session-key-file", "key (the file's content, at least 32 bytes) that signs and encrypts the stateful session ids this replica issues; every replica of the endpoint needs the same one (empty: with etcd, the endpoint's key in etcd, created by the first replica that needs it; without, a random key: sessions then work through this replica only)")
 	f.BoolVar(&r.HideInstanceID, "hide-instance-id", false, "leave X-Prefixrouter-Instance out of responses and instance ids out of error messages")
 	f.StringVar(&r.CacheSaltKey, "cache-salt-key", "", "secret key of the tenant cache salt (--tenant-cache-salt), the same on every replica, at least 16 bytes; empty: a built-in key, which keeps tenants apart but lets whoever knows a tenant id compute its salt")
 	f.Int64Var(&r.MaxBodyBytes, "max-body-bytes", router.DefaultMaxBodyBytes, "largest request body accepted (413 beyond)")
+	f.Int64Var(&r.BodyBufferBytes, "body-buffer-bytes", 0, "memory, for the whole replica, of the OpenAI bodies read whole before routing because model or prompt_cache_key is not in their first 64 KiB; a body that finds it taken waits up to 10 s, then gets 503 (0: 32 MiB, or --max-body-bytes + 1 if more)")
 	f.Uint32Var(&r.Breaker.ConsecutiveFailures, "breaker-failures", overload.DefaultConsecutiveFailures, "consecutive upstream failures that open an instance's circuit breaker")
 	f.DurationVar(&r.Breaker.OpenTimeout, "breaker-open-timeout", overload.DefaultOpenTimeout, "how long an open breaker waits before letting a probe through")
+	f.IntVar(&r.Breaker.MaxEjectionPercent, "max-ejection-percent", overload.DefaultMaxEjectionPercent, "largest share of an endpoint's instances that breakers and health checks take out of rotation at once, rounded down (1..100; 100: no cap): no breaker opens past it, and beyond it through health marks the endpoint panics and routes to every instance")
 	f.DurationVar(&r.LoadPollInterval, "load-poll-interval", 0, "poll each instance's /metrics this often (its engine's running and waiting requests: vllm:num_requests_*, sglang:num_running_reqs/num_queue_reqs, llamacpp:requests_processing/deferred) and count load from other replicas against the concurrency threshold (0: off)")
 	f.Float64Var(&r.HotKeyThreshold, "hot-key-threshold", 0, "with --hot-key-replication (or the endpoint's HotKeyReplication): a key gets a second instance once it alone carries more than this multiple of one instance's fair share (0: 0.5; else up to 16)")
 	f.Float64Var(&r.BalanceFactor, "balance-factor", 0, "PREFIX_AWARE: no instance takes more than this multiple of its set's average in-flight load; beyond it the request spills to the next candidate in ring order (bounded-load consistent hashing, like HAProxy's hash-balance-factor; 0: off, else 1..10)")
-	f.DurationVar(&r.UpstreamHeaderTimeout, "upstream-header-timeout", 0, "give up on an instance that sends no response headers within this long; counts against its circuit breaker (0: wait indefinitely; a non-streamed generation sends its headers only when it is done, so allow for the longest one)")
+	f.DurationVar(&r.UpstreamIdleTimeout, "upstream-idle-timeout", router.DefaultUpstreamIdleTimeout, "cut an answer whose instance sends nothing for this long between its bytes (after its headers, while the router waits to read), counting against its circuit breaker; Envoy's stream_idle_timeout default (0: off)")
+	f.DurationVar(&r.UpstreamHeaderTimeout, "upstream-header-timeout", 0, "give up on an instance that sends no response headers within this long; counts against its circuit breaker for streamed calls only (a non-streamed generation sends its headers only when it is done, so allow for the longest one; 0: wait indefinitely)")
 	f.DurationVar(&r.HealthCheckInterval, "health-check-interval", router.DefaultHealthCheckInterval, "probe each instance's --health-check-path this often; an instance that fails 2 probes in a row (connection error, timeout or status >= 500; a 404 counts as healthy) is skipped until a probe succeeds, unless no instance of the set is healthy (0: off)")
 	f.StringVar(&r.HealthCheckPath, "health-check-path", probe.DefaultHealthPath, "path of the active health check")
 	f.DurationVar(&r.AdapterWait, "adapter-wait", router.DefaultAdapterWait, "how long a request for a catalogued adapter not yet loaded waits for it (ModelNotReadyException beyond)")
@@ -92,6 +107,7 @@ share the fleet, and keeps routing on its last good snapshot while etcd is unrea
 	f.DurationVar(&l.BodyReadTimeout, "body-read-timeout", replica.DefaultBodyReadTimeout, "answer 400 and close a connection that has not sent a request's body within this long after its headers")
 	f.DurationVar(&l.IdleTimeout, "idle-timeout", replica.DefaultIdleTimeout, "close a keep-alive connection idle this long")
 	f.IntVar(&l.MaxHeaderBytes, "max-header-bytes", replica.DefaultMaxHeaderBytes, "largest request header block accepted (431 beyond)")
+	f.IntVar(&l.MaxHeaderCount, "max-header-count", replica.DefaultMaxHeaderCount, "most header fields a request may carry (431 beyond; Envoy's default)")
 	f.IntVar(&l.MaxConns, "max-connections", replica.DefaultMaxConns, "open connections per listener; beyond, new ones wait in the accept queue")
 	f.DurationVar(&l.WriteIdleTimeout, "write-idle-timeout", replica.DefaultWriteIdleTimeout, "abort a response (and release its instance slot) when the client has read nothing for this long")
 	f.DurationVar(&l.MaxStreamDuration, "max-stream-duration", replica.DefaultMaxStreamDuration, "end any request, streamed or not, this long after it started")
