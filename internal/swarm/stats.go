@@ -44,45 +44,30 @@ type EtcdRates struct {
 	CPU float64
 }
 
-// countersOf sums the counters of the families etcd exports.
+// countersOf sums the series etcd exports into c's fields: a family's
+// series whose gRPC method is the one named after the family ("" for any).
 func countersOf(mfs []*dto.MetricFamily) etcdCounters {
 	var c etcdCounters
+	into := map[string][]struct {
+		method string
+		sum    *float64
+	}{
+		"grpc_server_msg_received_total": {{"", &c.received}, {"LeaseKeepAlive", &c.keepAlives}, {"Watch", &c.watchRecv}},
+		"grpc_server_msg_sent_total":     {{"Watch", &c.watchSent}},
+		"grpc_server_handled_total": {{"Txn", &c.txns}, {"LeaseGrant", &c.grants}, {"LeaseRevoke", &c.revokes},
+			{"Range", &c.ranges}, {"LeaseTimeToLive", &c.ranges}},
+		"etcd_debugging_mvcc_events_total":   {{"", &c.events}},
+		"etcd_debugging_lease_renewed_total": {{"", &c.renewed}},
+		"process_cpu_seconds_total":          {{"", &c.cpu}},
+		"process_resident_memory_bytes":      {{"", &c.rss}},
+	}
 	for _, mf := range mfs {
 		for _, m := range mf.GetMetric() {
-			v := m.GetCounter().GetValue()
-			method := label(m, "grpc_method")
-			switch mf.GetName() {
-			case "grpc_server_msg_received_total":
-				c.received += v
-				switch method {
-				case "LeaseKeepAlive":
-					c.keepAlives += v
-				case "Watch":
-					c.watchRecv += v
+			v := m.GetCounter().GetValue() + m.GetGauge().GetValue() // one of them is set
+			for _, f := range into[mf.GetName()] {
+				if f.method == "" || f.method == label(m, "grpc_method") {
+					*f.sum += v
 				}
-			case "grpc_server_msg_sent_total":
-				if method == "Watch" {
-					c.watchSent += v
-				}
-			case "grpc_server_handled_total":
-				switch method {
-				case "Txn":
-					c.txns += v
-				case "LeaseGrant":
-					c.grants += v
-				case "LeaseRevoke":
-					c.revokes += v
-				case "Range", "LeaseTimeToLive":
-					c.ranges += v
-				}
-			case "etcd_debugging_mvcc_events_total":
-				c.events += v
-			case "etcd_debugging_lease_renewed_total":
-				c.renewed += v
-			case "process_cpu_seconds_total":
-				c.cpu += v
-			case "process_resident_memory_bytes":
-				c.rss += m.GetGauge().GetValue()
 			}
 		}
 	}

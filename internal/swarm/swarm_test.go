@@ -7,11 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 	"github.com/prefixrouter/prefixrouter/membership"
 )
-
-func TestMain(m *testing.M) { testsupport.VerifyNoLeaks(m) }
 
 // A small swarm end to end, with an embedded etcd (counters from this
 // process's registry) and with one the harness is pointed at (counters
