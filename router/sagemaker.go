@@ -2,7 +2,6 @@ package router
 
 import (
 	"github.com/prefixrouter/prefixrouter/lora"
-	"github.com/prefixrouter/prefixrouter/ring"
 )
 
 // SageMaker Runtime's request and response headers beyond the tenant and
@@ -64,8 +63,8 @@ func (ev *endpointView) weightedVariant(key uint64) string {
 	if n == 0 {
 		return ""
 	}
-	// Re-mix the key: its bits also place it on the ring.
-	x := ring.Mix64(key)
+	// Re-mix the key: its low bits also place it on the ring.
+	x := key * 0x9E3779B97F4A7C15
 	u := float64(x>>11) / (1 << 53) * ev.cumWeight[n-1]
 	for i, c := range ev.cumWeight {
 		if u < c {
