@@ -284,6 +284,18 @@ func benchRequests(b *testing.B, o Options, n int, addr func(i int) string, path
 	}
 }
 
+// longChatBody is an OpenAI chat body of about n bytes: a system message of a
+// quarter of the text, then a user message with the rest (issue 21 states
+// the pick cost at 64 KiB prompts).
+func longChatBody(n int) []byte {
+	text := strings.Repeat("The quick brown fox jumps over the lazy dog. ", n/45+1)[:max(n-128, 4)]
+	b, _ := json.Marshal(map[string]any{
+		"model": "base", "stream": true, "max_tokens": 16,
+		"messages": []any{msg("system", text[:len(text)/4]), msg("user", text[len(text)/4:])},
+	})
+	return b
+}
+
 // invokeBody is a SageMaker invoke JSON body of about n bytes.
 func invokeBody(n int) []byte {
 	text := strings.Repeat("The quick brown fox jumps over the lazy dog. ", n/45+1)[:max(n-64, 1)]
@@ -315,6 +327,8 @@ func BenchmarkRequestPath(b *testing.B) {
 		{"invoke=16KiB", "/invocations", invokeBody(16 << 10)},
 		{"invoke=256KiB", "/invocations", invokeBody(256 << 10)},
 		{"chat=16KiB", "/v1/chat/completions", chat},
+		{"invoke=64KiB", "/invocations", invokeBody(64 << 10)},
+		{"chat=64KiB", "/v1/chat/completions", longChatBody(64 << 10)},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			// Four instances, one server: the pick is real, the upstream
