@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/cespare/xxhash/v2"
 )
 
 func chatBody(t testing.TB, msgs ...any) []byte {
@@ -263,4 +265,69 @@ func TestEscapedKeysRouteAsUnescaped(t *testing.T) {
 	if a.prefix == b.prefix {
 		t.Fatal("two prompts behind an escaped messages key share a key")
 	}
+}
+
+// checkLadder checks a prompt's digests at the ladder's depths against the
+// fixed-length digests at those depths (fixed(d): the key's digest with
+// PrefixLength d): the digest at each depth is the one a fixed key of that
+// length gives, and the last is the fixed key at prefixLen, so one pass
+// gives what a walk per depth would (issue 21).
+func checkLadder(t testing.TB, got prefixDigests, fixed func(d int) uint64, prefixLen int) {
+	t.Helper()
+	if got.n < 1 || got.n > maxLevels {
+		t.Fatalf("%d digests", got.n)
+	}
+	for i := range got.n {
+		if want := fixed(depthAt(i, prefixLen)); got.d[i] != want {
+			t.Fatalf("digest %d (depth %d of %d): %x, the fixed key of that length %x", i, depthAt(i, prefixLen), prefixLen, got.d[i], want)
+		}
+	}
+	if got.last() != fixed(prefixLen) {
+		t.Fatalf("last digest %x, the fixed key %x", got.last(), fixed(prefixLen))
+	}
+	if got.n < maxLevels && depthAt(got.n-1, prefixLen) < prefixLen && fixed(depthAt(got.n, prefixLen)) != got.last() {
+		t.Fatalf("%d digests, but the prompt goes on past depth %d", got.n, depthAt(got.n-1, prefixLen))
+	}
+}
+
+// TestLadderDigests: chat, completions and invoke bodies of many lengths,
+// with escapes, multi-byte characters, several messages and text parts
+// across the depths, give at each depth the fixed-length key of that depth.
+func TestLadderDigests(t *testing.T) {
+	unit := "ab<é\n«ü»😀 x&y\"z\\" // JSON escapes (json.Marshal escapes <, &, \n, ", \\) and multi-byte characters
+	for _, prefixLen := range []int{1024, 1500, 4096, 65536} {
+		for _, size := range []int{0, 1, 511, 512, 513, 1024, 3000, 5000, 40000, 70000} {
+			text := strings.Repeat(unit, size/len(unit)+1)[:size]
+			text = strings.ToValidUTF8(text, "")
+			chat := chatBody(t, msg("system", text[:len(text)/3]), msg("user", []any{
+				map[string]any{"type": "text", "text": text[len(text)/3:]},
+				map[string]any{"type": "text", "text": "tail"},
+			}))
+			o, err := parseOpenAI(chat, true, prefixLen)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkLadder(t, o.digests, func(d int) uint64 { return chatPrefix(t, string(chat), d) }, prefixLen)
+			comp, _ := json.Marshal(map[string]any{"prompt": []any{text, 7, "x"}})
+			o, err = parseOpenAI(comp, false, prefixLen)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkLadder(t, o.digests, func(d int) uint64 {
+				p, _ := parseOpenAI(comp, false, d)
+				return p.prefix
+			}, prefixLen)
+			inv := []byte(text)
+			checkLadder(t, invokeDigests(inv, prefixLen), func(d int) uint64 { return invokePrefix(inv, d) }, prefixLen)
+		}
+	}
+}
+
+// invokePrefix is the fixed-length invoke digest written plainly: the
+// digest of the first prefixLen bytes of a raw body.
+func invokePrefix(body []byte, prefixLen int) uint64 {
+	if len(body) > prefixLen {
+		body = body[:prefixLen]
+	}
+	return xxhash.Sum64(body)
 }
