@@ -158,6 +158,10 @@ type Options struct {
 	// enough for shares to be measured within a percent or so, at most
 	// what a counter's integer bits hold.
 	HalfLife int
+	// WarmShare is the multiple of one instance's fair share above which
+	// a prefix is popular (Count, Popular); zero means DefaultWarmShare.
+	// It must be in (0, 1].
+	WarmShare float64
 }
 
 // Validate checks the ranges; its errors wrap ErrInvalid.
@@ -167,6 +171,9 @@ func (o Options) Validate() error {
 	}
 	if !(o.Hysteresis >= 0 && o.Hysteresis <= 0.5) {
 		return fmt.Errorf("%w: hysteresis %v outside [0, 0.5]", ErrInvalid, o.Hysteresis)
+	}
+	if !(o.WarmShare >= 0 && o.WarmShare <= 1) {
+		return fmt.Errorf("%w: warm share %v outside (0, 1]", ErrInvalid, o.WarmShare)
 	}
 	if o.HalfLife != 0 && (o.HalfLife < minHalfLife || o.HalfLife > maxHalfLife) {
 		return fmt.Errorf("%w: half-life %d outside [%d, %d] observations", ErrInvalid, o.HalfLife, minHalfLife, maxHalfLife)
@@ -184,6 +191,9 @@ func (o Options) withDefaults() Options {
 	if o.HalfLife == 0 {
 		o.HalfLife = DefaultHalfLife
 	}
+	if o.WarmShare == 0 {
+		o.WarmShare = DefaultWarmShare
+	}
 	return o
 }
 
@@ -193,6 +203,7 @@ func (o Options) withDefaults() Options {
 // same observations made one at a time (TestConcurrentAccuracy).
 type Sketch struct {
 	threshold, hysteresis float64
+	warm                  float64 // WarmShare
 	halfLife              uint64
 
 	counts [depth][width]counter
@@ -204,6 +215,8 @@ type Sketch struct {
 	// table holds the hot keys: tag (the key's high 56 bits) | k (low 8
 	// bits); 0 is an empty slot.
 	table [tableSize]atomic.Uint64
+	// pop holds the popular prefixes (popular.go).
+	pop popTable
 }
 
 // New returns an empty sketch; o must be valid (see Options.Validate).
@@ -212,7 +225,7 @@ func New(o Options) (*Sketch, error) {
 		return nil, err
 	}
 	o = o.withDefaults()
-	return &Sketch{threshold: o.Threshold, hysteresis: o.Hysteresis, halfLife: uint64(o.HalfLife)}, nil
+	return &Sketch{threshold: o.Threshold, hysteresis: o.Hysteresis, warm: o.WarmShare, halfLife: uint64(o.HalfLife)}, nil
 }
 
 // tag is what the sketch knows of a key: its high 56 bits (never 0). The

@@ -53,37 +53,50 @@ func routingKey(tenant, model string, prefix uint64) uint64 {
 	return d.Sum64()
 }
 
-// The ladder of depths (issue 21): a prompt's prefixes are digested at
+// The depths of a prompt (issue 21): its prefixes are digested at
 // firstDepth units, doubling up to the endpoint's PrefixLength, and at
 // PrefixLength itself, in the one pass that hashes the prompt. Units are
 // those of PrefixLength: bytes on invoke paths, code points of message
-// text on OpenAI paths. maxLevels holds the ladder of the largest
-// PrefixLength (512 ... 32 Ki, 64 Ki).
+// text on OpenAI paths. The ladder starts at SageMaker's default
+// PrefixLength, so that a request nobody made hot routes on the key a
+// fixed-length endpoint of today gives it (the same instance, the same
+// movement on scale events). On chat paths the ends of the first
+// messageDepths messages past messageFloor units are depths too: a
+// conversation's first messages (a system prompt, a session's first turn
+// or task) end at the same place in every turn, while the ladder's next
+// depth may fall beyond a short first turn and move the session once
+// (measured on the agent preset: most second turns moved before these
+// depths were added; on chat, whose first turns are shorter than 4,096
+// characters, the fixed key moved every session after its first turn).
 const (
-	firstDepth = 512
-	maxLevels  = 8
+	firstDepth    = 4096
+	ladderDepths  = 5 // 4 Ki ... 64 Ki: the ladder of the largest PrefixLength
+	messageFloor  = 512
+	messageDepths = 4
+	maxLevels     = ladderDepths + messageDepths
 )
 
 // depthAt is the ladder's i-th depth for prefixLen.
 func depthAt(i, prefixLen int) int { return min(firstDepth<<i, prefixLen) }
 
-// prefixDigests are the digests of a prompt's prefixes at the ladder's
-// depths, shallowest first, ending with the digest of the whole prefix
+// prefixDigests are the digests of a prompt's prefixes at its depths,
+// shallowest first, ending with the digest of the whole prefix
 // (PrefixLength units, or the whole prompt when it is shorter). Depths past
 // the prompt's end would repeat that last digest and are left out: n counts
 // the distinct ones. The last one is the fixed-length key's digest.
 type prefixDigests struct {
-	d [maxLevels]uint64
-	n int
+	d  [maxLevels]uint64
+	at [maxLevels]int32 // units hashed at each depth
+	n  int
 }
 
-// add appends digest v unless it repeats the last one (nothing was
-// written since).
-func (p *prefixDigests) add(v uint64) {
+// add appends digest v of the first at units unless it repeats the last
+// one (nothing was written since).
+func (p *prefixDigests) add(v uint64, at int) {
 	if p.n > 0 && p.d[p.n-1] == v {
 		return
 	}
-	p.d[p.n] = v
+	p.d[p.n], p.at[p.n] = v, int32(at)
 	p.n++
 }
 
@@ -101,10 +114,10 @@ func invokeDigests(body []byte, prefixLen int) prefixDigests {
 		next := min(depthAt(i, prefixLen), len(body))
 		_, _ = d.Write(body[at:next])
 		at = next
-		out.add(d.Sum64())
+		out.add(d.Sum64(), at)
 	}
 	if out.n == 0 {
-		out.add(d.Sum64()) // an empty body
+		out.add(d.Sum64(), 0) // an empty body
 	}
 	return out
 }
@@ -147,7 +160,7 @@ func (h *prefixHasher) advance(n int) {
 	if h.next > 0 {
 		return
 	}
-	h.sums.add(h.d.Sum64())
+	h.sums.add(h.d.Sum64(), h.prefixLen-h.left)
 	h.level++
 	if h.left > 0 {
 		h.next = depthAt(h.level, h.prefixLen) - (h.prefixLen - h.left)
@@ -160,9 +173,19 @@ func (h *prefixHasher) advance(n int) {
 func (h *prefixHasher) digests() prefixDigests {
 	out := h.sums
 	if h.left > 0 || out.n == 0 {
-		out.add(h.d.Sum64())
+		out.add(h.d.Sum64(), h.prefixLen-h.left)
 	}
 	return out
+}
+
+// messageEnd takes the digest at the end of a chat message: a depth when
+// it is one of the first messageDepths messages and past messageFloor
+// units (a short system prompt shared by unrelated requests is no prefix
+// worth keying them on).
+func (h *prefixHasher) messageEnd(msg int) {
+	if at := h.prefixLen - h.left; msg < messageDepths && h.left > 0 && at >= messageFloor {
+		h.sums.add(h.d.Sum64(), at)
+	}
 }
 
 func (h *prefixHasher) mark(m byte, label []byte) {
@@ -381,7 +404,7 @@ func messages(s *scanner, h *prefixHasher) error {
 	if s.peek() != '[' {
 		return s.errorf("messages must be an array")
 	}
-	return s.array(func(int) error {
+	return s.array(func(msg int) error {
 		if s.peek() != '{' {
 			return s.errorf("each message must be an object")
 		}
@@ -419,6 +442,7 @@ func messages(s *scanner, h *prefixHasher) error {
 					return err
 				}
 			}
+			h.messageEnd(msg)
 		}
 		if h.done() {
 			return errKeyKnown

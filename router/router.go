@@ -50,10 +50,11 @@ type Router struct {
 	shuttingDown atomic.Bool          // set by Drain: readiness fails, routing goes on
 	waiting      atomic.Int64         // requests in waitLoaded
 
-	mu       sync.Mutex                   // guards trackers, moves and hot; serializes Update
-	trackers map[string]*overload.Tracker // by endpoint; owned by Update
-	moves    map[string]*movement         // by endpoint; owned by Update
-	hot      map[string]*hotkey.Sketch    // by endpoint with hot-key replication on; owned by Update
+	mu        sync.Mutex                   // guards trackers, moves, hot and published; serializes Update
+	trackers  map[string]*overload.Tracker // by endpoint; owned by Update
+	moves     map[string]*movement         // by endpoint; owned by Update
+	hot       map[string]*hotkey.Sketch    // by endpoint that counts popularity; owned by Update
+	published map[string]*published        // by endpoint: its last Popularity
 }
 
 // view is everything a request needs, published as one immutable value.
@@ -94,8 +95,11 @@ type endpointView struct {
 	// carries it over), so estimates survive membership changes.
 	hot *hotkey.Sketch
 	// orders caches hot keys' ring orders for this view (see hotOrder);
-	// nil when hot is.
+	// nil unless the endpoint replicates hot fixed-length keys.
 	orders *hotOrders
+	// pop is the agreed popularity and its placement when the endpoint
+	// is PREFIX_AWARE with adaptive keys (popular.go); nil otherwise.
+	pop *popView
 }
 
 type instanceView struct {
@@ -115,7 +119,7 @@ func newRouter(opts Options, clock clockwork.Clock) (*Router, error) {
 		return nil, err
 	}
 	opts = opts.withDefaults()
-	r := &Router{opts: opts, log: opts.Logger, rand: opts.Rand, balance: int64(math.Round(opts.BalanceFactor * 1000)), trackers: map[string]*overload.Tracker{}}
+	r := &Router{opts: opts, log: opts.Logger, rand: opts.Rand, balance: int64(math.Round(opts.BalanceFactor * 1000)), trackers: map[string]*overload.Tracker{}, published: map[string]*published{}}
 	m, err := newMetrics(opts.Registry, r)
 	if err != nil {
 		return nil, fmt.Errorf("router: register metrics: %w", err)
@@ -216,14 +220,17 @@ func (r *Router) Update(s *fleet.Snapshot) {
 			ev.variants = append(ev.variants, pv.VariantName)
 			ev.cumWeight = append(ev.cumWeight, total)
 		}
-		if cfg.Strategy == fleet.PrefixAware && cfg.HotKeyReplication {
+		adaptive := cfg.Strategy == fleet.PrefixAware && !cfg.FixedLengthKeys
+		if adaptive || (cfg.Strategy == fleet.PrefixAware && cfg.HotKeyReplication) {
 			ev.hot = r.hot[name]
 			if ev.hot == nil {
 				// Options were validated in New.
 				ev.hot, _ = hotkey.New(hotkey.Options{Threshold: r.opts.HotKeyThreshold})
 			}
 			hot[name] = ev.hot
-			ev.orders = new(hotOrders)
+			if !adaptive {
+				ev.orders = new(hotOrders)
+			}
 		}
 		for i := range ep.Instances {
 			in := &ep.Instances[i]
@@ -243,6 +250,9 @@ func (r *Router) Update(s *fleet.Snapshot) {
 			} else {
 				v.ready = true
 			}
+		}
+		if adaptive {
+			ev.pop = newPopView(ev, ep.Popular)
 		}
 		v.endpoints[name] = ev
 		mv, moved, ok := measureMovement(r.moves[name], ev.table)

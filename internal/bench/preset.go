@@ -226,6 +226,14 @@ func Presets() []Preset {
 			Output: azureConv,
 		},
 		{
+			Name: "agent", Kind: KindSessions,
+			Description: "32 open coding-agent sessions after one shared 10 KB tool prompt: a task, then 6-14 turns of tool output (200-1,500 tokens each), re-sending the history",
+			Source: "issue 21's agent sessions (a tool prompt longer than the 4,096-unit default PrefixLength); " +
+				"coding-agent traces as summarised in WORKLOADS.md; outputs: Azure conversation trace",
+			Sessions: 32, Turns: IntRange{7, 15}, TurnTokens: IntRange{200, 1500}, SystemTokens: 2560,
+			Output: azureConv,
+		},
+		{
 			Name: "sharegpt-like", Kind: KindShort,
 			Description: "short varied prompts (log-normal, mean ~1,000 tokens); 10% start with one of 4 shared 100-token system prompts",
 			Source: "SageMaker's short-context benchmark (ShareGPT-like, little sharing); " +
