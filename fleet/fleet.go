@@ -185,7 +185,9 @@ func (c RoutingConfig) WithDefaults() RoutingConfig {
 	if out.RoutingStrategy == "" {
 		out.RoutingStrategy = def.RoutingStrategy
 	}
-	p := *def.PrefixAwareRoutingConfig
+	// A missing nested config takes the defaults below, not
+	// DefaultRoutingConfig's: its PrefixLength is PREFIX_AWARE's.
+	var p PrefixAwareConfig
 	if c.PrefixAwareRoutingConfig != nil {
 		p = *c.PrefixAwareRoutingConfig
 	}

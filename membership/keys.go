@@ -18,6 +18,7 @@ const DefaultPrefix = "/prefixrouter/v1"
 //	<prefix>/endpoints/<endpoint>/adapters/<name>            fleet.Adapter JSON: the catalogue
 //	<prefix>/endpoints/<endpoint>/placement/<name>           Placement JSON: an adapter's set size
 //	<prefix>/endpoints/<endpoint>/stale/<instance-id>        lease-bound StaleMark JSON
+//	<prefix>/endpoints/<endpoint>/popularity/<replica-id>    lease-bound fleet.Popularity JSON
 //	<prefix>/routers/<replica-id>                            lease-bound RouterInfo JSON
 type Layout struct {
 	// Prefix is the root; a trailing slash is ignored. Empty (or "/")
@@ -88,6 +89,7 @@ const (
 	kindAdapter
 	kindPlacement
 	kindStale
+	kindPopularity
 )
 
 // parseKey splits a key into its kind and names. Keys that do not fit the
@@ -115,6 +117,8 @@ func (l Layout) parseKey(key string) (kind keyKind, endpoint, id string) {
 		return kindPlacement, parts[0], parts[2]
 	case len(parts) == 3 && parts[1] == "stale" && parts[0] != "" && parts[2] != "":
 		return kindStale, parts[0], parts[2]
+	case len(parts) == 3 && parts[1] == "popularity" && parts[0] != "" && parts[2] != "":
+		return kindPopularity, parts[0], parts[2]
 	}
 	return kindOther, "", ""
 }

@@ -227,7 +227,7 @@ func TestRoutingConfig(t *testing.T) {
 		t.Fatalf("PutConfig(invalid) = %v, want ErrInvalidConfig", err)
 	}
 	c, set, err := GetConfig(ctx, cli, l, "ep1")
-	if err != nil || set || c.RoutingStrategy != fleet.PrefixAware || resolved(c).PrefixLength != fleet.DefaultPrefixLength {
+	if err != nil || set || c.RoutingStrategy != fleet.PrefixAware || resolved(c).PrefixLength != fleet.DefaultAdaptivePrefixLength {
 		t.Fatalf("GetConfig of unset = %+v %v %v", c, set, err)
 	}
 

@@ -171,6 +171,7 @@ type state struct {
 	routers   map[string]struct{}
 	adapters  map[string]map[string]fleet.Adapter // endpoint → name → catalogue record
 	placement map[string]map[string]Placement     // endpoint → name → placement state
+	popular   map[string]map[string]fleet.Popularity // endpoint → replica id → its publication
 	rev       int64
 }
 
@@ -181,6 +182,7 @@ func newState() *state {
 		routers:   map[string]struct{}{},
 		adapters:  map[string]map[string]fleet.Adapter{},
 		placement: map[string]map[string]Placement{},
+		popular:   map[string]map[string]fleet.Popularity{},
 	}
 }
 
@@ -330,6 +332,15 @@ func (w *Watcher) applyPut(st, prev *state, key string, value []byte, modRev int
 		}
 		p.revision = modRev
 		putIn(st.placement, ep, id, p)
+	case kindPopularity:
+		p, err := ParsePopularity(value)
+		if err != nil {
+			w.metrics.invalidRecord("popularity")
+			w.log.Warn("membership: ignoring invalid popularity record", "key", key, "err", err)
+			deleteIn(st.popular, ep, id)
+			return
+		}
+		putIn(st.popular, ep, id, p)
 	case kindRouter:
 		st.routers[id] = struct{}{}
 	case kindConfig:
@@ -386,6 +397,8 @@ func applyDelete(st *state, l Layout, key string) {
 		deleteIn(st.adapters, ep, id)
 	case kindPlacement:
 		deleteIn(st.placement, ep, id)
+	case kindPopularity:
+		deleteIn(st.popular, ep, id)
 	case kindInstance:
 		if m := st.instances[ep]; m != nil {
 			delete(m, id)
@@ -469,7 +482,7 @@ func (w *Watcher) emit(st *state) {
 			st.placement[ep][name].apply(&a)
 			ads = append(ads, a)
 		}
-		eps = append(eps, fleet.Endpoint{Name: ep, Config: cfg, Instances: insts, Adapters: ads})
+		eps = append(eps, fleet.Endpoint{Name: ep, Config: cfg, Instances: insts, Adapters: ads, Popular: mergePopular(st.popular[ep])})
 	}
 	sort.Slice(eps, func(i, j int) bool { return eps[i].Name < eps[j].Name })
 	s := fleet.NewSnapshot(eps, st.rev, len(st.routers), w.clock.Now())
@@ -479,6 +492,24 @@ func (w *Watcher) emit(st *state) {
 	if w.publish != nil {
 		w.publish(s)
 	}
+}
+
+// mergePopular merges the replicas' publications for one endpoint in
+// replica id order, so that every watcher computes the same view.
+func mergePopular(byReplica map[string]fleet.Popularity) []fleet.PopularKey {
+	if len(byReplica) == 0 {
+		return nil
+	}
+	ids := make([]string, 0, len(byReplica))
+	for id := range byReplica {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	ps := make([]fleet.Popularity, len(ids))
+	for i, id := range ids {
+		ps[i] = byReplica[id]
+	}
+	return fleet.MergePopularity(ps)
 }
 
 // vanishedInstance is an instance whose key was deleted while it served.

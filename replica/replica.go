@@ -61,6 +61,9 @@ type Replica struct {
 	// stale writes the router's stale-adapter reports to etcd; nil for a
 	// static fleet and until the watcher starts.
 	stale atomic.Pointer[staleMarker]
+	// popular publishes the router's popular prefixes; nil until the
+	// replica serves.
+	popular *popularityPublisher
 }
 
 // Start validates opts, starts a replica and returns once it listens and,
@@ -131,7 +134,7 @@ func Start(ctx context.Context, opts Options) (*Replica, error) {
 	}
 
 	if !opts.usesEtcd() {
-		r.router.Update(fleet.NewSnapshot([]fleet.Endpoint{{Name: opts.Router.DefaultEndpoint, Config: opts.Routing, Instances: opts.Static}}, 0, 1, time.Now()))
+		r.router.Update(fleet.NewSnapshot([]fleet.Endpoint{staticEndpoint(opts)}, 0, 1, time.Now()))
 	} else {
 		mopts := opts.Membership
 		if mopts.Metrics == nil {
@@ -237,6 +240,14 @@ func Start(ctx context.Context, opts Options) (*Replica, error) {
 			return nil, err
 		}
 	}
+	r.popular = &popularityPublisher{rt: r.router, interval: opts.PopularityInterval, log: r.log}
+	if r.reg != nil {
+		r.popular.cli, r.popular.layout, r.popular.id, r.popular.lease = opts.Client, opts.Membership.Layout, opts.ID, r.reg.LeaseID
+	} else {
+		ep := staticEndpoint(opts)
+		r.popular.static = &ep
+	}
+	r.popular.start()
 	r.serve(r.data, netutil.LimitListener(r.dataLn, lim.MaxConns))
 	adminLn := netutil.LimitListener(r.adminLn, lim.MaxConns)
 	if adminTLS != nil {
@@ -249,6 +260,11 @@ func Start(ctx context.Context, opts Options) (*Replica, error) {
 	r.log.Info("router replica serving", "id", opts.ID, "addr", r.Addr(), "admin", r.AdminAddr(), "ext_proc", r.ExtProcAddr(), "endpoint", opts.Router.DefaultEndpoint, "etcd", opts.Client != nil, "tracing", r.tracing != nil)
 	started = true
 	return r, nil
+}
+
+// staticEndpoint is a static fleet's one endpoint.
+func staticEndpoint(opts Options) fleet.Endpoint {
+	return fleet.Endpoint{Name: opts.Router.DefaultEndpoint, Config: opts.Routing, Instances: opts.Static}
 }
 
 // connect starts the embedded etcd if asked and dials etcd unless the caller
@@ -399,6 +415,9 @@ func (r *Replica) Close(ctx context.Context) error {
 		// Envoy's health checks steer new streams to other replicas
 		// while this one deregisters and drains.
 		r.epp.Drain()
+	}
+	if r.popular != nil {
+		r.popular.Close() // before the lease goes: no write under a revoked one
 	}
 	if r.reg != nil {
 		if err := r.reg.Close(ctx); err != nil {
