@@ -169,8 +169,8 @@ type state struct {
 	instances map[string]map[string]fleet.Instance // endpoint → id → record
 	configs   map[string]fleet.RoutingConfig       // endpoint → last valid config
 	routers   map[string]struct{}
-	adapters  map[string]map[string]fleet.Adapter // endpoint → name → catalogue record
-	placement map[string]map[string]Placement     // endpoint → name → placement state
+	adapters  map[string]map[string]fleet.Adapter    // endpoint → name → catalogue record
+	placement map[string]map[string]Placement        // endpoint → name → placement state
 	popular   map[string]map[string]fleet.Popularity // endpoint → replica id → its publication
 	rev       int64
 }

@@ -56,7 +56,7 @@ type Options struct {
 	// by TimeScale, at least 100 ms); zero means
 	// replica.DefaultPopularityInterval.
 	PopularityInterval time.Duration
-	Concurrency  int // ConcurrencyThreshold
+	Concurrency        int // ConcurrencyThreshold
 	// OverheadProbes is the number of tiny requests sent each way to
 	// measure the router's own latency per strategy (0: skip).
 	OverheadProbes int
