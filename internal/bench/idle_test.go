@@ -244,3 +244,54 @@ func TestAdaptiveKeysIdle(t *testing.T) {
 		}
 	}
 }
+
+// TestAdaptiveDepth measures what the deepest depth (PrefixLength) should
+// be once keys are adaptive (issue 21), load-free as TestAdaptiveKeysIdle:
+// the agent preset (a 10 KB tool prompt), the same with a 24 KB tool prompt,
+// and RAG over 16 KB documents (Zipf 1 over 200 documents of 4,000 tokens
+// and a question), at each PrefixLength. It logs the table docs/balance.md
+// quotes and checks that RAG meets on its documents at every depth (its hit
+// rate within a point of the best), and that the default depth separates
+// the agent preset's sessions (hit rate within 5 points of the oracle,
+// largest instance at most 1.5 fair shares).
+func TestAdaptiveDepth(t *testing.T) {
+	if testing.Short() {
+		t.Skip("routes 18,000 requests through LRU models")
+	}
+	agent, _ := LookupPreset("agent")
+	agent24 := agent
+	agent24.Name, agent24.SystemTokens = "agent, 24 KB tool prompt", 6000
+	rag := Preset{Name: "rag-16k", Kind: KindSharedPrefix, Documents: 200, DocumentTokens: 4000, Zipf: 1,
+		QuestionTokens: IntRange{50, 300}, Output: azureConv}
+	depths := []int{4096, 8192, 16384, 32768, 65536}
+	t.Log("| workload | oracle | PrefixLength 4096: hit / largest | 8192 | 16384 | 32768 | 65536 |")
+	for _, p := range []Preset{agent, agent24, rag} {
+		orc, _, err := OracleRun(p, 1, StreamOptions{}, 200, 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		row := fmt.Sprintf("| %s | %.1f %% |", p.Name, 100*orc.HitRate)
+		best := 0.0
+		var hits []float64
+		for _, d := range depths {
+			m := modeAdaptive
+			m.prefixLen = d
+			r := idleRun(t, p, m, 2, 7, 300_000, 200, 1000)
+			b := balanceOf(r.shares, 7)
+			row += fmt.Sprintf(" %.1f %% / %.1f %% |", 100*r.hit, 100*b.MaxShare)
+			hits = append(hits, r.hit)
+			best = max(best, r.hit)
+			if d == fleet.DefaultAdaptivePrefixLength && p.Name == "agent" && (r.hit < orc.HitRate-0.05 || b.MaxShare > 1.5/7) {
+				t.Errorf("agent at the default depth %d: hit %.1f %% (oracle %.1f %%), largest %.1f %%", d, 100*r.hit, 100*orc.HitRate, 100*b.MaxShare)
+			}
+		}
+		if p.Name == rag.Name {
+			for i, h := range hits {
+				if h < best-0.01 {
+					t.Errorf("RAG at depth %d: hit %.1f %%, best %.1f %%: its requests do not meet on their documents", depths[i], 100*h, 100*best)
+				}
+			}
+		}
+		t.Log(row)
+	}
+}
