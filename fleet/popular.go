@@ -11,16 +11,6 @@ import (
 // carries them merged, so that every replica routes on the same view and
 // the same snapshot still gives the same decision.
 
-// Bounds of a replica's publication: what one record may hold.
-const (
-	// MaxPopularKeys bounds the prefixes one replica publishes per endpoint.
-	MaxPopularKeys = 256
-	// MaxPopularLevel bounds a prefix's depth index in the ladder.
-	MaxPopularLevel = 15
-	// MaxPopularK bounds a published replication factor.
-	MaxPopularK = 255
-)
-
 // PopularKey is one popular prefix of an endpoint.
 type PopularKey struct {
 	// Key is the prefix's routing key (hash of tenant, model and the
@@ -48,6 +38,16 @@ type Popularity struct {
 	Rate float64      `json:"rate"`
 	Keys []PopularKey `json:"keys"`
 }
+
+// Bounds of a replica's publication: what one record may hold.
+const (
+	// MaxPopularKeys bounds the prefixes one replica publishes per endpoint.
+	MaxPopularKeys = 256
+	// MaxPopularLevel bounds a prefix's depth index in the ladder.
+	MaxPopularLevel = 15
+	// MaxPopularK bounds a published replication factor.
+	MaxPopularK = 255
+)
 
 // ErrInvalidPopularity is wrapped by Popularity.Validate's errors; it wraps
 // ErrInvalid.

@@ -315,32 +315,14 @@ func (w *Watcher) applyPut(st, prev *state, key string, value []byte, modRev int
 	switch kind {
 	case kindAdapter:
 		a, err := ParseAdapter(id, value)
-		if err != nil {
-			w.metrics.invalidRecord("adapter")
-			w.log.Warn("membership: ignoring invalid adapter record", "key", key, "err", err)
-			deleteIn(st.adapters, ep, id)
-			return
-		}
-		putIn(st.adapters, ep, id, a)
+		putValid(w, st.adapters, "adapter", key, ep, id, a, err)
 	case kindPlacement:
 		p, err := parsePlacement(value)
-		if err != nil {
-			w.metrics.invalidRecord("placement")
-			w.log.Warn("membership: ignoring invalid placement record", "key", key, "err", err)
-			deleteIn(st.placement, ep, id)
-			return
-		}
 		p.revision = modRev
-		putIn(st.placement, ep, id, p)
+		putValid(w, st.placement, "placement", key, ep, id, p, err)
 	case kindPopularity:
 		p, err := ParsePopularity(value)
-		if err != nil {
-			w.metrics.invalidRecord("popularity")
-			w.log.Warn("membership: ignoring invalid popularity record", "key", key, "err", err)
-			deleteIn(st.popular, ep, id)
-			return
-		}
-		putIn(st.popular, ep, id, p)
+		putValid(w, st.popular, "popularity", key, ep, id, p, err)
 	case kindRouter:
 		st.routers[id] = struct{}{}
 	case kindConfig:
@@ -407,6 +389,19 @@ func applyDelete(st *state, l Layout, key string) {
 			}
 		}
 	}
+}
+
+// putValid records the parsed value v of one record under the endpoint,
+// or, when it did not parse (err), ignores it, logs and counts it, and
+// drops the record's previous value.
+func putValid[V any](w *Watcher, m map[string]map[string]V, kind, key, ep, id string, v V, err error) {
+	if err != nil {
+		w.metrics.invalidRecord(kind)
+		w.log.Warn("membership: ignoring invalid "+kind+" record", "key", key, "err", err)
+		deleteIn(m, ep, id)
+		return
+	}
+	putIn(m, ep, id, v)
 }
 
 func putIn[V any](m map[string]map[string]V, ep, name string, v V) {

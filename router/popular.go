@@ -32,11 +32,12 @@ import (
 //
 // The placement is computed once per snapshot from the merged view, in one
 // order, by every replica alike (same snapshot, same decision): the popular
-// prefixes, largest first, each take the first instances of their order
-// (ring order for the shallowest depth, rendezvous order of the parent's
-// candidates below it) whose expected load stays within placeCap fair
-// shares, or the least loaded when none has room. A prefix keeps its
-// instance while that instance has room, so caches stay warm.
+// prefixes, the longest-published first, then the largest, each take the
+// first instances of their order (ring order for the shallowest depth,
+// rendezvous order of the parent's candidates below it) whose expected
+// load stays within placeCap fair shares, or the least loaded when none has
+// room. A prefix keeps its instance while that instance has room, so caches
+// stay warm; the long tail (prefixes nobody published) hashes as before.
 
 // placeCap bounds an instance's expected load in the placement, in fair
 // shares of the endpoint's traffic: what issue 21 calls a bounded multiple.
