@@ -5,7 +5,7 @@ BIN     ?= bin/prefixrouter
 # The full test run must stay under 15 minutes on a 2-core machine.
 TEST_TIMEOUT ?= 14m
 
-.PHONY: all build test test-short vet bench fuzz demo chaos chaos-long matrix proxybench clean
+.PHONY: all build test test-short vet bench fuzz demo chaos chaos-long matrix proxybench llamacpp-kit test-llamacpp bench-llamacpp clean
 
 all: build
 
@@ -35,7 +35,7 @@ FUZZTIME ?= 60s
 # FUZZTIME, during which nothing is fuzzed (FuzzParseRoutingConfig counted no
 # execution after its 12th second); 5 s leaves the time to fuzzing.
 FUZZMINIMIZETIME ?= 5s
-FUZZ_TARGETS = ./router:FuzzParseOpenAI ./router:FuzzInvokeKey ./router:FuzzParseStaticInstances \
+FUZZ_TARGETS = ./router:FuzzParseOpenAI ./router:FuzzInvokeKey ./fleet:FuzzParseStaticInstances \
 	./membership:FuzzParseRoutingConfig ./membership:FuzzParseInstance \
 	./probe:FuzzParseMetrics ./probe:FuzzParseModels
 fuzz:
@@ -77,5 +77,38 @@ proxybench: build
 		else echo "proxybench: haproxy is not installed (apt-get install haproxy as root); its column is skipped"; fi; }
 	$(abspath $(BIN)) proxybench $(PROXYBENCH_FLAGS)
 
+# A real inference engine (issue 20): llama.cpp's llama-server from the kit in
+# ../shared/engines (see its README), unpacked once into $(LLAMA_DIR); the
+# tests and the bench generate their own tiny random-weight model. Set
+# PREFIXROUTER_LLAMA_SERVER to use another llama-server build instead.
+LLAMA_KIT ?= ../shared/engines/llamacpp-kit.tar.xz
+LLAMA_DIR ?= .cache/llamacpp
+llamacpp-kit: $(LLAMA_DIR)/llama-server
+$(LLAMA_DIR)/llama-server: $(LLAMA_KIT)
+	mkdir -p $(LLAMA_DIR)
+	tar -C $(LLAMA_DIR) -xJf $(LLAMA_KIT)
+	touch $@
+$(LLAMA_KIT):
+	@echo "no llama.cpp kit at $(LLAMA_KIT): set PREFIXROUTER_LLAMA_SERVER to a llama-server binary"; exit 1
+
+# with-llama runs its arguments with PREFIXROUTER_LLAMA_SERVER set: as given,
+# else the kit's binary.
+with-llama = server="$${PREFIXROUTER_LLAMA_SERVER:-}"; \
+	if [ -z "$$server" ]; then $(MAKE) --no-print-directory llamacpp-kit && server="$(abspath $(LLAMA_DIR))/llama-server"; fi; \
+	PREFIXROUTER_LLAMA_SERVER="$$server"
+
+# The real-engine tests alone (make test runs them too when the engine is set;
+# .ci/run sets it when the kit is there).
+test-llamacpp:
+	@$(with-llama) $(GO) test -race -count=1 -v -run 'TestLlamaCpp|TestStartServesAndStops' ./e2e ./internal/llamacpp
+
+# RANDOM vs LEAST_OUTSTANDING_REQUESTS vs PREFIX_AWARE on 4 real llama-server
+# instances (fresh ones per strategy), the llamacpp-tiny workload through a
+# router replica; about 5 minutes on a busy 2-core machine. Results in
+# docs/benchmarks.md ("Real engine: llama.cpp").
+LLAMABENCH_FLAGS ?=
+bench-llamacpp:
+	@$(with-llama) $(GO) run ./internal/llamacpp/llamabench $(LLAMABENCH_FLAGS)
+
 clean:
-	rm -rf bin demo-report chaos-report
+	rm -rf bin demo-report chaos-report llamacpp-report .cache

@@ -92,6 +92,10 @@ type Options struct {
 	Adapters AdapterStore
 	// Explainer serves ExplainRoute; nil makes it answer Unimplemented.
 	Explainer Explainer
+	// Overrides lists the settings given to this replica (its `serve`
+	// flags) that an endpoint's routing config replaces, for GetFleet; nil
+	// means none.
+	Overrides func(cfg fleet.Resolved) []fleet.Override
 	// Ready reports readiness for the gRPC health service: the router's
 	// Ready, the rule /readyz applies too (router.Readiness). Required.
 	Ready func() error

@@ -20,7 +20,7 @@ func TestWriteFleet(t *testing.T) {
 			{Id: "i-b", Addr: "http://127.0.0.1:8002", Draining: true, State: &adminpb.InstanceState{
 				ExternalLoad: 7, Breaker: adminpb.BreakerState_BREAKER_STATE_OPEN}},
 			{Id: "i-c", Addr: "http://127.0.0.1:8003"},
-		}}},
+		}, Overridden: []*adminpb.Override{{Flag: "hot-key-replication", Given: "true", Stored: "false"}}}},
 	}
 	var b strings.Builder
 	if err := admin.WriteFleet(&b, resp); err != nil {
@@ -31,6 +31,7 @@ ENDPOINT  ID   ADDR                   DRAINING  HEALTHY  IN_FLIGHT  EXTERNAL_LOA
 chat      i-a  http://127.0.0.1:8001  false     true     3          unknown        half-open
 chat      i-b  http://127.0.0.1:8002  true      false    0          7              open
 chat      i-c  http://127.0.0.1:8003  false     -        -          -              -
+overridden: endpoint chat runs hot-key-replication=false from its stored routing config, not --hot-key-replication=true given to this replica
 `
 	if b.String() != want {
 		t.Fatalf("got\n%s\nwant\n%s", b.String(), want)

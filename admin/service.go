@@ -20,10 +20,6 @@ import (
 	"github.com/prefixrouter/prefixrouter/router"
 )
 
-// maxNameLength matches membership.MaxNameLength: endpoint names become etcd
-// key segments.
-const maxNameLength = 128
-
 // service implements adminpb.AdminServer.
 type service struct {
 	adminpb.UnimplementedAdminServer
@@ -58,6 +54,11 @@ func (s *service) GetFleet(_ context.Context, req *adminpb.GetFleetRequest) (*ad
 	for _, name := range names {
 		ep := snap.Endpoints[name]
 		pe := &adminpb.Endpoint{Name: ep.Name, Config: configToPB(ep.Config)}
+		if s.o.Overrides != nil {
+			for _, o := range s.o.Overrides(ep.Resolved) {
+				pe.Overridden = append(pe.Overridden, &adminpb.Override{Flag: o.Flag, Given: o.Given, Stored: o.Stored})
+			}
+		}
 		for _, in := range ep.Instances {
 			pe.Instances = append(pe.Instances, s.instanceToPB(ep.Name, in))
 		}
@@ -256,16 +257,11 @@ func (s *service) ExplainRoute(ctx context.Context, req *adminpb.ExplainRouteReq
 	return resp, nil
 }
 
-// validateEndpoint applies membership's rule for names, so that a bad name is
-// InvalidArgument here rather than an opaque store error.
+// validateEndpoint applies the fleet's rule for names, so that a bad name
+// is InvalidArgument here rather than an opaque store error.
 func validateEndpoint(name string) error {
-	if name == "" || len(name) > maxNameLength {
-		return status.Errorf(codes.InvalidArgument, "admin: endpoint name must be 1..%d characters, got %q", maxNameLength, name)
-	}
-	for _, r := range name {
-		if r <= ' ' || r > '~' || r == '/' {
-			return status.Errorf(codes.InvalidArgument, "admin: endpoint name %q must be printable ASCII without spaces or '/'", name)
-		}
+	if err := fleet.ValidateName("endpoint name", name); err != nil {
+		return status.Errorf(codes.InvalidArgument, "admin: %v", err)
 	}
 	return nil
 }

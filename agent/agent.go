@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"slices"
@@ -18,6 +19,7 @@ import (
 	"github.com/jonboulle/clockwork"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/prefixrouter/prefixrouter/engine"
 	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/membership"
 	"github.com/prefixrouter/prefixrouter/probe"
@@ -56,6 +58,14 @@ type Options struct {
 	// Instance is the record to register. Its Adapters are static
 	// (--adapters) and are kept alongside discovered ones.
 	Instance fleet.Instance
+	// Engine names the model server's engine (engine.VLLM, engine.SGLang,
+	// engine.LlamaCpp, engine.TGI; --engine); empty means detect it once the
+	// server is healthy, from its /metrics families, its /v1/models owned_by
+	// and its Server header (engine.Detect), falling back to
+	// engine.Generic (vLLM's ways) when nothing matches. The profile decides
+	// the gauges the drain and placement read, how adapters are listed and
+	// loaded, and the record's "engine".
+	Engine string
 	// DiscoverAdapters polls ModelsPath every PollInterval and registers
 	// the adapters it lists (entries whose parent is set); the base model
 	// (parent null) goes into Labels["model"].
@@ -66,9 +76,9 @@ type Options struct {
 	ModelsPath string
 	// MetricsPath; zero means /metrics.
 	MetricsPath string
-	// BusyMetrics are summed over all their series to decide that the
-	// server is idle; zero means probe.LoadMetrics (vLLM's running and
-	// waiting requests).
+	// BusyMetrics, when set, are summed over all their series to decide
+	// that the server is idle; zero means the engine's running and waiting
+	// gauges (probe.Metrics.EngineLoad).
 	BusyMetrics []string
 	// PollInterval of adapter discovery.
 	PollInterval time.Duration
@@ -94,18 +104,21 @@ type Options struct {
 	// placement.go and docs/adapters.md). Off, the agent never loads or
 	// unloads anything.
 	PlaceAdapters bool
-	// LoadPath and UnloadPath are vLLM's runtime LoRA endpoints; zero
-	// means /v1/load_lora_adapter and /v1/unload_lora_adapter.
+	// LoadPath and UnloadPath are the engine's runtime LoRA endpoints;
+	// zero means the engine profile's (vLLM: /v1/load_lora_adapter and
+	// /v1/unload_lora_adapter; SGLang: /load_lora_adapter and
+	// /unload_lora_adapter). An engine that loads adapters only at start
+	// (llama-server) gets no placement.
 	LoadPath, UnloadPath string
 	// LoadPollInterval is how often placement scrapes MetricsPath for the
 	// load and the adapters in use, and retries failed loads; zero means
 	// DefaultLoadPollInterval.
 	LoadPollInterval time.Duration
-	// HotWindow is how long the load must stay at or above the endpoint's
-	// concurrency threshold before the instance is published Hot (and
-	// below half of it before Hot is cleared); zero means
-	// DefaultHotWindow.
-	HotWindow time.Duration
+	// SaturationWindow is how long the load must stay at or above the
+	// endpoint's concurrency threshold before the instance is published
+	// Saturated (and below half of it before Saturated is cleared); zero
+	// means DefaultSaturationWindow.
+	SaturationWindow time.Duration
 	// ActiveWindow is how long an adapter seen in use stays in
 	// ActiveAdapters, and how long an adapter no longer assigned here is
 	// kept as a spare copy in a free slot (placement.go, spares); zero
@@ -119,12 +132,16 @@ type Options struct {
 	Clock clockwork.Clock
 }
 
-// Validate reports negative durations; zero values mean the defaults.
+// Validate reports negative durations and an unknown Engine; zero values
+// mean the defaults.
 func (c Options) Validate() error {
+	if _, known := engine.Lookup(c.Engine); !known {
+		return fmt.Errorf("%w: agent: unknown engine %q (want one of %s, or none to detect it)", fleet.ErrInvalid, c.Engine, strings.Join(engineNames(), ", "))
+	}
 	for name, d := range map[string]time.Duration{
 		"poll interval": c.PollInterval, "health interval": c.HealthInterval, "drain timeout": c.DrainTimeout,
 		"drain grace": c.DrainGrace, "drain poll interval": c.DrainPollInterval, "load poll interval": c.LoadPollInterval,
-		"hot window": c.HotWindow, "active window": c.ActiveWindow, "scale cooldown": c.ScaleCooldown,
+		"saturation window": c.SaturationWindow, "active window": c.ActiveWindow, "scale cooldown": c.ScaleCooldown,
 	} {
 		if d < 0 {
 			return fmt.Errorf("%w: agent: %s %v is negative", fleet.ErrInvalid, name, d)
@@ -142,9 +159,6 @@ func (c *Options) withDefaults() {
 	}
 	if c.MetricsPath == "" {
 		c.MetricsPath = "/metrics"
-	}
-	if len(c.BusyMetrics) == 0 {
-		c.BusyMetrics = probe.LoadMetrics
 	}
 	if c.PollInterval <= 0 {
 		c.PollInterval = DefaultPollInterval
@@ -164,17 +178,11 @@ func (c *Options) withDefaults() {
 	if c.HTTPClient == nil {
 		c.HTTPClient = &http.Client{Timeout: DefaultRequestTimeout}
 	}
-	if c.LoadPath == "" {
-		c.LoadPath = "/v1/load_lora_adapter"
-	}
-	if c.UnloadPath == "" {
-		c.UnloadPath = "/v1/unload_lora_adapter"
-	}
 	if c.LoadPollInterval <= 0 {
 		c.LoadPollInterval = DefaultLoadPollInterval
 	}
-	if c.HotWindow <= 0 {
-		c.HotWindow = DefaultHotWindow
+	if c.SaturationWindow <= 0 {
+		c.SaturationWindow = DefaultSaturationWindow
 	}
 	if c.ActiveWindow <= 0 {
 		c.ActiveWindow = DefaultActiveWindow
@@ -203,7 +211,7 @@ func Run(ctx context.Context, cfg Options) error {
 	if cfg.Client == nil {
 		return errors.New("agent: no etcd client")
 	}
-	if err := membership.ValidateName("endpoint", cfg.Endpoint); err != nil {
+	if err := fleet.ValidateName("endpoint name", cfg.Endpoint); err != nil {
 		return err
 	}
 	if err := cfg.Instance.Validate(); err != nil {
@@ -216,6 +224,8 @@ func Run(ctx context.Context, cfg Options) error {
 type agent struct {
 	cfg Options
 	log *slog.Logger
+	// profile is the server's engine, set once it is healthy.
+	profile engine.Profile
 	// warnedLoad: the unknown-load warning was logged (once per drain).
 	warnedLoad bool
 }
@@ -225,13 +235,33 @@ func (a *agent) run(ctx context.Context) error {
 		a.log.Info("agent: stopped before the model server was healthy; nothing registered")
 		return nil
 	}
+	a.setProfile(a.detect(ctx))
 	in := a.cfg.Instance
+	in.Engine = a.profile.Name
 	static := slices.Clone(in.Adapters)
-	if a.cfg.DiscoverAdapters {
-		if m, err := probe.FetchModels(ctx, a.cfg.HTTPClient, a.url(a.cfg.ModelsPath)); err != nil {
+	// An engine that selects adapters by position must have each one's:
+	// read its list whether or not discovery is on (llama-server applies
+	// the adapters it loaded at start to every request that names none).
+	indexed := a.profile.Adapters.List == engine.ListIndexed
+	if a.cfg.DiscoverAdapters || indexed {
+		l, err := a.list(ctx)
+		switch {
+		case err != nil && indexed:
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("agent: %s's adapter list (%s): %w", a.profile.Name, a.profile.Adapters.ListPath, err)
+		case err != nil:
 			a.log.Warn("agent: adapter discovery failed; registering the static adapters", "err", err)
-		} else {
-			applyModels(&in, static, m)
+		default:
+			if indexed {
+				for _, name := range static {
+					if _, ok := l.index[name]; !ok {
+						return fmt.Errorf("%w: agent: adapter %q (--adapters) is not one %s loaded at start (%s lists %v)", fleet.ErrInvalid, name, a.profile.Name, a.profile.Adapters.ListPath, l.Adapters)
+					}
+				}
+			}
+			applyModels(&in, static, l)
 		}
 	}
 	reg, err := membership.RegisterInstance(ctx, a.cfg.Client, a.cfg.Endpoint, in, a.cfg.Options)
@@ -251,7 +281,10 @@ func (a *agent) run(ctx context.Context) error {
 		}
 	}
 	var placer *placer
-	if a.cfg.PlaceAdapters {
+	switch {
+	case a.cfg.PlaceAdapters && !a.profile.Adapters.RuntimeLoading():
+		a.log.Info("agent: the engine loads adapters only at start; no adapter placement on this instance", "engine", a.profile.Name)
+	case a.cfg.PlaceAdapters:
 		placer = a.startPlacer(reg, static)
 	}
 	<-ctx.Done()
@@ -272,30 +305,32 @@ func (a *agent) startDiscovery(ctx context.Context, reg *membership.InstanceRegi
 	models := a.url(a.cfg.ModelsPath)
 	return probe.Start(probe.Options{Interval: a.cfg.PollInterval},
 		func() []string { return []string{models} },
-		func(ctx context.Context, url string) (probe.Models, error) {
-			return probe.FetchModels(ctx, a.cfg.HTTPClient, url)
+		func(ctx context.Context, _ string) (listing, error) {
+			return a.list(ctx)
 		},
-		func(_ string, m probe.Models, err error) {
+		func(_ string, l listing, err error) {
 			if err != nil {
 				a.log.Warn("agent: adapter discovery failed; keeping the registered list", "err", err)
 				return
 			}
-			a.writeModels(ctx, reg, static, m)
+			a.writeModels(ctx, reg, static, l)
 		})
 }
 
-// writeModels writes the adapters m lists (with the static ones) and the
+// writeModels writes the adapters l lists (with the static ones) and the
 // base model into the registration when they changed. Discovery and
 // placement both call it; the registration serializes the writes.
-func (a *agent) writeModels(ctx context.Context, reg *membership.InstanceRegistration, static []string, m probe.Models) {
+func (a *agent) writeModels(ctx context.Context, reg *membership.InstanceRegistration, static []string, l listing) {
 	cur := reg.Instance()
 	next := cur
-	applyModels(&next, static, m)
-	if slices.Equal(cur.Adapters, next.Adapters) && cur.Labels[ModelLabel] == next.Labels[ModelLabel] {
+	applyModels(&next, static, l)
+	if slices.Equal(cur.Adapters, next.Adapters) && cur.Labels[ModelLabel] == next.Labels[ModelLabel] && maps.Equal(cur.AdapterIndex, next.AdapterIndex) {
 		return
 	}
 	uctx, cancel := context.WithTimeout(ctx, DefaultRequestTimeout)
-	err := reg.Update(uctx, func(in *fleet.Instance) { in.Adapters, in.Labels = next.Adapters, next.Labels })
+	err := reg.Update(uctx, func(in *fleet.Instance) {
+		in.Adapters, in.Labels, in.AdapterIndex = next.Adapters, next.Labels, next.AdapterIndex
+	})
 	cancel()
 	if err != nil {
 		// The registration keeps retrying the new record.
@@ -346,12 +381,15 @@ func (a *agent) get(ctx context.Context, path string) error {
 // url is path on the model server.
 func (a *agent) url(path string) string { return strings.TrimRight(a.cfg.Instance.Addr, "/") + path }
 
-// applyModels sets in's adapters to the union of static and discovered ones
-// (sorted) and its model label to the base model.
-func applyModels(in *fleet.Instance, static []string, m probe.Models) {
+// applyModels sets in's adapters to the union of static and listed ones
+// (sorted), their positions for an engine that selects adapters by
+// position, and its model label to the base model.
+func applyModels(in *fleet.Instance, static []string, l listing) {
+	m := l.Models
 	set := append(slices.Clone(static), m.Adapters...)
 	slices.Sort(set)
 	in.Adapters = slices.Compact(set)
+	in.AdapterIndex = l.index
 	if m.Base != "" {
 		labels := make(map[string]string, len(in.Labels)+1)
 		for k, v := range in.Labels {
@@ -431,12 +469,23 @@ func (a *agent) idle(ctx context.Context, start time.Time) bool {
 	return true
 }
 
-// busy returns the sum of the busy metrics. It is an error when the scrape
-// fails or none of the metrics is exposed (the load is then unknown).
+// busy returns the requests the server reports running and waiting. It is
+// an error when the scrape fails or the gauges are not exposed (the load
+// is then unknown).
 func (a *agent) busy(ctx context.Context) (float64, error) {
 	m, err := probe.Scrape(ctx, a.cfg.HTTPClient, a.url(a.cfg.MetricsPath))
 	if err != nil {
 		return 0, err
 	}
-	return m.Sum(a.cfg.BusyMetrics...)
+	return a.busyIn(m)
+}
+
+// busyIn reads the busy metrics from a scrape: BusyMetrics when set, else
+// the engine's running and waiting gauges.
+func (a *agent) busyIn(m probe.Metrics) (float64, error) {
+	if len(a.cfg.BusyMetrics) > 0 {
+		return m.Sum(a.cfg.BusyMetrics...)
+	}
+	l, err := m.EngineLoad(a.profile)
+	return l.Requests(), err
 }

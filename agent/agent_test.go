@@ -159,11 +159,18 @@ func (r *running) stop(t *testing.T, within time.Duration) error {
 }
 
 func baseConfig(cli *clientv3.Client, f *fakeServer, id string) Options {
+	c := agentConfig(cli, f.URL, id)
+	c.Instance.Adapters = []string{"static"}
+	return c
+}
+
+// agentConfig is the agent of instance id at addr, with short intervals.
+func agentConfig(cli *clientv3.Client, addr, id string) Options {
 	return Options{
 		Client:            cli,
 		Options:           membership.Options{TTL: 2 * time.Second, Logger: quiet},
 		Endpoint:          "ep",
-		Instance:          fleet.Instance{ID: id, Addr: f.URL, Adapters: []string{"static"}},
+		Instance:          fleet.Instance{ID: id, Addr: addr},
 		HealthInterval:    10 * time.Millisecond,
 		PollInterval:      20 * time.Millisecond,
 		DrainPollInterval: 10 * time.Millisecond,

@@ -25,13 +25,14 @@ import (
 // Defaults of the placement settings in Options.
 const (
 	DefaultLoadPollInterval = time.Second
-	DefaultHotWindow        = 5 * time.Second
+	DefaultSaturationWindow = 5 * time.Second
 	DefaultActiveWindow     = 30 * time.Second
 )
 
 // placer is the agent's adapter placement: it follows the fleet snapshot,
 // loads what lora.Place assigns to its instance and unloads the rest,
-// publishes the instance's load state (Hot, ActiveAdapters) and writes the
+// publishes the instance's load state (Saturated, BusyAdapters,
+// ActiveAdapters) and writes the
 // growth and shrink decisions of lora.Decide. One goroutine (run) owns
 // every field but the snapshot signal.
 type placer struct {
@@ -46,9 +47,9 @@ type placer struct {
 
 	// Owned by run.
 	aboveSince, belowSince time.Time
-	hot                    bool
+	saturated              bool
 	share                  map[string]float64 // adapter → moving average of its presence in the samples
-	hotAdapters            []string
+	busyAdapters           []string
 	lastSeen               map[string]time.Time // adapter → last scrape that showed it in use
 	failed                 map[string]time.Time // adapter → last failed load (back off)
 
@@ -255,16 +256,17 @@ func (p *placer) spares(ep *fleet.Endpoint, self fleet.Instance, want []string, 
 // refresh reads the server's model list and writes the adapters it
 // reports (with the static ones) into the registration.
 func (p *placer) refresh(ctx context.Context) {
-	m, err := probe.FetchModels(ctx, p.a.cfg.HTTPClient, p.a.url(p.a.cfg.ModelsPath))
+	l, err := p.a.list(ctx)
 	if err != nil {
 		p.a.log.Warn("agent: model list not read", "err", err)
 		return
 	}
-	p.a.writeModels(ctx, p.reg, p.static, m)
+	p.a.writeModels(ctx, p.reg, p.static, l)
 }
 
-// post sends vLLM's load (source set) or unload request for name. An
-// adapter already loaded, or already gone, is success.
+// post sends the engine's load (source set) or unload request for name,
+// {"lora_name","lora_path"} or {"lora_name"} (vLLM and SGLang take the
+// same bodies). An adapter already loaded, or already gone, is success.
 func (p *placer) post(ctx context.Context, path, name, source string) error {
 	body := map[string]string{"lora_name": name}
 	if source != "" {
@@ -285,7 +287,7 @@ func (p *placer) post(ctx context.Context, path, name, source string) error {
 	switch {
 	case resp.StatusCode/100 == 2:
 		return nil
-	case source != "" && resp.StatusCode == http.StatusBadRequest && strings.Contains(string(msg), "already been loaded"):
+	case source != "" && resp.StatusCode == http.StatusBadRequest && alreadyLoaded(string(msg)):
 		return nil
 	case source == "" && resp.StatusCode == http.StatusNotFound:
 		return nil
@@ -293,11 +295,18 @@ func (p *placer) post(ctx context.Context, path, name, source string) error {
 	return fmt.Errorf("agent: POST %s: %s: %s", path, resp.Status, bytes.TrimSpace(msg))
 }
 
-// observe scrapes the server's load and adapter use and publishes Hot and
-// ActiveAdapters (and, once, the adapter slots vLLM reports) when they
-// change. Hot has hysteresis: set after the load stayed at or above the
-// endpoint's concurrency threshold for HotWindow, cleared after it stayed
-// below half of it as long.
+// alreadyLoaded recognizes the answer to loading an adapter that is
+// loaded: vLLM's "...has already been loaded", SGLang's "...is skipped as
+// it is already loaded...".
+func alreadyLoaded(msg string) bool {
+	return strings.Contains(msg, "already been loaded") || strings.Contains(msg, "already loaded")
+}
+
+// observe scrapes the server's load and adapter use and publishes
+// Saturated, BusyAdapters and ActiveAdapters (and, once, the adapter slots
+// vLLM reports) when they change. Saturated has hysteresis: set after the
+// load stayed at or above the endpoint's concurrency threshold for
+// SaturationWindow, cleared after it stayed below half of it as long.
 func (p *placer) observe(ctx context.Context) {
 	m, err := probe.Scrape(ctx, p.a.cfg.HTTPClient, p.a.url(p.a.cfg.MetricsPath))
 	if err != nil {
@@ -308,8 +317,8 @@ func (p *placer) observe(ctx context.Context) {
 	if ep := p.endpoint(); ep != nil {
 		threshold = ep.Resolved.ConcurrencyThreshold
 	}
-	if busy, err := m.Sum(p.a.cfg.BusyMetrics...); err == nil {
-		p.hotStep(busy, float64(threshold), now)
+	if busy, err := p.a.busyIn(m); err == nil {
+		p.saturationStep(busy, float64(threshold), now)
 	}
 	inUse, slots := m.LoRAUse()
 	present := map[string]bool{}
@@ -317,7 +326,7 @@ func (p *placer) observe(ctx context.Context) {
 		p.lastSeen[a] = now
 		present[a] = true
 	}
-	p.hotAdapters = p.hotStepAdapters(present)
+	p.busyAdapters = p.busyAdaptersStep(present)
 	var active []string
 	for a, t := range p.lastSeen {
 		if now.Sub(t) <= p.a.cfg.ActiveWindow {
@@ -329,14 +338,14 @@ func (p *placer) observe(ctx context.Context) {
 	slices.Sort(active)
 	cur := p.reg.Instance()
 	setSlots := cur.MaxAdapters == 0 && slots > 0 && p.a.cfg.Instance.MaxAdapters == 0
-	if cur.Hot == p.hot && slices.Equal(cur.ActiveAdapters, active) && slices.Equal(cur.HotAdapters, p.hotAdapters) && !setSlots {
+	if cur.Saturated == p.saturated && slices.Equal(cur.ActiveAdapters, active) && slices.Equal(cur.BusyAdapters, p.busyAdapters) && !setSlots {
 		return
 	}
 	uctx, cancel := context.WithTimeout(ctx, DefaultRequestTimeout)
 	defer cancel()
-	hot, hotAdapters := p.hot, p.hotAdapters
+	saturated, busyAdapters := p.saturated, p.busyAdapters
 	err = p.reg.Update(uctx, func(in *fleet.Instance) {
-		in.Hot, in.ActiveAdapters, in.HotAdapters = hot, active, hotAdapters
+		in.Saturated, in.ActiveAdapters, in.BusyAdapters = saturated, active, busyAdapters
 		if setSlots {
 			in.MaxAdapters = slots
 		}
@@ -346,8 +355,9 @@ func (p *placer) observe(ctx context.Context) {
 	}
 }
 
-// hotStep advances the hot flag's hysteresis with one load sample.
-func (p *placer) hotStep(busy, threshold float64, now time.Time) {
+// saturationStep advances the saturated flag's hysteresis with one load
+// sample.
+func (p *placer) saturationStep(busy, threshold float64, now time.Time) {
 	if busy >= threshold {
 		if p.aboveSince.IsZero() {
 			p.aboveSince = now
@@ -363,22 +373,22 @@ func (p *placer) hotStep(busy, threshold float64, now time.Time) {
 		p.belowSince = time.Time{}
 	}
 	switch {
-	case !p.hot && !p.aboveSince.IsZero() && now.Sub(p.aboveSince) >= p.a.cfg.HotWindow:
-		p.hot = true
-	case p.hot && !p.belowSince.IsZero() && now.Sub(p.belowSince) >= p.a.cfg.HotWindow:
-		p.hot = false
+	case !p.saturated && !p.aboveSince.IsZero() && now.Sub(p.aboveSince) >= p.a.cfg.SaturationWindow:
+		p.saturated = true
+	case p.saturated && !p.belowSince.IsZero() && now.Sub(p.belowSince) >= p.a.cfg.SaturationWindow:
+		p.saturated = false
 	}
 }
 
-// hotStepAdapters updates each adapter's share of the samples in which it
-// was in use (a moving average over about HotWindow) and returns, while the
-// instance is hot, the adapters that carry the load: in use in at least
+// busyAdaptersStep updates each adapter's share of the samples in which it
+// was in use (a moving average over about SaturationWindow) and returns, while the
+// instance is saturated, the adapters that carry the load: in use in at least
 // three quarters of the recent samples, staying listed until they fall
 // below 40 % (hysteresis). An adapter with a request now and then is in
 // use in few samples, however long one request takes.
-func (p *placer) hotStepAdapters(present map[string]bool) []string {
-	// Weight of one sample: HotWindow spans about 1/alpha samples.
-	alpha := min(1, float64(p.a.cfg.LoadPollInterval)/float64(p.a.cfg.HotWindow))
+func (p *placer) busyAdaptersStep(present map[string]bool) []string {
+	// Weight of one sample: SaturationWindow spans about 1/alpha samples.
+	alpha := min(1, float64(p.a.cfg.LoadPollInterval)/float64(p.a.cfg.SaturationWindow))
 	for a := range present {
 		if _, ok := p.share[a]; !ok {
 			p.share[a] = 0
@@ -396,7 +406,7 @@ func (p *placer) hotStepAdapters(present map[string]bool) []string {
 			continue
 		}
 		p.share[a] = v
-		if p.hot && (v >= 0.75 || (v >= 0.4 && slices.Contains(p.hotAdapters, a))) {
+		if p.saturated && (v >= 0.75 || (v >= 0.4 && slices.Contains(p.busyAdapters, a))) {
 			out = append(out, a)
 		}
 	}

@@ -37,7 +37,7 @@ func simFleet(t *testing.T, cli *clientv3.Client, n, maxLoras int) []*sim.Server
 			Endpoint: "ep", Instance: fleet.Instance{ID: s.ID(), Addr: hs.URL},
 			HealthInterval: 10 * time.Millisecond, DrainGrace: time.Millisecond, DrainTimeout: time.Second,
 			PlaceAdapters: true, LoadPollInterval: 20 * time.Millisecond,
-			HotWindow: 100 * time.Millisecond, ActiveWindow: 300 * time.Millisecond, ScaleCooldown: 200 * time.Millisecond,
+			SaturationWindow: 100 * time.Millisecond, ActiveWindow: 300 * time.Millisecond, ScaleCooldown: 200 * time.Millisecond,
 		})
 		out = append(out, s)
 	}
@@ -132,27 +132,27 @@ func TestPlacementLoadsAssignedAdapters(t *testing.T) {
 	})
 }
 
-func TestPlacementGrowsHotAndShrinksCold(t *testing.T) {
+func TestPlacementGrowsSaturatedAndShrinksCold(t *testing.T) {
 	e := etcdtest.Start(t)
 	cli := etcdtest.Client(t, e)
 	ctx := testsupport.Context(t, 60*time.Second)
 	l := membership.Layout{}
-	// Threshold 1: one long request in flight makes an instance hot.
+	// Threshold 1: one long request in flight saturates an instance.
 	if err := membership.PutConfig(ctx, cli, l, "ep", fleet.RoutingConfig{PrefixAwareRoutingConfig: &fleet.PrefixAwareConfig{ConcurrencyThreshold: 1}}); err != nil {
 		t.Fatal(err)
 	}
 	w := membership.StartWatcher(cli, membership.WatcherOptions{Options: membership.Options{Logger: quiet}}, nil)
 	t.Cleanup(func() { w.Close() })
 	servers := simFleet(t, cli, 3, 0)
-	if err := membership.PutAdapter(ctx, cli, l, "ep", fleet.Adapter{Name: "hot", Source: "/m/hot", MinReplicas: 1, MaxReplicas: 2}); err != nil {
+	if err := membership.PutAdapter(ctx, cli, l, "ep", fleet.Adapter{Name: "busy", Source: "/m/busy", MinReplicas: 1, MaxReplicas: 2}); err != nil {
 		t.Fatal(err)
 	}
 	target := func() int {
-		a, _ := w.Snapshot().Endpoint("ep").Adapter("hot")
+		a, _ := w.Snapshot().Endpoint("ep").Adapter("busy")
 		return a.Target()
 	}
 	testsupport.Eventually(t, 10*time.Second, "loaded on one instance", converged(t, w, servers))
-	first := lora.Place(w.Snapshot().Endpoint("ep")).Set("hot")[0]
+	first := lora.Place(w.Snapshot().Endpoint("ep")).Set("busy")[0]
 	var url string
 	for _, in := range w.Snapshot().Endpoint("ep").Instances {
 		if in.ID == first {
@@ -165,7 +165,7 @@ func TestPlacementGrowsHotAndShrinksCold(t *testing.T) {
 	go func() {
 		defer close(done)
 		req, _ := http.NewRequestWithContext(rctx, http.MethodPost, url+"/v1/completions",
-			strings.NewReader(`{"model":"hot","prompt":"x","max_tokens":100000}`))
+			strings.NewReader(`{"model":"busy","prompt":"x","max_tokens":100000}`))
 		if resp, err := http.DefaultClient.Do(req); err == nil {
 			io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
@@ -181,29 +181,29 @@ func TestPlacementGrowsHotAndShrinksCold(t *testing.T) {
 	})
 }
 
-func TestHotHysteresis(t *testing.T) {
-	p := &placer{a: &agent{cfg: Options{HotWindow: 5 * time.Second}}}
+func TestSaturationHysteresis(t *testing.T) {
+	p := &placer{a: &agent{cfg: Options{SaturationWindow: 5 * time.Second}}}
 	t0 := time.Unix(0, 0)
 	steps := []struct {
-		at   time.Duration
-		busy float64
-		hot  bool
+		at        time.Duration
+		busy      float64
+		saturated bool
 	}{
 		{0, 10, false},               // at the threshold: the window starts
 		{4 * time.Second, 12, false}, // not yet a whole window
 		{5 * time.Second, 10, true},  // a whole window at or above
-		{6 * time.Second, 6, true},   // between half and the threshold: stays hot
+		{6 * time.Second, 6, true},   // between half and the threshold: stays saturated
 		{7 * time.Second, 4, true},   // below half: the cool window starts
 		{8 * time.Second, 7, true},   // back above half: it restarts
 		{9 * time.Second, 3, true},
 		{13 * time.Second, 0, true},
 		{14 * time.Second, 0, false}, // a whole window below half
-		{15 * time.Second, 9, false}, // below the threshold: not hot
+		{15 * time.Second, 9, false}, // below the threshold: not saturated
 	}
 	for _, s := range steps {
-		p.hotStep(s.busy, 10, t0.Add(s.at))
-		if p.hot != s.hot {
-			t.Fatalf("at %v with load %v: hot = %v, want %v", s.at, s.busy, p.hot, s.hot)
+		p.saturationStep(s.busy, 10, t0.Add(s.at))
+		if p.saturated != s.saturated {
+			t.Fatalf("at %v with load %v: saturated = %v, want %v", s.at, s.busy, p.saturated, s.saturated)
 		}
 	}
 }

@@ -225,7 +225,7 @@ func Run(ctx context.Context, cfg Options) (*Report, error) {
 			}},
 		// Placement on, with quick windows for the adapter scenarios (no
 		// effect before they catalogue adapters).
-		Agent: agent.Options{PlaceAdapters: true, LoadPollInterval: agentLoadPoll, HotWindow: agentHotWindow, ScaleCooldown: agentScaleCooling},
+		Agent: agent.Options{PlaceAdapters: true, LoadPollInterval: agentLoadPoll, SaturationWindow: agentSaturationWindow, ScaleCooldown: agentScaleCooling},
 		// Drain quickly: the load's requests last milliseconds.
 		DrainTimeout: 10 * time.Second,
 		Logger:       cfg.Logger,

@@ -98,7 +98,7 @@ func TestAdaptersPlaceThemselves(t *testing.T) {
 		Instances: 6, Replicas: 2,
 		Sim:     sim.Options{MaxLoras: 4, AdapterLoadTime: 500 * time.Millisecond},
 		Routing: fleet.RoutingConfig{PrefixAwareRoutingConfig: &fleet.PrefixAwareConfig{ConcurrencyThreshold: 2}},
-		Agent:   agent.Options{LoadPollInterval: 50 * time.Millisecond, HotWindow: time.Second, ActiveWindow: 10 * time.Second, ScaleCooldown: time.Second},
+		Agent:   agent.Options{LoadPollInterval: 50 * time.Millisecond, SaturationWindow: time.Second, ActiveWindow: 10 * time.Second, ScaleCooldown: time.Second},
 	})
 	log := &placementLog{byRev: [2]map[int64]string{{}, {}}, targets: map[string][]int{}}
 	sctx, stopSampling := context.WithCancel(ctx)

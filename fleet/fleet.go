@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"sort"
 	"time"
+
+	"github.com/prefixrouter/prefixrouter/engine"
 )
 
 // Strategy names a routing strategy, spelled as SageMaker spells it.
@@ -252,15 +254,32 @@ type Instance struct {
 	Labels       map[string]string `json:"labels,omitempty"`
 	Draining     bool              `json:"draining"`
 	RegisteredAt time.Time         `json:"registeredAt"`
-	// Hot is set by the agent while the server's requests in flight have
-	// stayed at or above the endpoint's concurrency threshold for its hot
-	// window, and cleared after they stayed below half of it as long
-	// (hysteresis).
-	Hot bool `json:"hot,omitempty"`
-	// HotAdapters are, while Hot, the adapters that carry the load: in use
-	// in most of the agent's recent samples (see agent.Options.HotWindow).
-	// Placement grows the set of an adapter that every member lists here.
-	HotAdapters []string `json:"hotAdapters,omitempty"`
+	// Engine names the model server's engine (engine.VLLM, engine.SGLang,
+	// engine.LlamaCpp, engine.TGI), detected by the agent or forced with
+	// `register --engine`. Empty (records of older agents) means unknown:
+	// engine.Generic. A name this build does not know is kept and read as
+	// Generic too.
+	Engine string `json:"engine,omitempty"`
+	// AdapterIndex gives, for an engine that selects adapters by position
+	// (llama-server: the order of its --lora flags), each adapter's
+	// position; nil for the others. Every key is one of Adapters, and for
+	// such an engine every adapter has one.
+	AdapterIndex map[string]int `json:"adapterIndex,omitempty"`
+	// Listed are the model ids the instance's own /v1/models lists (its
+	// base model and adapters), which the replica reads for a static fleet
+	// (issue 20). They name models in metric labels only: routing never
+	// reads them, so a static fleet routes as its flag declares.
+	Listed []string `json:"-"`
+	// Saturated is set by the agent while the server's requests in flight
+	// have stayed at or above the endpoint's concurrency threshold for its
+	// saturation window, and cleared after they stayed below half of it as
+	// long (hysteresis). (A popular key is "hot": package hotkey.)
+	Saturated bool `json:"saturated,omitempty"`
+	// BusyAdapters are, while Saturated, the adapters that carry the load:
+	// in use in most of the agent's recent samples (see
+	// agent.Options.SaturationWindow). Placement grows the set of an
+	// adapter that every member lists here.
+	BusyAdapters []string `json:"busyAdapters,omitempty"`
 	// ActiveAdapters are the adapters that served a request within the
 	// agent's active window, sorted; an adapter that no member lists is
 	// cold and its set shrinks back to MinReplicas.
@@ -276,9 +295,6 @@ type Instance struct {
 // weight 1e9 would make every replica allocate gigabytes (issue 12). It
 // equals ring.MaxWeight; a ratio of 100 to 1 covers any real fleet.
 const MaxWeight = 100
-
-// MaxIDLength bounds instance ids (they become etcd key segments and metric labels).
-const MaxIDLength = 128
 
 // EffectiveWeight returns the weight used for hashing: at least 1.
 func (in Instance) EffectiveWeight() int {
@@ -300,13 +316,8 @@ func (in Instance) HasAdapter(name string) bool {
 
 // Validate checks the fields a router relies on.
 func (in Instance) Validate() error {
-	if in.ID == "" || len(in.ID) > MaxIDLength {
-		return fmt.Errorf("fleet: instance id must be 1..%d characters, got %q", MaxIDLength, in.ID)
-	}
-	for _, r := range in.ID {
-		if r <= ' ' || r > '~' || r == '/' {
-			return fmt.Errorf("fleet: instance id %q must be printable ASCII without spaces or '/'", in.ID)
-		}
+	if err := ValidateName("instance id", in.ID); err != nil {
+		return err
 	}
 	if in.Addr == "" {
 		return fmt.Errorf("fleet: instance %q has no addr", in.ID)
@@ -314,8 +325,28 @@ func (in Instance) Validate() error {
 	if in.Weight < 0 || in.Weight > MaxWeight {
 		return fmt.Errorf("fleet: %w instance: %q has weight %d, outside 0..%d", ErrInvalid, in.ID, in.Weight, MaxWeight)
 	}
+	if err := engine.ValidateName(in.Engine); err != nil {
+		return fmt.Errorf("fleet: %w instance: %q: %w", ErrInvalid, in.ID, err)
+	}
+	seen := make(map[int]string, len(in.AdapterIndex))
+	for name, i := range in.AdapterIndex {
+		if i < 0 || i >= MaxAdapterIndex || !in.HasAdapter(name) {
+			return fmt.Errorf("fleet: %w instance: %q: adapterIndex %q: %d must be 0..%d and name one of its adapters", ErrInvalid, in.ID, name, i, MaxAdapterIndex-1)
+		}
+		if other, dup := seen[i]; dup {
+			return fmt.Errorf("fleet: %w instance: %q: adapters %q and %q have the same index %d", ErrInvalid, in.ID, min(name, other), max(name, other), i)
+		}
+		seen[i] = name
+	}
+	if p, _ := engine.Lookup(in.Engine); p.Adapters.Select == engine.ByIndex && len(in.AdapterIndex) != len(in.Adapters) {
+		return fmt.Errorf("fleet: %w instance: %q: engine %s selects adapters by position: adapterIndex must give each of %v one", ErrInvalid, in.ID, in.Engine, in.Adapters)
+	}
 	return nil
 }
+
+// MaxAdapterIndex bounds AdapterIndex's positions (an engine with this many
+// adapters loaded at start is beyond any real deployment).
+const MaxAdapterIndex = 1024
 
 // Endpoint is one endpoint's instances and routing configuration.
 type Endpoint struct {
@@ -439,8 +470,8 @@ var ErrAdapterNotFound = errors.New("fleet: adapter not in the catalogue")
 // Validate checks the name, the source and the replica range. Zero replica
 // counts are accepted and mean the defaults.
 func (a Adapter) Validate() error {
-	if err := validateID("adapter name", a.Name); err != nil {
-		return fmt.Errorf("%w: %w", ErrInvalidAdapter, err)
+	if p := nameProblem("name", a.Name); p != "" {
+		return fmt.Errorf("%w %s", ErrInvalidAdapter, p)
 	}
 	if a.Source == "" || len(a.Source) > 4096 {
 		return fmt.Errorf("%w %q: source must be 1..4096 bytes", ErrInvalidAdapter, a.Name)
@@ -474,20 +505,6 @@ func (a Adapter) Max() int {
 // Target returns the current target size k, clamped to Min..Max.
 func (a Adapter) Target() int {
 	return min(max(a.Replicas, a.Min()), a.Max())
-}
-
-// validateID checks a name that becomes an etcd key segment and a metric
-// label: 1..MaxIDLength printable ASCII characters without spaces or '/'.
-func validateID(kind, id string) error {
-	if id == "" || len(id) > MaxIDLength {
-		return fmt.Errorf("%s must be 1..%d characters, got %q", kind, MaxIDLength, id)
-	}
-	for _, r := range id {
-		if r <= ' ' || r > '~' || r == '/' {
-			return fmt.Errorf("%s %q must be printable ASCII without spaces or '/'", kind, id)
-		}
-	}
-	return nil
 }
 
 // Adapter returns the catalogued adapter named name.

@@ -70,8 +70,8 @@ func (p Popularity) Validate() error {
 			return fmt.Errorf("%w: key %d: k %d outside 0..%d", ErrInvalidPopularity, k.Key, k.K, MaxPopularK)
 		case k.Level < 0 || k.Level > MaxPopularLevel:
 			return fmt.Errorf("%w: key %d: level %d outside 0..%d", ErrInvalidPopularity, k.Key, k.Level, MaxPopularLevel)
-		case len(k.Model) > MaxIDLength:
-			return fmt.Errorf("%w: key %d: model name longer than %d", ErrInvalidPopularity, k.Key, MaxIDLength)
+		case len(k.Model) > MaxNameLength:
+			return fmt.Errorf("%w: key %d: model name longer than %d", ErrInvalidPopularity, k.Key, MaxNameLength)
 		}
 	}
 	return nil

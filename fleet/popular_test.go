@@ -63,7 +63,7 @@ func TestPopularityValidate(t *testing.T) {
 		{"k too large", Popularity{Keys: []PopularKey{{K: MaxPopularK + 1}}}, false},
 		{"negative level", Popularity{Keys: []PopularKey{{Level: -1}}}, false},
 		{"level too deep", Popularity{Keys: []PopularKey{{Level: MaxPopularLevel + 1}}}, false},
-		{"model too long", Popularity{Keys: []PopularKey{{Model: strings.Repeat("m", MaxIDLength+1)}}}, false},
+		{"model too long", Popularity{Keys: []PopularKey{{Model: strings.Repeat("m", MaxNameLength+1)}}}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.p.Validate()

@@ -3,6 +3,7 @@ package lora
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 
@@ -109,6 +110,14 @@ func New(ep *fleet.Endpoint, opts ...ring.Option) *Table {
 		delete(t.parked, name)
 		t.models = append(t.models, name)
 	}
+	// What instances list of themselves names models too (labels only).
+	for _, in := range all {
+		for _, name := range in.Listed {
+			if name != "" && t.named[name] == nil {
+				t.models = append(t.models, name)
+			}
+		}
+	}
 	// Catalogued adapters are served on demand: a request loads them.
 	for _, a := range ep.Adapters {
 		if t.named[a.Name] == nil {
@@ -116,6 +125,7 @@ func New(ep *fleet.Endpoint, opts ...ring.Option) *Table {
 		}
 	}
 	sort.Strings(t.models)
+	t.models = slices.Compact(t.models)
 	return t
 }
 
@@ -123,8 +133,9 @@ func New(ep *fleet.Endpoint, opts ...ring.Option) *Table {
 func (t *Table) Endpoint() *fleet.Endpoint { return t.ep }
 
 // Models returns the sorted names of the base models instances declare and
-// the adapters they report, draining instances excluded. Callers must not
-// modify it.
+// the adapters they report, with the catalogued adapters and the models
+// instances list of themselves (fleet.Instance.Listed), draining instances
+// excluded. Callers must not modify it.
 func (t *Table) Models() []string { return t.models }
 
 // Set returns the sticky set serving model, building its ring on first use.

@@ -125,6 +125,8 @@ func TestModels(t *testing.T) {
 		{"unlabeled", endpoint(inst("0", []string{"sql", "chat"}, "", false), inst("1", []string{"sql"}, "", false)), []string{"chat", "sql"}},
 		{"labeled", endpoint(inst("0", []string{"sql"}, "llama", false), inst("1", nil, "qwen", false), inst("2", []string{"old"}, "gone", true)), []string{"llama", "qwen", "sql"}},
 		{"empty", endpoint(), nil},
+		{"listed", listed(endpoint(inst("0", []string{"sql"}, "", false), inst("1", nil, "", false), inst("2", nil, "", true)),
+			[]string{"tiny", "sql"}, []string{"tiny"}, []string{"gone"}), []string{"sql", "tiny"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -132,6 +134,29 @@ func TestModels(t *testing.T) {
 				t.Fatalf("Models() = %v, want %v", got, tt.want)
 			}
 		})
+	}
+}
+
+// listed sets each instance's Listed models, in order.
+func listed(ep *fleet.Endpoint, names ...[]string) *fleet.Endpoint {
+	for i := range ep.Instances {
+		ep.Instances[i].Listed = names[i]
+	}
+	return ep
+}
+
+// TestListedDoesNotRoute: the models a static fleet's instances list name
+// labels but leave routing as declared: a request naming a listed model
+// still goes to the whole fleet, not only to the instances listing it.
+func TestListedDoesNotRoute(t *testing.T) {
+	ep := listed(endpoint(inst("0", nil, "", false), inst("1", nil, "", false)), []string{"tiny"}, nil)
+	tbl := New(ep)
+	s, err := tbl.Set("tiny")
+	if err != nil || len(s.Ring().Members()) != 2 {
+		t.Fatalf("Set(tiny) = %v, %v; want the whole fleet", s, err)
+	}
+	if _, err := tbl.Set("anything"); err != nil {
+		t.Fatalf("an undeclared model is refused: %v", err)
 	}
 }
 

@@ -7,8 +7,15 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
+	"github.com/prefixrouter/prefixrouter/engine"
 	"github.com/prefixrouter/prefixrouter/fleet"
 )
+
+// runtimeLoading reports whether in's engine loads adapters at run time.
+func runtimeLoading(in fleet.Instance) bool {
+	p, _ := engine.Lookup(in.Engine)
+	return p.Adapters.RuntimeLoading()
+}
 
 // Placement is where an endpoint's catalogued adapters should be loaded:
 // each adapter's target set. It is a pure function of one endpoint
@@ -33,6 +40,9 @@ type Placement struct {
 //   - When slots run out, a set stays smaller than its target; it never
 //     lands on a full instance.
 //
+// Instances whose engine loads adapters only at start (llama-server) take
+// no catalogued adapter: nothing could load it there.
+//
 // Rendezvous (highest random weight) hashing keeps sets stable: an instance
 // joining or leaving changes only the sets it enters or leaves, and
 // growing k by one adds exactly the next instance of the order.
@@ -51,7 +61,7 @@ func Place(ep *fleet.Endpoint) *Placement {
 	}
 	var insts []*slot
 	for _, in := range ep.Instances {
-		if in.Draining {
+		if in.Draining || !runtimeLoading(in) {
 			continue
 		}
 		s := &slot{id: in.ID, free: -1}
@@ -167,15 +177,16 @@ type Scale struct {
 // the others become no-ops. The rules, each with its hysteresis:
 //
 //   - Grow by one (up to MaxReplicas) when every member of the adapter's
-//     current set has it loaded, is Hot and lists it in HotAdapters. Hot
-//     is set by each member's agent only after its load stayed at or
-//     above the endpoint's concurrency threshold for a whole window, and
-//     cleared only after it stayed below half of it as long; HotAdapters
-//     names the adapters in use in most of its samples meanwhile, so that
-//     a quiet adapter sharing an instance with a hot one does not grow.
+//     current set has it loaded, is Saturated and lists it in
+//     BusyAdapters. Saturated is set by each member's agent only after its
+//     load stayed at or above the endpoint's concurrency threshold for a
+//     whole window, and cleared only after it stayed below half of it as
+//     long; BusyAdapters names the adapters in use in most of its samples
+//     meanwhile, so that a quiet adapter sharing a saturated instance with
+//     a busy one does not grow.
 //   - Shrink to MinReplicas when the adapter is cold: no instance lists it
 //     in ActiveAdapters (no request within the agents' active window) and
-//     no member lists it hot.
+//     no member lists it busy.
 //   - No change within Cooldown of the last one.
 func Decide(ep *fleet.Endpoint, p *Placement, now time.Time, o ScaleOptions) []Scale {
 	if ep == nil {
@@ -201,17 +212,17 @@ func Decide(ep *fleet.Endpoint, p *Placement, now time.Time, o ScaleOptions) []S
 			continue
 		}
 		set := p.Set(a.Name)
-		allHot, anyHot := len(set) > 0, false
+		allSaturated, anySaturated := len(set) > 0, false
 		for _, id := range set {
 			in := byID[id]
-			hot := in != nil && in.Hot && in.HasAdapter(a.Name) && slices.Contains(in.HotAdapters, a.Name)
-			allHot = allHot && hot
-			anyHot = anyHot || hot
+			busy := in != nil && in.Saturated && in.HasAdapter(a.Name) && slices.Contains(in.BusyAdapters, a.Name)
+			allSaturated = allSaturated && busy
+			anySaturated = anySaturated || busy
 		}
 		switch {
-		case allHot && k < a.Max() && len(set) == k:
+		case allSaturated && k < a.Max() && len(set) == k:
 			out = append(out, Scale{Adapter: a.Name, From: k, To: k + 1, Revision: a.PlacementRevision})
-		case k > a.Min() && !active[a.Name] && !anyHot:
+		case k > a.Min() && !active[a.Name] && !anySaturated:
 			out = append(out, Scale{Adapter: a.Name, From: k, To: a.Min(), Revision: a.PlacementRevision})
 		}
 	}

@@ -57,10 +57,10 @@ func TestPlaceDeterministicAndCapped(t *testing.T) {
 
 func TestPlaceGrowthAddsTheNextChoice(t *testing.T) {
 	for k := 1; k < 5; k++ {
-		a := fleet.Adapter{Name: "hot", Source: "s", MinReplicas: 1, MaxReplicas: 6, Replicas: k}
-		small := Place(placeFleet(8, 0, a)).Set("hot")
+		a := fleet.Adapter{Name: "busy", Source: "s", MinReplicas: 1, MaxReplicas: 6, Replicas: k}
+		small := Place(placeFleet(8, 0, a)).Set("busy")
 		a.Replicas = k + 1
-		big := Place(placeFleet(8, 0, a)).Set("hot")
+		big := Place(placeFleet(8, 0, a)).Set("busy")
 		if len(small) != k || len(big) != k+1 || !slices.Equal(small, big[:k]) {
 			t.Fatalf("k=%d: %v → %v, want the same first %d plus one", k, small, big, k)
 		}
@@ -71,7 +71,7 @@ func TestPlaceGrowthNeverDisplacesMinimumSets(t *testing.T) {
 	ads := catalogue(12, 1, 3)
 	base := Place(placeFleet(6, 4, ads...))
 	for i := range ads {
-		ads[i].Replicas = 3 // everything hot: 36 wanted, 24 slots
+		ads[i].Replicas = 3 // everything busy: 36 wanted, 24 slots
 	}
 	grown := Place(placeFleet(6, 4, ads...))
 	used := 0
@@ -142,13 +142,13 @@ func TestPlaceJoinMovesLittle(t *testing.T) {
 
 func TestDecide(t *testing.T) {
 	now := time.Unix(1000, 0)
-	hot := func(ep *fleet.Endpoint, ids ...string) {
+	saturate := func(ep *fleet.Endpoint, ids ...string) {
 		for i := range ep.Instances {
 			in := &ep.Instances[i]
-			in.Hot = slices.Contains(ids, in.ID)
-			in.HotAdapters = nil
-			if in.Hot {
-				in.HotAdapters = []string{"a"}
+			in.Saturated = slices.Contains(ids, in.ID)
+			in.BusyAdapters = nil
+			if in.Saturated {
+				in.BusyAdapters = []string{"a"}
 			}
 		}
 	}
@@ -158,21 +158,21 @@ func TestDecide(t *testing.T) {
 			in.Adapters = slices.Clone(p.Assigned(in.ID))
 		}
 	}
-	t.Run("all members hot grows by one", func(t *testing.T) {
+	t.Run("all members saturated grows by one", func(t *testing.T) {
 		ep := placeFleet(4, 0, fleet.Adapter{Name: "a", Source: "s", MaxReplicas: 3, PlacementRevision: 7})
 		p := Place(ep)
 		load(ep, p)
-		hot(ep, p.Set("a")...)
+		saturate(ep, p.Set("a")...)
 		got := Decide(ep, p, now, ScaleOptions{})
 		if len(got) != 1 || got[0] != (Scale{Adapter: "a", From: 1, To: 2, Revision: 7}) {
 			t.Fatalf("Decide = %+v", got)
 		}
 	})
-	t.Run("a member not hot: no growth", func(t *testing.T) {
+	t.Run("a member not saturated: no growth", func(t *testing.T) {
 		ep := placeFleet(4, 0, fleet.Adapter{Name: "a", Source: "s", Replicas: 2, MaxReplicas: 3})
 		p := Place(ep)
 		load(ep, p)
-		hot(ep, p.Set("a")[0])
+		saturate(ep, p.Set("a")[0])
 		for i := range ep.Instances {
 			ep.Instances[i].ActiveAdapters = []string{"a"}
 		}
@@ -180,24 +180,24 @@ func TestDecide(t *testing.T) {
 			t.Fatalf("Decide = %+v", got)
 		}
 	})
-	t.Run("hot for another adapter: no growth", func(t *testing.T) {
+	t.Run("saturated by another adapter: no growth", func(t *testing.T) {
 		ep := placeFleet(4, 0, fleet.Adapter{Name: "a", Source: "s", MaxReplicas: 3})
 		p := Place(ep)
 		load(ep, p)
-		hot(ep, p.Set("a")...)
+		saturate(ep, p.Set("a")...)
 		for i := range ep.Instances {
-			if ep.Instances[i].Hot {
-				ep.Instances[i].HotAdapters = []string{"b"}
+			if ep.Instances[i].Saturated {
+				ep.Instances[i].BusyAdapters = []string{"b"}
 			}
 		}
 		if got := Decide(ep, p, now, ScaleOptions{}); len(got) != 0 {
 			t.Fatalf("Decide = %+v", got)
 		}
 	})
-	t.Run("hot but not yet loaded: no growth", func(t *testing.T) {
+	t.Run("saturated but not yet loaded: no growth", func(t *testing.T) {
 		ep := placeFleet(4, 0, fleet.Adapter{Name: "a", Source: "s", MaxReplicas: 3})
 		p := Place(ep)
-		hot(ep, p.Set("a")...)
+		saturate(ep, p.Set("a")...)
 		if got := Decide(ep, p, now, ScaleOptions{}); len(got) != 0 {
 			t.Fatalf("Decide = %+v", got)
 		}
@@ -206,7 +206,7 @@ func TestDecide(t *testing.T) {
 		ep := placeFleet(4, 0, fleet.Adapter{Name: "a", Source: "s", Replicas: 2, MaxReplicas: 2})
 		p := Place(ep)
 		load(ep, p)
-		hot(ep, p.Set("a")...)
+		saturate(ep, p.Set("a")...)
 		if got := Decide(ep, p, now, ScaleOptions{}); len(got) != 0 {
 			t.Fatalf("Decide = %+v", got)
 		}
@@ -215,7 +215,7 @@ func TestDecide(t *testing.T) {
 		ep := placeFleet(4, 0, fleet.Adapter{Name: "a", Source: "s", MaxReplicas: 3, ScaledAt: now.Add(-time.Second)})
 		p := Place(ep)
 		load(ep, p)
-		hot(ep, p.Set("a")...)
+		saturate(ep, p.Set("a")...)
 		if got := Decide(ep, p, now, ScaleOptions{Cooldown: 2 * time.Second}); len(got) != 0 {
 			t.Fatalf("Decide = %+v", got)
 		}
@@ -223,7 +223,7 @@ func TestDecide(t *testing.T) {
 			t.Fatalf("after the cooldown: Decide = %+v", got)
 		}
 	})
-	t.Run("cold shrinks to min, active or hot does not", func(t *testing.T) {
+	t.Run("cold shrinks to min, active or busy does not", func(t *testing.T) {
 		ep := placeFleet(4, 0, fleet.Adapter{Name: "a", Source: "s", MinReplicas: 1, Replicas: 3, MaxReplicas: 3, PlacementRevision: 9})
 		p := Place(ep)
 		load(ep, p)
@@ -235,9 +235,9 @@ func TestDecide(t *testing.T) {
 			t.Fatalf("active somewhere: Decide = %+v", got)
 		}
 		ep.Instances[3].ActiveAdapters = nil
-		hot(ep, p.Set("a")[1])
+		saturate(ep, p.Set("a")[1])
 		if got := Decide(ep, p, now, ScaleOptions{}); len(got) != 0 {
-			t.Fatalf("a member hot: Decide = %+v", got)
+			t.Fatalf("a member saturated: Decide = %+v", got)
 		}
 	})
 }
@@ -254,5 +254,28 @@ func TestTableCataloguedNotLoaded(t *testing.T) {
 	}
 	if got := tb.Models(); !slices.Equal(got, []string{"cat", "loaded"}) {
 		t.Fatalf("Models = %v", got)
+	}
+}
+
+// TestPlaceSkipsStartOnlyEngines: llama-server loads adapters only at
+// start, so placement never assigns it a catalogued adapter (it would wait
+// for a load that cannot happen); SGLang and unknown engines load at run
+// time and take their share (issue 20).
+func TestPlaceSkipsStartOnlyEngines(t *testing.T) {
+	ep := placeFleet(4, 0, catalogue(8, 2, 2)...)
+	ep.Instances[0].Engine = "llamacpp"
+	ep.Instances[1].Engine = "sglang"
+	ep.Instances[2].Engine = "vllm"
+	p := Place(ep)
+	if got := p.Assigned("i-0"); len(got) != 0 {
+		t.Fatalf("llama-server assigned %v", got)
+	}
+	for _, a := range ep.Adapters {
+		if set := p.Set(a.Name); len(set) != 2 || slices.Contains(set, "i-0") {
+			t.Errorf("%s: set %v, want 2 of i-1..i-3", a.Name, set)
+		}
+	}
+	if len(p.Assigned("i-1")) == 0 || len(p.Assigned("i-3")) == 0 {
+		t.Errorf("SGLang %v and an unknown engine %v took nothing", p.Assigned("i-1"), p.Assigned("i-3"))
 	}
 }

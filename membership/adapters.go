@@ -42,7 +42,7 @@ func ParseAdapter(name string, data []byte) (fleet.Adapter, error) {
 // (adding or replacing it). Invalid input is not written; the error wraps
 // fleet.ErrInvalid (the CLI exits 2).
 func PutAdapter(ctx context.Context, cli *clientv3.Client, l Layout, endpoint string, a fleet.Adapter) error {
-	if err := ValidateName("endpoint", endpoint); err != nil {
+	if err := fleet.ValidateName("endpoint name", endpoint); err != nil {
 		return fmt.Errorf("%w: %w", fleet.ErrInvalid, err)
 	}
 	if err := a.Validate(); err != nil {
@@ -62,7 +62,7 @@ func PutAdapter(ctx context.Context, cli *clientv3.Client, l Layout, endpoint st
 // DeleteAdapter removes an adapter from the catalogue, with its placement
 // state, in one transaction. Agents then unload it.
 func DeleteAdapter(ctx context.Context, cli *clientv3.Client, l Layout, endpoint, name string) error {
-	if err := ValidateName("endpoint", endpoint); err != nil {
+	if err := fleet.ValidateName("endpoint name", endpoint); err != nil {
 		return fmt.Errorf("%w: %w", fleet.ErrInvalid, err)
 	}
 	if err := (fleet.Adapter{Name: name, Source: "-"}).Validate(); err != nil {
@@ -83,7 +83,7 @@ func DeleteAdapter(ctx context.Context, cli *clientv3.Client, l Layout, endpoint
 // sorted by name. Records that do not validate are skipped, as routers
 // skip them.
 func ListAdapters(ctx context.Context, cli *clientv3.Client, l Layout, endpoint string) ([]fleet.Adapter, error) {
-	if err := ValidateName("endpoint", endpoint); err != nil {
+	if err := fleet.ValidateName("endpoint name", endpoint); err != nil {
 		return nil, fmt.Errorf("%w: %w", fleet.ErrInvalid, err)
 	}
 	prefix := l.EndpointsPrefix() + endpoint + "/"

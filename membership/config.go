@@ -62,7 +62,7 @@ func ParseRoutingConfig(data []byte) (fleet.RoutingConfig, error) {
 // fleet.ErrInvalidConfig (the CLI exits 2 on it). Every router watching the
 // layout applies the change on its next snapshot.
 func PutConfig(ctx context.Context, cli *clientv3.Client, l Layout, endpoint string, c fleet.RoutingConfig) error {
-	if err := ValidateName("endpoint", endpoint); err != nil {
+	if err := fleet.ValidateName("endpoint name", endpoint); err != nil {
 		return err
 	}
 	if err := c.Validate(); err != nil {
@@ -85,7 +85,7 @@ func PutConfig(ctx context.Context, cli *clientv3.Client, l Layout, endpoint str
 // wrapping fleet.ErrInvalidConfig (routers ignore such a value and keep
 // the previous one).
 func GetConfig(ctx context.Context, cli *clientv3.Client, l Layout, endpoint string) (c fleet.RoutingConfig, set bool, err error) {
-	if err := ValidateName("endpoint", endpoint); err != nil {
+	if err := fleet.ValidateName("endpoint name", endpoint); err != nil {
 		return fleet.RoutingConfig{}, false, err
 	}
 	key := l.ConfigKey(endpoint)

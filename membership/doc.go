@@ -1,12 +1,19 @@
 // Package membership keeps the fleet in etcd: leased instance and router
 // registrations, list-then-watch into immutable fleet snapshots, and the
-// per-endpoint routing-config key.
+// per-endpoint routing config, adapter catalogue and placement keys.
 //
-// The etcd layout (v1) under the root prefix (Layout, --etcd-prefix):
+// The etcd layout (v1) under the root prefix (Layout, --etcd-prefix), every
+// key there is (parseKey ignores any other):
 //
-//	<prefix>/endpoints/<endpoint>/instances/<instance-id>   lease-bound fleet.Instance JSON
-//	<prefix>/endpoints/<endpoint>/config                     fleet.RoutingConfig JSON, no lease
-//	<prefix>/routers/<replica-id>                            lease-bound RouterInfo JSON
+//	<prefix>/endpoints/<endpoint>/instances/<instance-id>   lease-bound fleet.Instance JSON; the instance's agent (register)
+//	<prefix>/endpoints/<endpoint>/config                     fleet.RoutingConfig JSON, no lease; config set, admin SetRoutingConfig
+//	<prefix>/endpoints/<endpoint>/adapters/<name>            fleet.Adapter JSON, no lease: the catalogue; adapter add/remove
+//	<prefix>/endpoints/<endpoint>/placement/<name>           Placement JSON, no lease: the adapter's set size; agents (SetPlacement)
+//	<prefix>/endpoints/<endpoint>/stale/<instance-id>        StaleMark JSON under its own short lease; routers (MarkStale), the agent deletes it
+//	<prefix>/routers/<replica-id>                            lease-bound RouterInfo JSON; each router replica (serve)
+//
+// Endpoint, instance, replica and adapter names are fleet.ValidateName's:
+// one key segment each.
 //
 // A router replica (prefixrouter serve):
 //

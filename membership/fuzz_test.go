@@ -36,6 +36,7 @@ func FuzzParseInstance(f *testing.F) {
 		`{"addr":"http://10.0.0.1"}`, `{"id":"a","addr":"file:///etc/passwd"}`, `{"id":"a","addr":"http://u:p@127.0.0.1"}`,
 		`{"id":"a","addr":"http://169.254.169.254/"}`, `{"id":"a","addr":"x","weight":1000000000}`, `{"id":"a","addr":"x","weight":2147483648}`,
 		`{"id":"a","addr":"x","weight":-1}`, `{"id":"a\u0000","addr":"x"}`, `[]`,
+		`{"id":"a","addr":"x","engine":"llamacpp","adapters":["s"],"adapterIndex":{"s":0}}`, `{"id":"a","addr":"x","adapterIndex":{"s":9}}`,
 	} {
 		f.Add("a", []byte(s))
 	}

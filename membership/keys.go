@@ -1,11 +1,6 @@
 package membership
 
-import (
-	"fmt"
-	"os"
-	"strconv"
-	"strings"
-)
+import "strings"
 
 // DefaultPrefix is the root of the etcd layout (v1) unless --etcd-prefix
 // says otherwise.
@@ -121,36 +116,4 @@ func (l Layout) parseKey(key string) (kind keyKind, endpoint, id string) {
 		return kindPopularity, parts[0], parts[2]
 	}
 	return kindOther, "", ""
-}
-
-// MaxNameLength bounds endpoint and replica names (they become key segments
-// and metric labels).
-const MaxNameLength = 128
-
-// ValidateName checks an endpoint or router replica name: 1..MaxNameLength
-// printable ASCII characters without spaces or '/'.
-func ValidateName(kind, name string) error {
-	if name == "" || len(name) > MaxNameLength {
-		return fmt.Errorf("membership: %s name must be 1..%d characters, got %q", kind, MaxNameLength, name)
-	}
-	for _, r := range name {
-		if r <= ' ' || r > '~' || r == '/' {
-			return fmt.Errorf("membership: %s name %q must be printable ASCII without spaces or '/'", kind, name)
-		}
-	}
-	return nil
-}
-
-// DefaultReplicaID names a router replica when --replica-id is not given:
-// the host name and process id, unique among live replicas on a host.
-func DefaultReplicaID() string {
-	h, err := os.Hostname()
-	if err != nil || ValidateName("router replica", h) != nil {
-		h = "router"
-	}
-	id := h + "-" + strconv.Itoa(os.Getpid())
-	if len(id) > MaxNameLength {
-		id = id[len(id)-MaxNameLength:]
-	}
-	return id
 }

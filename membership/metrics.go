@@ -8,6 +8,28 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
+// Reasons the watcher lists the prefix again, the values of
+// prefixrouter_membership_relists_total's reason label.
+const (
+	relistStart             = "start"
+	relistCompacted         = "compacted"
+	relistWatchClosed       = "watch_closed"
+	relistWatchError        = "watch_error"
+	relistRevisionRegressed = "revision_regressed"
+)
+
+// Kinds of ignored records, the values of
+// prefixrouter_membership_invalid_records_total's kind label.
+const (
+	invalidInstance   = "instance"
+	invalidUpstream   = "upstream" // an instance whose address is outside --allowed-upstreams
+	invalidConfig     = "config"
+	invalidEndpoint   = "endpoint"
+	invalidAdapter    = "adapter"
+	invalidPlacement  = "placement"
+	invalidPopularity = "popularity"
+)
+
 // Metrics are the membership's Prometheus collectors. A nil *Metrics is
 // valid and records nothing. Create one per process with NewMetrics and
 // hand it to the Watcher and registrations.
@@ -24,15 +46,16 @@ type Metrics struct {
 // NewMetrics creates the collectors and registers them with reg (nil means
 // do not register: useful in tests):
 //
-//	prefixrouter_membership_invalid_records_total{kind="instance|upstream|config|endpoint"}
-//	prefixrouter_membership_relists_total{reason="start|compacted|watch_closed|watch_error"}
+//	prefixrouter_membership_invalid_records_total{kind="instance|upstream|config|endpoint|adapter|placement"}
+//	prefixrouter_membership_relists_total{reason="start|compacted|watch_closed|watch_error|revision_regressed"}
 //	prefixrouter_membership_snapshots_published_total
 //	prefixrouter_membership_lease_regrants_total
 //	prefixrouter_membership_vanish_guard_held_instances{endpoint}
 //	prefixrouter_membership_last_sync_timestamp_seconds
 //	prefixrouter_snapshot_age_seconds
 //
-// The age is the time since the watcher last heard from etcd (a list, a
+// Every kind and reason exists at 0 from the start, so that dashboards read 0
+// rather than no data until the first event. The age is the time since the watcher last heard from etcd (a list, a
 // watch event or a progress notification); +Inf before the first sync.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
@@ -75,6 +98,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}
 		return m.now().Sub(time.Unix(0, ns)).Seconds()
 	})
+	for _, k := range []string{invalidInstance, invalidUpstream, invalidConfig, invalidEndpoint, invalidAdapter, invalidPlacement} {
+		m.invalid.WithLabelValues(k)
+	}
+	for _, r := range []string{relistStart, relistCompacted, relistWatchClosed, relistWatchError, relistRevisionRegressed} {
+		m.relists.WithLabelValues(r)
+	}
 	if reg != nil {
 		reg.MustRegister(m.invalid, m.relists, m.published, m.regrants, m.held, lastSync, age)
 	}

@@ -123,7 +123,7 @@ type RouterInfo struct {
 // RegisterRouter registers a router replica under routers/<replicaID> with
 // a lease. Every watcher counts these keys into fleet.Snapshot.Replicas.
 func RegisterRouter(ctx context.Context, cli *clientv3.Client, replicaID string, info RouterInfo, opts Options) (*Registration, error) {
-	if err := ValidateName("router replica", replicaID); err != nil {
+	if err := fleet.ValidateName("router replica id", replicaID); err != nil {
 		return nil, err
 	}
 	data, err := json.Marshal(info)
@@ -582,7 +582,7 @@ type InstanceRegistration struct {
 // RegisterInstance validates in and registers it under the endpoint with a
 // lease. RegisteredAt is set to the current time when zero.
 func RegisterInstance(ctx context.Context, cli *clientv3.Client, endpoint string, in fleet.Instance, opts Options) (*InstanceRegistration, error) {
-	if err := ValidateName("endpoint", endpoint); err != nil {
+	if err := fleet.ValidateName("endpoint name", endpoint); err != nil {
 		return nil, err
 	}
 	if err := in.Validate(); err != nil {
@@ -662,7 +662,7 @@ func (r *InstanceRegistration) SetDraining(ctx context.Context, draining bool) e
 func cloneInstance(in fleet.Instance) fleet.Instance {
 	in.Adapters = append([]string(nil), in.Adapters...)
 	in.ActiveAdapters = append([]string(nil), in.ActiveAdapters...)
-	in.HotAdapters = append([]string(nil), in.HotAdapters...)
+	in.BusyAdapters = append([]string(nil), in.BusyAdapters...)
 	if in.Labels != nil {
 		labels := make(map[string]string, len(in.Labels))
 		for k, v := range in.Labels {

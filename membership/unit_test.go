@@ -46,9 +46,6 @@ func TestLayoutParseKey(t *testing.T) {
 	if got := l.ConfigKey("ep"); got != "/x/endpoints/ep/config" {
 		t.Errorf("ConfigKey = %q", got)
 	}
-	if err := ValidateName("router replica", DefaultReplicaID()); err != nil {
-		t.Errorf("DefaultReplicaID: %v", err)
-	}
 }
 
 func TestParseRoutingConfig(t *testing.T) {
@@ -147,5 +144,40 @@ func TestClientConfig(t *testing.T) {
 	tc, err := ClientOptions{Endpoints: ep, CACert: pki.CACert, Cert: cert, Key: key}.tlsConfig()
 	if err != nil || tc.RootCAs == nil || len(tc.Certificates) != 1 {
 		t.Fatalf("tlsConfig = %+v, %v", tc, err)
+	}
+}
+
+// TestParseInstanceEngine: a record without "engine" (older agents) stays
+// valid with the engine unknown; a known or newer engine name is kept; a
+// malformed one, or an adapter index that names no adapter, rejects the
+// record (issue 20).
+func TestParseInstanceEngine(t *testing.T) {
+	for _, tc := range []struct {
+		raw    string
+		ok     bool
+		engine string
+		index  map[string]int
+	}{
+		{`{"id":"a","addr":"http://127.0.0.1:8000","adapters":["x"],"draining":false,"registeredAt":"2025-01-01T00:00:00Z"}`, true, "", nil},
+		{`{"id":"a","addr":"http://127.0.0.1:8000","engine":"llamacpp","adapters":["chat","sql"],"adapterIndex":{"sql":0,"chat":1}}`, true, "llamacpp", map[string]int{"sql": 0, "chat": 1}},
+		{`{"id":"a","addr":"http://127.0.0.1:8000","engine":"tgi-next"}`, true, "tgi-next", nil},
+		{`{"id":"a","addr":"http://127.0.0.1:8000","engine":"vLLM"}`, false, "", nil},
+		{`{"id":"a","addr":"http://127.0.0.1:8000","engine":7}`, false, "", nil},
+		{`{"id":"a","addr":"http://127.0.0.1:8000","engine":"llamacpp","adapterIndex":{"sql":0}}`, false, "", nil},
+		{`{"id":"a","addr":"http://127.0.0.1:8000","engine":"llamacpp","adapters":["sql"],"adapterIndex":{"sql":-1}}`, false, "", nil},
+	} {
+		in, err := parseInstance("a", []byte(tc.raw))
+		if (err == nil) != tc.ok {
+			t.Errorf("%s: err = %v, want ok %v", tc.raw, err, tc.ok)
+			continue
+		}
+		if err == nil && (in.Engine != tc.engine || len(in.AdapterIndex) != len(tc.index)) {
+			t.Errorf("%s: engine %q index %v, want %q %v", tc.raw, in.Engine, in.AdapterIndex, tc.engine, tc.index)
+		}
+		for k, v := range tc.index {
+			if in.AdapterIndex[k] != v {
+				t.Errorf("%s: index[%s] = %d, want %d", tc.raw, k, in.AdapterIndex[k], v)
+			}
+		}
 	}
 }

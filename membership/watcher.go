@@ -189,7 +189,7 @@ func newState() *state {
 func (w *Watcher) run() {
 	defer w.wg.Done()
 	st := newState()
-	reason := "start"
+	reason := relistStart
 	bo := retryBackoff{min: 100 * time.Millisecond, max: 2 * time.Second}
 	for {
 		if w.ctx.Err() != nil {
@@ -263,22 +263,22 @@ func (w *Watcher) watch(st *state) string {
 				if w.ctx.Err() != nil {
 					return ""
 				}
-				return "watch_closed"
+				return relistWatchClosed
 			}
 			if resp.CompactRevision != 0 || errors.Is(resp.Err(), rpctypes.ErrCompacted) {
-				return "compacted"
+				return relistCompacted
 			}
 			if err := resp.Err(); err != nil {
 				w.log.Warn("membership: watch error", "err", err)
-				return "watch_error"
+				return relistWatchError
 			}
 			if resp.Canceled {
-				return "watch_closed"
+				return relistWatchClosed
 			}
 			if resp.Header.Revision < st.rev {
 				// etcd went back in time (restored or replaced with
 				// an empty cluster): our history is meaningless.
-				return "revision_regressed"
+				return relistRevisionRegressed
 			}
 			w.markSynced()
 			if len(resp.Events) == 0 {
@@ -304,31 +304,31 @@ func (w *Watcher) watch(st *state) string {
 // config of an endpoint whose new config is invalid.
 func (w *Watcher) applyPut(st, prev *state, key string, value []byte, modRev int64) {
 	kind, ep, id := w.layout.parseKey(key)
-	if ep != "" && ValidateName("endpoint", ep) != nil {
+	if ep != "" && fleet.ValidateName("endpoint name", ep) != nil {
 		// Endpoint names become metric labels and URL path segments on
 		// every replica: an invalid-UTF-8 name made metric creation
 		// panic and /metrics answer 500 (issue 12).
-		w.metrics.invalidRecord("endpoint")
+		w.metrics.invalidRecord(invalidEndpoint)
 		w.log.Warn("membership: ignoring a record under an invalid endpoint name", "key", strconv.Quote(key))
 		return
 	}
 	switch kind {
 	case kindAdapter:
 		a, err := ParseAdapter(id, value)
-		putValid(w, st.adapters, "adapter", key, ep, id, a, err)
+		putValid(w, st.adapters, invalidAdapter, key, ep, id, a, err)
 	case kindPlacement:
 		p, err := parsePlacement(value)
 		p.revision = modRev
-		putValid(w, st.placement, "placement", key, ep, id, p, err)
+		putValid(w, st.placement, invalidPlacement, key, ep, id, p, err)
 	case kindPopularity:
 		p, err := ParsePopularity(value)
-		putValid(w, st.popular, "popularity", key, ep, id, p, err)
+		putValid(w, st.popular, invalidPopularity, key, ep, id, p, err)
 	case kindRouter:
 		st.routers[id] = struct{}{}
 	case kindConfig:
 		c, err := ParseRoutingConfig(value)
 		if err != nil {
-			w.metrics.invalidRecord("config")
+			w.metrics.invalidRecord(invalidConfig)
 			if old, ok := prev.configs[ep]; ok {
 				st.configs[ep] = old
 				w.log.Warn("membership: ignoring invalid routing config; keeping the previous one", "key", key, "err", err)
@@ -340,10 +340,10 @@ func (w *Watcher) applyPut(st, prev *state, key string, value []byte, modRev int
 		st.configs[ep] = c.WithDefaults()
 	case kindInstance:
 		in, err := parseInstance(id, value)
-		kind := "instance"
+		kind := invalidInstance
 		if err == nil {
 			if err = w.allowed.Check(in.Addr); err != nil {
-				kind = "upstream"
+				kind = invalidUpstream
 			}
 		}
 		if err != nil {
@@ -367,7 +367,7 @@ func (w *Watcher) applyPut(st, prev *state, key string, value []byte, modRev int
 
 func applyDelete(st *state, l Layout, key string) {
 	kind, ep, id := l.parseKey(key)
-	if ep != "" && ValidateName("endpoint", ep) != nil {
+	if ep != "" && fleet.ValidateName("endpoint name", ep) != nil {
 		return // never applied
 	}
 	switch kind {

@@ -47,6 +47,3 @@ func (t *Tracker) Sync(ids []string) map[string]*State {
 
 // Get returns the state of the instance, or nil.
 func (t *Tracker) Get(id string) *State { return (*t.states.Load())[id] }
-
-// States returns the current map of states; callers must not modify it.
-func (t *Tracker) States() map[string]*State { return *t.states.Load() }

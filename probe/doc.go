@@ -29,9 +29,11 @@
 //   - StartHealth: GET of the health path; a status below 500 is healthy;
 //     Health.UnhealthyThreshold failures in a row mark the instance down
 //     (Instance.ObserveProbe), one success marks it up again.
-//   - StartLoad: scrape of /metrics; the sum of LoadMetrics minus this
-//     replica's own in-flight requests is the instance's external load
-//     (Instance.SetExternalLoad), unknown (-1) when the scrape fails.
+//   - StartLoad: scrape of /metrics; the requests the target's engine
+//     reports running and waiting (Metrics.EngineLoad of the profile its
+//     record names, package engine) minus this replica's own in-flight
+//     requests is the instance's external load (Instance.SetExternalLoad),
+//     unknown (-1) when the scrape fails or lacks the engine's gauges.
 //
 // Tests pass a clockwork.FakeClock: after Start, FakeClock.BlockUntilContext(ctx, 1)
 // returns once the first round is done (the prober then waits on the clock's
@@ -41,7 +43,8 @@
 // # Metrics
 //
 // ParseMetrics and Scrape read a Prometheus text exposition into Metrics;
-// Sum adds every series of named families (LoadMetrics), SumFirst reads the
+// EngineLoad reads an engine profile's load gauges; Sum adds every series
+// of named families (LoadMetrics), SumFirst reads the
 // first present of alternative names (PrefixCacheHits), Series gives the
 // labels (VLLMCacheConfigInfo), LoRAUse reads the adapters in use and the
 // adapter slots (VLLMLoRARequestsInfo). The metric names are defined here

@@ -30,11 +30,13 @@ type Instance interface {
 	SetExternalLoad(n int64)
 }
 
-// Target is one instance to probe: the full URL to GET and the state the
-// outcome goes to.
+// Target is one instance to probe: the full URL to GET, the state the
+// outcome goes to and the engine its record names ("" unknown: see
+// engine.Lookup), whose gauges give its load.
 type Target struct {
 	URL      string
 	Instance Instance
+	Engine   string
 }
 
 // Health is the active health check: GET of the health URL, healthy if any
@@ -120,6 +122,15 @@ func NewClient(tr http.RoundTripper) *http.Client {
 // the body of an answer whose status passes ok; otherwise an error, with
 // the body drained so that the connection is reused.
 func get(ctx context.Context, c *http.Client, url, accept string, ok func(code int) bool) (io.ReadCloser, error) {
+	resp, err := getResponse(ctx, c, url, accept, ok)
+	if err != nil {
+		return nil, err
+	}
+	return resp.Body, nil
+}
+
+// getResponse is get returning the whole response.
+func getResponse(ctx context.Context, c *http.Client, url, accept string, ok func(code int) bool) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, fmt.Errorf("probe: %w", err)
@@ -140,5 +151,5 @@ func get(ctx context.Context, c *http.Client, url, accept string, ok func(code i
 		resp.Body.Close()
 		return nil, fmt.Errorf("probe: GET %s: %s", url, resp.Status)
 	}
-	return resp.Body, nil
+	return resp, nil
 }

@@ -45,11 +45,11 @@ func TestHealthRound(t *testing.T) {
 	hang.Store(true)
 
 	targets := []Target{
-		{srv.URL + "/ok", overload.NewState("ok", overload.BreakerOptions{})},
-		{srv.URL + "/missing", overload.NewState("missing", overload.BreakerOptions{})},
-		{srv.URL + "/err", overload.NewState("err", overload.BreakerOptions{})},
-		{srv.URL + "/hang", overload.NewState("hang", overload.BreakerOptions{})},
-		{deadURL + "/ok", overload.NewState("dead", overload.BreakerOptions{})},
+		{URL: srv.URL + "/ok", Instance: overload.NewState("ok", overload.BreakerOptions{})},
+		{URL: srv.URL + "/missing", Instance: overload.NewState("missing", overload.BreakerOptions{})},
+		{URL: srv.URL + "/err", Instance: overload.NewState("err", overload.BreakerOptions{})},
+		{URL: srv.URL + "/hang", Instance: overload.NewState("hang", overload.BreakerOptions{})},
+		{URL: deadURL + "/ok", Instance: overload.NewState("dead", overload.BreakerOptions{})},
 	}
 	want := map[string]bool{"ok": true, "missing": true, "err": false, "hang": false, "dead": false}
 	o, h, err := Health{Logger: discardLogger()}.withDefaults(Options{Interval: time.Hour, Timeout: 50 * time.Millisecond, Concurrency: 2})
@@ -105,7 +105,7 @@ func TestStartHealth(t *testing.T) {
 	fc := testsupport.NewFakeClock()
 	p, err := StartHealth(Options{Interval: time.Second, Clock: fc},
 		Health{UnhealthyThreshold: 3, Logger: slog.New(slog.NewTextHandler(logs, nil))},
-		func() []Target { return []Target{{srv.URL + DefaultHealthPath, st}} })
+		func() []Target { return []Target{{URL: srv.URL + DefaultHealthPath, Instance: st}} })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,19 +5,23 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+
+	"github.com/prefixrouter/prefixrouter/engine"
 )
 
 // Load is load polling: it scrapes each instance's Prometheus metrics and
-// records the load other sources put on it (the sum of Metrics minus this
-// replica's own in-flight requests) with Instance.SetExternalLoad. A failed
-// scrape, or one without any of Metrics, sets the load to unknown, so that
-// admission falls back to the replica's share of the threshold.
+// records the load other sources put on it (the requests its engine reports
+// running and waiting, minus this replica's own in-flight requests) with
+// Instance.SetExternalLoad. A failed scrape, or one without the engine's
+// gauges, sets the load to unknown, so that admission falls back to the
+// replica's share of the threshold.
 type Load struct {
 	// Client performs the scrapes; nil means NewClient(http.DefaultTransport). Each
 	// scrape is bounded by Options.Timeout through its context regardless.
 	Client *http.Client
-	// Metrics are summed over all their series to give the instance's
-	// load; nil means LoadMetrics.
+	// Metrics, when set, are summed over all their series to give every
+	// instance's load; nil means each target's engine gauges
+	// (Metrics.EngineLoad of Target.Engine's profile).
 	Metrics []string
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
@@ -34,9 +38,6 @@ func (l Load) withDefaults() Load {
 	if l.Client == nil {
 		l.Client = NewClient(http.DefaultTransport)
 	}
-	if l.Metrics == nil {
-		l.Metrics = LoadMetrics
-	}
 	if l.Logger == nil {
 		l.Logger = slog.Default()
 	}
@@ -48,7 +49,15 @@ func (l Load) probe(ctx context.Context, t Target) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	sum, err := m.Sum(l.Metrics...)
+	var sum float64
+	if l.Metrics != nil {
+		sum, err = m.Sum(l.Metrics...)
+	} else {
+		p, _ := engine.Lookup(t.Engine)
+		var el EngineLoad
+		el, err = m.EngineLoad(p)
+		sum = el.Requests()
+	}
 	if err != nil {
 		return 0, err
 	}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prefixrouter/prefixrouter/engine"
 	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 
 	"github.com/prefixrouter/prefixrouter/overload"
@@ -51,16 +52,26 @@ func TestLoadRound(t *testing.T) {
 		defer d(nil)
 	}
 	targets := []Target{
-		{srv.URL + "/metrics", busy},
-		{srv.URL + "/metrics", oversubscribed},
-		{srv.URL + "/idle", state("idle", 7)},
-		{srv.URL + "/other", state("other", 7)},
-		{srv.URL + "/nan", state("nan", 7)},
-		{srv.URL + "/negative", state("negative", 7)},
-		{srv.URL + "/huge", state("huge", 7)},
-		{srv.URL + "/down", state("down", 7)},
+		{URL: srv.URL + "/metrics", Instance: busy},
+		{URL: srv.URL + "/metrics", Instance: oversubscribed},
+		{URL: srv.URL + "/idle", Instance: state("idle", 7)},
+		{URL: srv.URL + "/other", Instance: state("other", 7)},
+		{URL: srv.URL + "/nan", Instance: state("nan", 7)},
+		{URL: srv.URL + "/negative", Instance: state("negative", 7)},
+		{URL: srv.URL + "/huge", Instance: state("huge", 7)},
+		{URL: srv.URL + "/down", Instance: state("down", 7)},
 	}
 	want := map[string]int64{"busy": 5, "own-only": 0, "idle": 0, "other": -1, "nan": -1, "negative": -1, "huge": -1, "down": -1}
+	loadRound(t, targets, want)
+	if got := busy.Load(); got != 6 {
+		t.Fatalf("busy: Load = %d, want 6 (own 1 + external 5)", got)
+	}
+}
+
+// loadRound runs one round of load polling over targets and checks each
+// target's external load against want (by instance id).
+func loadRound(t *testing.T, targets []Target, want map[string]int64) {
+	t.Helper()
 	l := Load{Logger: discardLogger()}.withDefaults()
 	r, err := newRounds(Options{Interval: time.Hour}, func() []Target { return targets }, l.probe, l.observe)
 	if err != nil {
@@ -71,9 +82,6 @@ func TestLoadRound(t *testing.T) {
 		if got := tg.Instance.(*overload.State).ExternalLoad(); got != want[tg.Instance.ID()] {
 			t.Errorf("%s: external load %d, want %d", tg.Instance.ID(), got, want[tg.Instance.ID()])
 		}
-	}
-	if got := busy.Load(); got != 6 {
-		t.Fatalf("busy: Load = %d, want 6 (own 1 + external 5)", got)
 	}
 }
 
@@ -116,4 +124,42 @@ func TestStartLoadValidates(t *testing.T) {
 		p.Close()
 		t.Fatal("nil targets accepted")
 	}
+}
+
+// TestLoadPerEngine: the load poller reads each engine's own gauges, from
+// llama-server's captured /metrics (2 processing + 1 deferred) and from
+// the vLLM and SGLang expositions built from their source (5 + 1 over two
+// engine cores; 5 + 3). A record without an engine reads whichever engine
+// the exposition shows; a record that names another engine reads unknown
+// (issue 20: every llama-server showed "unknown" before).
+func TestLoadPerEngine(t *testing.T) {
+	files := map[string]string{
+		"/llamacpp": "llamacpp-c392e50/metrics-busy.txt",
+		"/vllm":     "vllm-source/metrics.txt",
+		"/sglang":   "sglang-source/metrics.txt",
+	}
+	bodies := map[string][]byte{}
+	for path, file := range files {
+		bodies[path] = testsupport.EngineTestdata(t, file)
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Write(bodies[r.URL.Path])
+	}))
+	defer srv.Close()
+	var targets []Target
+	want := map[string]int64{}
+	add := func(id, path, eng string, load int64) {
+		targets = append(targets, Target{URL: srv.URL + path, Instance: overload.NewState(id, overload.BreakerOptions{}), Engine: eng})
+		want[id] = load
+	}
+	add("llamacpp", "/llamacpp", engine.LlamaCpp, 3)
+	add("vllm", "/vllm", engine.VLLM, 6)
+	add("sglang", "/sglang", engine.SGLang, 8)
+	add("generic-llamacpp", "/llamacpp", "", 3)
+	add("generic-vllm", "/vllm", "", 6)
+	add("generic-sglang", "/sglang", "", 8)
+	add("newer-engine", "/sglang", "tgi-next", 8) // unknown name: Generic
+	add("mismatch", "/llamacpp", engine.VLLM, -1)
+	add("tgi-on-vllm", "/vllm", engine.TGI, -1)
+	loadRound(t, targets, want)
 }

@@ -13,6 +13,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/prefixrouter/prefixrouter/engine"
 )
 
 // Names of the vLLM metrics that the router, the agent and bench read. The
@@ -30,13 +32,18 @@ const (
 	// waiting_lora_adapters, comma-separated) and the adapter slots
 	// (max_lora). Read it with Metrics.LoRAUse.
 	VLLMLoRARequestsInfo = "vllm:lora_requests_info"
+	// LlamaCppPromptTokens is llama.cpp's llama-server counter of the
+	// prompt tokens it evaluated (server.cpp n_prompt_tokens_processed_total,
+	// with --metrics): those its prefix cache served are not counted, and
+	// it counts no hits nor queries. bench and the real-engine tests read it.
+	LlamaCppPromptTokens = "llamacpp:prompt_tokens_total"
 )
 
 // Lists of metric names. Callers must not modify them.
 var (
-	// LoadMetrics are the gauges whose sum is the number of requests a model
-	// server still has to finish: its load (router) and whether it is idle
-	// (agent drain).
+	// LoadMetrics are vLLM's gauges whose sum is the number of requests it
+	// still has to finish. The router and the agent read each engine's own
+	// (Metrics.EngineLoad); these remain for callers that name vLLM's.
 	LoadMetrics = []string{VLLMRequestsRunning, VLLMRequestsWaiting}
 	// PrefixCacheHits and PrefixCacheQueries are vLLM's prefix-cache
 	// counters (both in tokens), as alternatives newest first: vLLM v1
@@ -135,6 +142,51 @@ func (m Metrics) Series(name string) []Series {
 		out = append(out, Series{Labels: labels, Value: value(s)})
 	}
 	return out
+}
+
+// EngineLoad is what a model server's gauges say of its load.
+type EngineLoad struct {
+	// Running and Waiting are the requests being processed and queued,
+	// summed over the series (one per data-parallel rank or engine core).
+	Running, Waiting float64
+	// KVCacheUsage is the share (0..1) of the KV cache in use, the largest
+	// over the series; -1 when the server does not export it.
+	KVCacheUsage float64
+}
+
+// Requests is the number of requests the server still has to finish.
+func (l EngineLoad) Requests() float64 { return l.Running + l.Waiting }
+
+// EngineLoad reads p's load gauges (engine.Profile.LoadMetrics: for
+// engine.Generic, those of the first known engine the exposition has). A
+// missing running or waiting gauge counts 0 when the other is present; it
+// fails, wrapping ErrNotExported, when neither is.
+func (m Metrics) EngineLoad(p engine.Profile) (EngineLoad, error) {
+	running, waiting := p.LoadMetrics()
+	for i := range running {
+		r, errR := m.SumFirst(running[i]...)
+		w, errW := m.SumFirst(waiting[i]...)
+		if errR != nil && errW != nil {
+			continue
+		}
+		l := EngineLoad{Running: r, Waiting: w, KVCacheUsage: -1}
+		for _, name := range p.CacheUsageMetrics() {
+			if f, ok := m[name]; ok && len(f.GetMetric()) > 0 {
+				l.KVCacheUsage = 0
+				for _, s := range f.GetMetric() {
+					l.KVCacheUsage = max(l.KVCacheUsage, value(s))
+				}
+				break
+			}
+		}
+		return l, nil
+	}
+	var names []string
+	for i := range running {
+		names = append(names, running[i]...)
+		names = append(names, waiting[i]...)
+	}
+	return EngineLoad{}, fmt.Errorf("%w: none of %s", ErrNotExported, strings.Join(names, ", "))
 }
 
 // LoRAUse reads VLLMLoRARequestsInfo: the adapters its current series

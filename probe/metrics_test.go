@@ -1,6 +1,7 @@
 package probe
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +12,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/prefixrouter/prefixrouter/engine"
+	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 )
 
 const vllmText = `# HELP vllm:num_requests_running Number of requests running.
@@ -220,3 +224,40 @@ func FuzzParseMetrics(f *testing.F) {
 }
 
 func sameFloat(a, b float64) bool { return a == b || (math.IsNaN(a) && math.IsNaN(b)) }
+
+// TestEngineLoad reads running, waiting and KV cache usage from each
+// engine's exposition in engine/testdata.
+func TestEngineLoad(t *testing.T) {
+	for _, tc := range []struct {
+		file, engine string
+		want         EngineLoad
+	}{
+		{"llamacpp-c392e50/metrics-busy.txt", engine.LlamaCpp, EngineLoad{Running: 2, Waiting: 1, KVCacheUsage: 0.527832}},
+		{"llamacpp-c392e50/metrics-idle.txt", engine.LlamaCpp, EngineLoad{KVCacheUsage: 0}},
+		{"vllm-source/metrics.txt", engine.VLLM, EngineLoad{Running: 5, Waiting: 1, KVCacheUsage: 0.5}},
+		{"sglang-source/metrics.txt", engine.SGLang, EngineLoad{Running: 5, Waiting: 3, KVCacheUsage: 0.37}},
+		{"llamacpp-c392e50/metrics-busy.txt", "", EngineLoad{Running: 2, Waiting: 1, KVCacheUsage: 0.527832}},
+		{"sglang-source/metrics.txt", "", EngineLoad{Running: 5, Waiting: 3, KVCacheUsage: 0.37}},
+	} {
+		b := testsupport.EngineTestdata(t, tc.file)
+		m, err := ParseMetrics(bytes.NewReader(b))
+		if err != nil {
+			t.Fatalf("%s: %v", tc.file, err)
+		}
+		p, _ := engine.Lookup(tc.engine)
+		got, err := m.EngineLoad(p)
+		if err != nil || got != tc.want {
+			t.Errorf("%s as %q: %+v, %v; want %+v", tc.file, tc.engine, got, err, tc.want)
+		}
+	}
+	// Only one of the pair: the other counts 0; no KV gauge: -1.
+	m, _ := ParseMetrics(strings.NewReader("llamacpp:requests_deferred 4\n"))
+	p, _ := engine.Lookup(engine.LlamaCpp)
+	if got, err := m.EngineLoad(p); err != nil || got != (EngineLoad{Waiting: 4, KVCacheUsage: -1}) {
+		t.Errorf("deferred only: %+v, %v", got, err)
+	}
+	m, _ = ParseMetrics(strings.NewReader("other_total 1\n"))
+	if _, err := m.EngineLoad(engine.Generic); !errors.Is(err, ErrNotExported) {
+		t.Errorf("no engine gauges: err %v, want ErrNotExported", err)
+	}
+}

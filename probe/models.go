@@ -16,17 +16,59 @@ type Models struct {
 	Base string
 	// Adapters are the LoRA adapters' ids, sorted and distinct.
 	Adapters []string
+	// OwnedBy are the entries' owned_by values, sorted and distinct: the
+	// engine's name for vLLM, SGLang and llama-server (engine.Detect).
+	OwnedBy []string
+	// Server is the answer's Server header (FetchModels only).
+	Server string
 }
 
 // FetchModels GETs url (a /v1/models) and parses it with ParseModels; any
 // status but 2xx is an error.
 func FetchModels(ctx context.Context, c *http.Client, url string) (Models, error) {
-	body, err := get(ctx, c, url, "application/json", func(code int) bool { return code/100 == 2 })
+	resp, err := getResponse(ctx, c, url, "application/json", func(code int) bool { return code/100 == 2 })
 	if err != nil {
 		return Models{}, err
 	}
+	defer resp.Body.Close()
+	m, err := ParseModels(io.LimitReader(resp.Body, 8<<20))
+	m.Server = resp.Header.Get("Server")
+	return m, err
+}
+
+// IndexedAdapter is one entry of llama-server's GET /lora-adapters: the
+// adapters loaded at start (--lora), in the order requests address them.
+type IndexedAdapter struct {
+	ID    int     `json:"id"`
+	Path  string  `json:"path"`
+	Scale float64 `json:"scale"`
+}
+
+// FetchIndexedAdapters GETs url (llama-server's /lora-adapters) and
+// returns its entries; any status but 2xx, or an entry whose id is not
+// its position, is an error.
+func FetchIndexedAdapters(ctx context.Context, c *http.Client, url string) ([]IndexedAdapter, error) {
+	body, err := get(ctx, c, url, "application/json", func(code int) bool { return code/100 == 2 })
+	if err != nil {
+		return nil, err
+	}
 	defer body.Close()
-	return ParseModels(io.LimitReader(body, 8<<20))
+	return ParseIndexedAdapters(io.LimitReader(body, 8<<20))
+}
+
+// ParseIndexedAdapters reads llama-server's adapter list,
+// [{"id":0,"path":"a.gguf","scale":1.0},...].
+func ParseIndexedAdapters(r io.Reader) ([]IndexedAdapter, error) {
+	var list []IndexedAdapter
+	if err := json.NewDecoder(r).Decode(&list); err != nil {
+		return nil, fmt.Errorf("probe: decode adapter list: %w", err)
+	}
+	for i, a := range list {
+		if a.ID != i || a.Path == "" {
+			return nil, fmt.Errorf("probe: adapter list entry %d has id %d and path %q: want its position and a path", i, a.ID, a.Path)
+		}
+	}
+	return list, nil
 }
 
 // ParseModels reads an OpenAI model list as vLLM serves it: LoRA adapters
@@ -35,8 +77,9 @@ func FetchModels(ctx context.Context, c *http.Client, url string) (Models, error
 func ParseModels(r io.Reader) (Models, error) {
 	var list struct {
 		Data []struct {
-			ID     string  `json:"id"`
-			Parent *string `json:"parent"`
+			ID      string  `json:"id"`
+			Parent  *string `json:"parent"`
+			OwnedBy string  `json:"owned_by"`
 		} `json:"data"`
 	}
 	if err := json.NewDecoder(r).Decode(&list); err != nil {
@@ -44,6 +87,9 @@ func ParseModels(r io.Reader) (Models, error) {
 	}
 	var m Models
 	for _, e := range list.Data {
+		if e.OwnedBy != "" {
+			m.OwnedBy = append(m.OwnedBy, e.OwnedBy)
+		}
 		if e.ID == "" {
 			continue
 		}
@@ -57,5 +103,7 @@ func ParseModels(r io.Reader) (Models, error) {
 	}
 	slices.Sort(m.Adapters)
 	m.Adapters = slices.Compact(m.Adapters)
+	slices.Sort(m.OwnedBy)
+	m.OwnedBy = slices.Compact(m.OwnedBy)
 	return m, nil
 }

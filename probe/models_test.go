@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 )
 
 func TestParseModels(t *testing.T) {
@@ -73,4 +75,67 @@ func FuzzParseModels(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestParseModelsEngines reads each engine's /v1/models from
+// engine/testdata: llama-server's captured list (one base model, no
+// adapters: it does not list them there), vLLM's and SGLang's built from
+// their source (adapters with "parent" set).
+func TestParseModelsEngines(t *testing.T) {
+	for _, tc := range []struct {
+		file, base string
+		adapters   []string
+		ownedBy    string
+	}{
+		{"llamacpp-c392e50/models.json", "tiny", nil, "llamacpp"},
+		{"vllm-source/models.json", "meta-llama/Llama-3.1-8B-Instruct", []string{"sql-lora"}, "vllm"},
+		{"sglang-source/models.json", "Qwen/Qwen2.5-7B-Instruct", []string{"sql-lora"}, "sglang"},
+	} {
+		b := testsupport.EngineTestdata(t, tc.file)
+		m, err := ParseModels(bytes.NewReader(b))
+		if err != nil || m.Base != tc.base || !slices.Equal(m.Adapters, tc.adapters) || !slices.Equal(m.OwnedBy, []string{tc.ownedBy}) {
+			t.Errorf("%s: %+v, %v", tc.file, m, err)
+		}
+	}
+}
+
+// TestFetchIndexedAdapters serves llama-server's captured /lora-adapters
+// (two adapters loaded at start) and the answers it must refuse.
+func TestFetchIndexedAdapters(t *testing.T) {
+	captured := testsupport.EngineTestdata(t, "llamacpp-c392e50/lora-adapters.json")
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/lora-adapters":
+			w.Header().Set("Server", "llama.cpp")
+			w.Write(captured)
+		case "/gap":
+			w.Write([]byte(`[{"id":1,"path":"a.gguf","scale":1}]`))
+		case "/nopath":
+			w.Write([]byte(`[{"id":0,"scale":1}]`))
+		case "/object":
+			w.Write([]byte(`{"id":0}`))
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	defer srv.Close()
+	got, err := FetchIndexedAdapters(context.Background(), srv.Client(), srv.URL+"/lora-adapters")
+	want := []IndexedAdapter{{0, "models/sql-lora.gguf", 1}, {1, "models/chat-lora.gguf", 1}}
+	if err != nil || !slices.Equal(got, want) {
+		t.Fatalf("FetchIndexedAdapters = %+v, %v; want %+v", got, err, want)
+	}
+	for _, path := range []string{"/gap", "/nopath", "/object", "/missing"} {
+		if got, err := FetchIndexedAdapters(context.Background(), srv.Client(), srv.URL+path); err == nil {
+			t.Errorf("%s: %+v accepted", path, got)
+		}
+	}
+	// FetchModels keeps the Server header, which names llama-server.
+	srv2 := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Server", "llama.cpp")
+		w.Write([]byte(`{"data":[{"id":"tiny","owned_by":"llamacpp"}]}`))
+	}))
+	defer srv2.Close()
+	if m, err := FetchModels(context.Background(), srv2.Client(), srv2.URL); err != nil || m.Server != "llama.cpp" || m.Base != "tiny" {
+		t.Fatalf("FetchModels = %+v, %v", m, err)
+	}
 }

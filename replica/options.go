@@ -86,6 +86,15 @@ type Options struct {
 	// --prefix-length, --concurrency-threshold). Zero fields mean
 	// fleet.DefaultRoutingConfig's.
 	Routing fleet.RoutingConfig
+	// RoutingFlags name the routing settings the operator gave explicitly,
+	// by flag without dashes: strategy, prefix-length,
+	// concurrency-threshold, hot-key-replication, tenant-cache-salt,
+	// upstream-first-byte-timeout. `serve` lists those set on the command
+	// line or in the environment. Each of them, and each of Routing and
+	// Router.FirstByteTimeout that differs from its built-in default, is
+	// reported (logged, and in the admin API's GetFleet) wherever an
+	// endpoint's stored routing config replaces it (docs/operations.md).
+	RoutingFlags []string
 	// Etcd says how to reach etcd (--etcd-*); used when Static is empty and
 	// Client is nil. Empty endpoints mean membership.DefaultClientURL, or
 	// the embedded etcd's.
@@ -242,13 +251,18 @@ func (o Options) Validate() error {
 			errs = append(errs, fmt.Errorf("replica: %s: %w", what, err))
 		}
 	}
-	wrap("endpoint", membership.ValidateName("endpoint", o.Router.DefaultEndpoint))
+	wrap("endpoint", fleet.ValidateName("endpoint name", o.Router.DefaultEndpoint))
 	if o.ID != "" {
-		wrap("replica id", membership.ValidateName("replica id", o.ID))
+		wrap("replica id", fleet.ValidateName("replica id", o.ID))
 	}
 	wrap("routing config", o.Routing.Validate())
 	if i := o.PopularityInterval; i != 0 && (i < 100*time.Millisecond || i > time.Minute) {
 		bad("PopularityInterval (--popularity-interval) %v must be within [100ms, 1m]", i)
+	}
+	for _, f := range o.RoutingFlags {
+		if !validRoutingFlag(f) {
+			bad("RoutingFlags: %q is not a routing setting's flag", f)
+		}
 	}
 	allowed, err := fleet.ParseUpstreams(o.AllowedUpstreams)
 	wrap("allowed upstreams (--allowed-upstreams)", err)

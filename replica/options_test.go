@@ -111,6 +111,9 @@ var validateCases = []validateCase{
 		o.Routing.FirstByteTimeoutInMilliseconds = fleet.MaxFirstByteTimeoutMillis + 1
 	}, "FirstByteTimeoutInMilliseconds 3600001"},
 	{"Routing.FirstByteTimeoutInMilliseconds", validStatic, func(o *Options) { o.Routing.FirstByteTimeoutInMilliseconds = 0 }, ""},
+	{"RoutingFlags", validEtcd, func(o *Options) { o.RoutingFlags = []string{"strategy", "upstream-first-byte-timeout"} }, ""},
+	{"RoutingFlags", validEtcd, func(o *Options) { o.RoutingFlags = []string{"--strategy"} }, `RoutingFlags: "--strategy"`},
+	{"RoutingFlags", validEtcd, func(o *Options) { o.RoutingFlags = nil }, ""},
 	{"Etcd", validEtcd, func(o *Options) { o.Etcd.Endpoints = []string{"http://10.0.0.1:2379", "http://10.0.0.2:2379"} }, ""},
 	{"Etcd", validEtcd, func(o *Options) { o.Etcd.Endpoints = []string{"ftp://10.0.0.1:2379"} }, "scheme"},
 	{"Etcd", validEtcd, func(o *Options) { o.Etcd.Cert = "c.pem" }, "etcd"},

@@ -40,9 +40,8 @@ type popularityPublisher struct {
 	layout membership.Layout
 	id     string
 	lease  func() clientv3.LeaseID
-	// With a static fleet: the snapshot's endpoint, re-published with the
-	// popular prefixes.
-	static *fleet.Endpoint
+	// With a static fleet: its prober, which publishes the snapshots.
+	static *staticProber
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -93,10 +92,8 @@ func (p *popularityPublisher) publish(ctx context.Context, now time.Time, last m
 			continue
 		}
 		if p.static != nil {
-			if name == p.static.Name && popularityChanged(last[name].pop, pop) {
-				ep := *p.static
-				ep.Popular = fleet.MergePopularity([]fleet.Popularity{pop})
-				p.rt.Update(fleet.NewSnapshot([]fleet.Endpoint{ep}, 0, 1, now))
+			if name == p.static.ep.Name && popularityChanged(last[name].pop, pop) {
+				p.static.setPopular(fleet.MergePopularity([]fleet.Popularity{pop}))
 				last[name] = written{pop: pop}
 			}
 			continue

@@ -40,8 +40,6 @@ var Version = "dev"
 // Replica is a running router replica.
 type Replica struct {
 	opts     Options
-	emb      *membership.Embedded // nil unless this replica started it
-	ownCli   *clientv3.Client     // the etcd client this replica dialled, if any
 	log      *slog.Logger
 	registry *prometheus.Registry
 	router   *router.Router
@@ -55,118 +53,333 @@ type Replica struct {
 	dataLn   net.Listener
 	adminLn  net.Listener
 	eppLn    net.Listener // nil unless ExtProcListen is set
-	wg       sync.WaitGroup
-	closeMu  sync.Mutex
-	closed   bool
+	// stops undoes what Start started, one entry per part in the order it
+	// started; a failed Start and Close both run it backwards.
+	stops   []stop
+	closeMu sync.Mutex
+	closed  bool
 	// stale writes the router's stale-adapter reports to etcd; nil for a
 	// static fleet and until the watcher starts.
 	stale atomic.Pointer[staleMarker]
-	// popular publishes the router's popular prefixes; nil until the
-	// replica serves.
+	// static probes a static fleet's instances; nil with etcd.
+	static *staticProber
+	// popular publishes the router's popular prefixes (issue 21).
 	popular *popularityPublisher
+}
+
+// step is one part of Start. run starts the part and, for everything it
+// leaves running, registers how to stop it (onStop) before it can fail.
+type step struct {
+	name string
+	run  func(context.Context) error
+}
+
+// stop undoes one started part.
+type stop struct {
+	part string
+	fn   func(context.Context) error
+}
+
+// steps lists Start's parts in the order they start. The order is also the
+// reverse of Close's: tracing stops last so that the spans of the requests
+// Close drains are flushed; the data plane stops first and the admin
+// listener (metrics, /readyz) after it, so that a drain stays observable.
+func (r *Replica) steps() []step {
+	return []step{
+		{"tracing", r.startTracing},
+		{"embedded etcd", r.startEmbeddedEtcd},
+		{"etcd client", r.dialEtcd},
+		{"router", r.startRouter},
+		{"listeners", r.listen},
+		{"fleet", r.startFleet},
+		{"registration", r.register},
+		{"popularity", r.startPopularity},
+		{"admin", r.startAdmin},
+		{"ext_proc", r.startExtProc},
+		{"data plane", r.serveData},
+	}
 }
 
 // Start validates opts, starts a replica and returns once it listens and,
 // with etcd, has its first snapshot (bounded by StartupTimeout and ctx).
-// Invalid options give an error wrapping fleet.ErrInvalid.
+// Invalid options give an error wrapping fleet.ErrInvalid. A failure stops
+// every part already started, in reverse order, before Start returns.
 func Start(ctx context.Context, opts Options) (*Replica, error) {
+	return start(ctx, opts, "")
+}
+
+// errInjected is the failure tests inject after a step (start's failAfter).
+var errInjected = errors.New("replica: failure injected by a test")
+
+// start is Start; when failAfter names a step, start fails right after that
+// step succeeded, so that tests see each step's stops unwound.
+func start(ctx context.Context, opts Options, failAfter string) (*Replica, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
 	opts = opts.withDefaults()
 	r := &Replica{opts: opts, log: opts.Logger, registry: opts.Registry}
-	var err error
-	if opts.usesEtcd() {
-		if err := r.connect(); err != nil {
+	startCtx, cancel := context.WithTimeout(ctx, opts.StartupTimeout)
+	defer cancel()
+	for _, s := range r.steps() {
+		err := s.run(startCtx)
+		if err == nil && s.name == failAfter {
+			err = fmt.Errorf("%w after step %q", errInjected, s.name)
+		}
+		if err != nil {
+			// Stopping must not be cut short by the context that
+			// made starting fail.
+			stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opts.ShutdownTimeout)
+			defer cancel()
+			if uerr := r.unwind(stopCtx); uerr != nil {
+				r.log.Warn("replica: stopping the parts started before the failure", "err", uerr)
+			}
 			return nil, err
 		}
-		opts = r.opts // the client and endpoints connect settled
 	}
-	if r.tracing, err = tracing.Start(ctx, tracing.Options{Endpoint: opts.OTLPEndpoint, InstanceID: opts.ID}); err != nil {
-		r.closeEtcd()
-		return nil, err
+	if r.opts.Admin.Token == "" && !isLoopback(r.adminLn.Addr()) {
+		r.log.Warn("the admin listener is not loopback-only and has no --admin-token: anyone who reaches it can change routing", "admin", r.AdminAddr())
 	}
-	started := false
-	defer func() {
-		if !started {
-			_ = r.tracing.Close(ctx)
+	r.log.Info("router replica serving", "id", r.opts.ID, "addr", r.Addr(), "admin", r.AdminAddr(), "ext_proc", r.ExtProcAddr(), "endpoint", r.opts.Router.DefaultEndpoint, "etcd", r.opts.Client != nil, "tracing", r.tracing != nil)
+	return r, nil
+}
+
+// onStop registers how to stop a part that has just started.
+func (r *Replica) onStop(part string, fn func(context.Context) error) {
+	r.stops = append(r.stops, stop{part: part, fn: fn})
+}
+
+// unwind stops every started part, last started first, and empties the
+// stack; it joins their errors.
+func (r *Replica) unwind(ctx context.Context) error {
+	var errs []error
+	for i := len(r.stops) - 1; i >= 0; i-- {
+		if err := r.stops[i].fn(ctx); err != nil {
+			errs = append(errs, err)
 		}
-	}()
-	if opts.Router.TracerProvider == nil {
-		opts.Router.TracerProvider = r.tracing.TracerProvider()
 	}
-	// The watcher starts after the router (it feeds it), so readiness
-	// reads its age through r; nil for a static fleet, which has no age.
-	if opts.usesEtcd() {
-		opts.Router.SnapshotAge = func() time.Duration { return r.watcher.SnapshotAge() }
+	r.stops = nil
+	return errors.Join(errs...)
+}
+
+// closeQuietly adapts a Close whose error nobody acts on (a listener the
+// server closed already, say).
+func closeQuietly(c interface{ Close() error }) func(context.Context) error {
+	return func(context.Context) error {
+		_ = c.Close()
+		return nil
 	}
-	if opts.usesEtcd() && opts.Router.OnStale == nil {
-		opts.Router.OnStale = func(endpoint, instance, adapter string) {
-			if m := r.stale.Load(); m != nil {
-				m.report(endpoint, instance, adapter)
+}
+
+func (r *Replica) startTracing(ctx context.Context) error {
+	var err error
+	if r.tracing, err = tracing.Start(ctx, tracing.Options{Endpoint: r.opts.OTLPEndpoint, InstanceID: r.opts.ID}); err != nil {
+		return err
+	}
+	r.onStop("tracing", r.tracing.Close)
+	if r.opts.Router.TracerProvider == nil {
+		r.opts.Router.TracerProvider = r.tracing.TracerProvider()
+	}
+	return nil
+}
+
+// startEmbeddedEtcd starts the embedded etcd if asked; the replica's client
+// then reaches it.
+func (r *Replica) startEmbeddedEtcd(context.Context) error {
+	if !r.opts.usesEtcd() || r.opts.EmbeddedEtcdDir == "" {
+		return nil
+	}
+	var eopts []membership.EmbeddedOption
+	if t := r.opts.EmbeddedEtcdTLS; t.Cert != "" {
+		eopts = append(eopts, membership.WithClientTLS(t.Cert, t.Key, t.ClientCA, t.ClientCA != ""))
+	}
+	emb, err := membership.StartEmbedded(r.opts.EmbeddedEtcdDir, r.opts.EmbeddedEtcdClientURL, eopts...)
+	if err != nil {
+		return fmt.Errorf("replica: starting embedded etcd: %w", err)
+	}
+	r.onStop("embedded etcd", closeQuietly(emb))
+	r.log.Info("embedded etcd serving", "client_url", emb.ClientURL(), "dir", r.opts.EmbeddedEtcdDir)
+	r.opts.Etcd.Endpoints = emb.Endpoints()
+	return nil
+}
+
+// dialEtcd dials etcd unless the caller gave a client (which stays the
+// caller's to close).
+func (r *Replica) dialEtcd(context.Context) error {
+	if !r.opts.usesEtcd() || r.opts.Client != nil {
+		return nil
+	}
+	cli, err := membership.NewClient(r.opts.Etcd)
+	if err != nil {
+		return fmt.Errorf("replica: connecting to etcd %v: %w", r.opts.Etcd.Endpoints, err)
+	}
+	r.onStop("etcd client", closeQuietly(cli))
+	r.opts.Client = cli
+	if !r.opts.Etcd.TLS() && r.opts.Etcd.Username == "" {
+		return nil
+	}
+	// Credentials are checked now, so that wrong ones fail start with
+	// their own message rather than as a missing first snapshot.
+	ctx, cancel := context.WithTimeout(context.Background(), cmp.Or(r.opts.Etcd.DialTimeout, membership.DefaultDialTimeout))
+	defer cancel()
+	if _, err := cli.Get(ctx, r.opts.Membership.Layout.Root(), clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil {
+		return fmt.Errorf("replica: etcd %v refused this replica's credentials or did not answer (check --etcd-cacert, --etcd-cert, --etcd-key, --etcd-username): %w", r.opts.Etcd.Endpoints, err)
+	}
+	return nil
+}
+
+func (r *Replica) startRouter(context.Context) error {
+	opts := &r.opts.Router
+	if r.opts.usesEtcd() {
+		// The watcher starts after the router (it feeds it), so
+		// readiness reads its age through r; nil for a static fleet,
+		// which has no age.
+		opts.SnapshotAge = func() time.Duration { return r.watcher.SnapshotAge() }
+		if opts.OnStale == nil {
+			opts.OnStale = func(endpoint, instance, adapter string) {
+				if m := r.stale.Load(); m != nil {
+					m.report(endpoint, instance, adapter)
+				}
 			}
 		}
 	}
-	r.router, err = router.New(opts.Router)
-	if err != nil {
-		r.closeEtcd()
-		return nil, err
+	var err error
+	if r.router, err = router.New(*opts); err != nil {
+		return err
 	}
-	if r.dataLn, err = net.Listen("tcp", opts.Listen); err != nil {
-		r.router.Close()
-		r.closeEtcd()
-		return nil, fmt.Errorf("replica: listen %s: %w", opts.Listen, err)
-	}
-	if r.adminLn, err = net.Listen("tcp", opts.AdminListen); err != nil {
-		r.dataLn.Close()
-		r.router.Close()
-		r.closeEtcd()
-		return nil, fmt.Errorf("replica: admin listen %s: %w", opts.AdminListen, err)
-	}
-	if opts.ExtProcListen != "" {
-		if r.eppLn, err = net.Listen("tcp", opts.ExtProcListen); err != nil {
-			r.dataLn.Close()
-			r.adminLn.Close()
-			r.router.Close()
-			r.closeEtcd()
-			return nil, fmt.Errorf("replica: ext_proc listen %s: %w", opts.ExtProcListen, err)
-		}
-	}
+	r.onStop("router", closeQuietly(r.router))
+	return nil
+}
 
+// listen opens the listeners; the servers that later serve on them close
+// them too, so closing them again here is harmless.
+func (r *Replica) listen(context.Context) error {
+	var err error
+	if r.dataLn, err = net.Listen("tcp", r.opts.Listen); err != nil {
+		return fmt.Errorf("replica: listen %s: %w", r.opts.Listen, err)
+	}
+	r.onStop("data listener", closeQuietly(r.dataLn))
+	if r.adminLn, err = net.Listen("tcp", r.opts.AdminListen); err != nil {
+		return fmt.Errorf("replica: admin listen %s: %w", r.opts.AdminListen, err)
+	}
+	r.onStop("admin listener", closeQuietly(r.adminLn))
+	if r.opts.ExtProcListen == "" {
+		return nil
+	}
+	if r.eppLn, err = net.Listen("tcp", r.opts.ExtProcListen); err != nil {
+		return fmt.Errorf("replica: ext_proc listen %s: %w", r.opts.ExtProcListen, err)
+	}
+	r.onStop("ext_proc listener", closeQuietly(r.eppLn))
+	return nil
+}
+
+// startFleet gives the router its fleet: the static one at once, or etcd's
+// through a watcher, waiting for its first snapshot.
+func (r *Replica) startFleet(ctx context.Context) error {
+	opts := r.opts
 	if !opts.usesEtcd() {
-		r.router.Update(fleet.NewSnapshot([]fleet.Endpoint{staticEndpoint(opts)}, 0, 1, time.Now()))
-	} else {
-		mopts := opts.Membership
-		if mopts.Metrics == nil {
-			mopts.Metrics = membership.NewMetrics(opts.Registry)
+		ep := fleet.Endpoint{Name: opts.Router.DefaultEndpoint, Config: opts.Routing, Instances: opts.Static}
+		r.router.Update(fleet.NewSnapshot([]fleet.Endpoint{ep}, 0, 1, time.Now()))
+		tr := opts.Router.Transport
+		if tr == nil {
+			// Its own connections, none kept between rounds 30 s apart.
+			own := http.DefaultTransport.(*http.Transport).Clone()
+			own.DisableKeepAlives = true
+			tr = own
 		}
-		// Routing is the default of endpoints with no config key in etcd.
-		// Validate parsed the list already.
-		allowed, _ := fleet.ParseUpstreams(opts.AllowedUpstreams)
-		r.stale.Store(startStaleMarker(opts.Client, opts.Membership.Layout, r.log))
-		r.watcher = membership.StartWatcher(opts.Client, membership.WatcherOptions{Options: mopts, DefaultConfig: opts.Routing, Upstreams: allowed, VanishGrace: opts.VanishGrace, Clock: opts.Clock}, r.router.Update)
-		startCtx, cancel := context.WithTimeout(ctx, opts.StartupTimeout)
-		defer cancel()
-		select {
-		case <-r.watcher.Synced():
-		case <-startCtx.Done():
-			r.closeParts()
-			return nil, fmt.Errorf("replica: no fleet snapshot from etcd %v within the startup timeout %v (is etcd reachable?): %w", opts.Etcd.Endpoints, opts.StartupTimeout, startCtx.Err())
+		var err error
+		if r.static, err = startStaticProber(ep, tr, opts.Clock, r.log, r.router.Update); err != nil {
+			return err
 		}
-		r.reg, err = membership.RegisterRouter(startCtx, opts.Client, opts.ID, membership.RouterInfo{Addr: r.dataLn.Addr().String(), Version: Version}, mopts)
-		if err != nil {
-			r.closeParts()
-			return nil, fmt.Errorf("replica: registering under routers/: %w", err)
-		}
+		r.onStop("static prober", func(context.Context) error {
+			r.static.Close()
+			return nil
+		})
+		return nil
 	}
+	m := startStaleMarker(opts.Client, opts.Membership.Layout, r.log)
+	r.stale.Store(m)
+	r.onStop("stale marker", func(context.Context) error {
+		m.Close()
+		return nil
+	})
+	if r.opts.Membership.Metrics == nil {
+		r.opts.Membership.Metrics = membership.NewMetrics(opts.Registry)
+	}
+	// Routing is the default of endpoints with no config key in etcd.
+	// Validate parsed the list already.
+	allowed, _ := fleet.ParseUpstreams(opts.AllowedUpstreams)
+	r.watcher = membership.StartWatcher(opts.Client, membership.WatcherOptions{Options: r.opts.Membership, DefaultConfig: opts.Routing, Upstreams: allowed, VanishGrace: opts.VanishGrace, Clock: opts.Clock}, r.publishTo(newOverrideLog(opts, r.log)))
+	r.onStop("watcher", closeQuietly(r.watcher))
+	select {
+	case <-r.watcher.Synced():
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("replica: no fleet snapshot from etcd %v within the startup timeout %v (is etcd reachable?): %w", opts.Etcd.Endpoints, opts.StartupTimeout, ctx.Err())
+	}
+}
 
+// publishTo is the watcher's snapshot callback: the router routes with
+// each snapshot, and ol reports the operator settings it overrides.
+func (r *Replica) publishTo(ol *overrideLog) func(*fleet.Snapshot) {
+	return func(s *fleet.Snapshot) {
+		r.router.Update(s)
+		ol.snapshot(s)
+	}
+}
+
+// register writes this replica's record under routers/, bound to its lease.
+func (r *Replica) register(ctx context.Context) error {
+	if !r.opts.usesEtcd() {
+		return nil
+	}
+	reg, err := membership.RegisterRouter(ctx, r.opts.Client, r.opts.ID, membership.RouterInfo{Addr: r.dataLn.Addr().String(), Version: Version}, r.opts.Membership)
+	if err != nil {
+		return fmt.Errorf("replica: registering under routers/: %w", err)
+	}
+	r.reg = reg
+	// Close deregisters early, while requests still drain; this stop is
+	// then a no-op (Registration.Close runs once).
+	r.onStop("registration", func(ctx context.Context) error { return r.deregister(ctx) })
+	return nil
+}
+
+// startPopularity starts publishing the router's popular prefixes: with
+// etcd under the registration's lease, with a static fleet into the
+// snapshots the static prober publishes.
+func (r *Replica) startPopularity(context.Context) error {
+	p := &popularityPublisher{rt: r.router, interval: r.opts.PopularityInterval, log: r.log}
+	if r.reg != nil {
+		p.cli, p.layout, p.id, p.lease = r.opts.Client, r.opts.Membership.Layout, r.opts.ID, r.reg.LeaseID
+	} else {
+		p.static = r.static
+	}
+	p.start()
+	r.popular = p
+	r.onStop("popularity", func(context.Context) error {
+		p.Close()
+		return nil
+	})
+	return nil
+}
+
+// deregister revokes the replica's lease once; later calls return nil.
+func (r *Replica) deregister(ctx context.Context) error {
+	if r.reg == nil {
+		return nil
+	}
+	reg := r.reg
+	r.reg = nil
+	return reg.Close(ctx)
+}
+
+// startAdmin serves the admin listener: /metrics, probes and the gRPC admin
+// API on one port.
+func (r *Replica) startAdmin(context.Context) error {
+	opts := r.opts
 	adminTLS, err := opts.Admin.tlsConfig()
 	if err != nil {
-		if r.reg != nil {
-			_ = r.reg.Close(ctx)
-		}
-		r.closeParts()
-		return nil, err
+		return err
 	}
 	aopts := admin.Options{
 		Token:     opts.Admin.Token,
@@ -174,6 +387,7 @@ func Start(ctx context.Context, opts Options) (*Replica, error) {
 		Snapshots: r.router,
 		Statuses:  r.router,
 		Explainer: r.router,
+		Overrides: opts.overrides,
 		Ready:     r.router.Ready,
 		Registry:  opts.Registry,
 		Logger:    opts.Logger,
@@ -183,27 +397,7 @@ func Start(ctx context.Context, opts Options) (*Replica, error) {
 		aopts.Adapters = configStore{cli: opts.Client, layout: opts.Membership.Layout}
 	}
 	if r.adminRPC, err = admin.NewServer(aopts); err != nil {
-		if r.reg != nil {
-			_ = r.reg.Close(ctx)
-		}
-		r.closeParts()
-		return nil, err
-	}
-
-	lim := opts.Limits
-	r.data = &http.Server{
-		Handler:           lim.guard(r.router),
-		ReadHeaderTimeout: lim.ReadHeaderTimeout,
-		IdleTimeout:       lim.IdleTimeout,
-		MaxHeaderBytes:    lim.MaxHeaderBytes,
-		ErrorLog:          slog.NewLogLogger(opts.Logger.Handler(), slog.LevelWarn),
-	}
-	adminMux := http.NewServeMux()
-	adminMux.Handle("GET /metrics", promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{Registry: opts.Registry}))
-	adminMux.HandleFunc("GET /readyz", r.router.ServeReadyz)
-	adminMux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-	if opts.Pprof {
-		handlePprof(adminMux)
+		return err
 	}
 	// One port for both: gRPC clients speak HTTP/2 (with prior knowledge
 	// in plaintext, by ALPN over TLS), curl and Prometheus HTTP/1.1.
@@ -214,15 +408,9 @@ func Start(ctx context.Context, opts Options) (*Replica, error) {
 	} else {
 		protos.SetUnencryptedHTTP2(true)
 	}
-	grpcSrv := r.adminRPC.GRPC()
+	lim := opts.Limits
 	r.admin = &http.Server{
-		Handler: lim.guard(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-			if req.ProtoMajor == 2 && strings.HasPrefix(req.Header.Get("Content-Type"), "application/grpc") {
-				grpcSrv.ServeHTTP(w, req)
-				return
-			}
-			adminMux.ServeHTTP(w, req)
-		})),
+		Handler:           lim.guard(r.adminHandler()),
 		Protocols:         &protos,
 		TLSConfig:         adminTLS,
 		ReadHeaderTimeout: lim.ReadHeaderTimeout,
@@ -230,90 +418,75 @@ func Start(ctx context.Context, opts Options) (*Replica, error) {
 		MaxHeaderBytes:    lim.MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(opts.Logger.Handler(), slog.LevelWarn),
 	}
-	if r.eppLn != nil {
-		r.epp, err = extproc.Start(r.eppLn, extproc.Options{Picker: r.router, Ready: r.router.Ready, TracerProvider: opts.Router.TracerProvider, Logger: opts.Logger})
-		if err != nil {
-			if r.reg != nil {
-				_ = r.reg.Close(ctx)
-			}
-			r.closeParts()
-			return nil, err
-		}
-	}
-	r.popular = &popularityPublisher{rt: r.router, interval: opts.PopularityInterval, log: r.log}
-	if r.reg != nil {
-		r.popular.cli, r.popular.layout, r.popular.id, r.popular.lease = opts.Client, opts.Membership.Layout, opts.ID, r.reg.LeaseID
-	} else {
-		ep := staticEndpoint(opts)
-		r.popular.static = &ep
-	}
-	r.popular.start()
-	r.serve(r.data, netutil.LimitListener(r.dataLn, lim.MaxConns))
-	adminLn := netutil.LimitListener(r.adminLn, lim.MaxConns)
+	ln := netutil.LimitListener(r.adminLn, lim.MaxConns)
 	if adminTLS != nil {
-		adminLn = tls.NewListener(adminLn, r.admin.TLSConfig)
+		ln = tls.NewListener(ln, adminTLS)
 	}
-	r.serve(r.admin, adminLn)
-	if opts.Admin.Token == "" && !isLoopback(r.adminLn.Addr()) {
-		r.log.Warn("the admin listener is not loopback-only and has no --admin-token: anyone who reaches it can change routing", "admin", r.AdminAddr())
-	}
-	r.log.Info("router replica serving", "id", opts.ID, "addr", r.Addr(), "admin", r.AdminAddr(), "ext_proc", r.ExtProcAddr(), "endpoint", opts.Router.DefaultEndpoint, "etcd", opts.Client != nil, "tracing", r.tracing != nil)
-	started = true
-	return r, nil
-}
-
-// staticEndpoint is a static fleet's one endpoint.
-func staticEndpoint(opts Options) fleet.Endpoint {
-	return fleet.Endpoint{Name: opts.Router.DefaultEndpoint, Config: opts.Routing, Instances: opts.Static}
-}
-
-// connect starts the embedded etcd if asked and dials etcd unless the caller
-// gave a client; the replica closes what it started.
-func (r *Replica) connect() error {
-	if r.opts.EmbeddedEtcdDir != "" {
-		var eopts []membership.EmbeddedOption
-		if t := r.opts.EmbeddedEtcdTLS; t.Cert != "" {
-			eopts = append(eopts, membership.WithClientTLS(t.Cert, t.Key, t.ClientCA, t.ClientCA != ""))
-		}
-		emb, err := membership.StartEmbedded(r.opts.EmbeddedEtcdDir, r.opts.EmbeddedEtcdClientURL, eopts...)
-		if err != nil {
-			return fmt.Errorf("replica: starting embedded etcd: %w", err)
-		}
-		r.emb = emb
-		r.log.Info("embedded etcd serving", "client_url", emb.ClientURL(), "dir", r.opts.EmbeddedEtcdDir)
-		r.opts.Etcd.Endpoints = emb.Endpoints()
-	}
-	if r.opts.Client == nil {
-		cli, err := membership.NewClient(r.opts.Etcd)
-		if err != nil {
-			r.closeEtcd()
-			return fmt.Errorf("replica: connecting to etcd %v: %w", r.opts.Etcd.Endpoints, err)
-		}
-		r.ownCli, r.opts.Client = cli, cli
-		if r.opts.Etcd.TLS() || r.opts.Etcd.Username != "" {
-			// Credentials are checked now, so that wrong ones fail
-			// start with their own message rather than as a missing
-			// first snapshot.
-			ctx, cancel := context.WithTimeout(context.Background(), cmp.Or(r.opts.Etcd.DialTimeout, membership.DefaultDialTimeout))
-			_, err := cli.Get(ctx, r.opts.Membership.Layout.Root(), clientv3.WithPrefix(), clientv3.WithCountOnly())
-			cancel()
-			if err != nil {
-				r.closeEtcd()
-				return fmt.Errorf("replica: etcd %v refused this replica's credentials or did not answer (check --etcd-cacert, --etcd-cert, --etcd-key, --etcd-username): %w", r.opts.Etcd.Endpoints, err)
-			}
-		}
-	}
+	stopped := r.serve(r.admin, ln)
+	r.onStop("admin", func(ctx context.Context) error {
+		r.stopAdmin(ctx)
+		<-stopped
+		return nil
+	})
 	return nil
 }
 
-// closeEtcd closes the client and the embedded etcd this replica started.
-func (r *Replica) closeEtcd() {
-	if r.ownCli != nil {
-		_ = r.ownCli.Close()
+// adminHandler routes gRPC calls to the admin API and the rest to the HTTP
+// endpoints.
+func (r *Replica) adminHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(r.opts.Registry, promhttp.HandlerOpts{Registry: r.opts.Registry}))
+	mux.HandleFunc("GET /readyz", r.router.ServeReadyz)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	if r.opts.Pprof {
+		handlePprof(mux)
 	}
-	if r.emb != nil {
-		_ = r.emb.Close()
+	grpcSrv := r.adminRPC.GRPC()
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if req.ProtoMajor == 2 && strings.HasPrefix(req.Header.Get("Content-Type"), "application/grpc") {
+			grpcSrv.ServeHTTP(w, req)
+			return
+		}
+		mux.ServeHTTP(w, req)
+	})
+}
+
+// startExtProc serves Envoy's ext_proc endpoint picker when asked.
+func (r *Replica) startExtProc(context.Context) error {
+	if r.eppLn == nil {
+		return nil
 	}
+	var err error
+	r.epp, err = extproc.Start(r.eppLn, extproc.Options{Picker: r.router, Ready: r.router.Ready, TracerProvider: r.opts.Router.TracerProvider, Logger: r.opts.Logger})
+	if err != nil {
+		return err
+	}
+	r.onStop("ext_proc", r.epp.Close)
+	return nil
+}
+
+// serveData serves the data plane: the last step, so that no request
+// arrives before everything it needs runs.
+func (r *Replica) serveData(context.Context) error {
+	lim := r.opts.Limits
+	r.data = &http.Server{
+		Handler:           lim.guard(r.router),
+		ReadHeaderTimeout: lim.ReadHeaderTimeout,
+		IdleTimeout:       lim.IdleTimeout,
+		MaxHeaderBytes:    lim.MaxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(r.opts.Logger.Handler(), slog.LevelWarn),
+	}
+	stopped := r.serve(r.data, netutil.LimitListener(r.dataLn, lim.MaxConns))
+	r.onStop("data plane", func(ctx context.Context) error {
+		var err error
+		if err = r.data.Shutdown(ctx); err != nil {
+			err = fmt.Errorf("replica: draining requests: %w", err)
+			_ = r.data.Close()
+		}
+		<-stopped
+		return err
+	})
+	return nil
 }
 
 // Run starts a replica, serves until ctx ends, then closes it within
@@ -355,14 +528,17 @@ func (r *Replica) Shutdown(ctx context.Context) error {
 	return r.Close(ctx)
 }
 
-func (r *Replica) serve(srv *http.Server, ln net.Listener) {
-	r.wg.Add(1)
+// serve serves srv on ln in a goroutine; the returned channel closes when
+// it has returned.
+func (r *Replica) serve(srv *http.Server, ln net.Listener) <-chan struct{} {
+	stopped := make(chan struct{})
 	go func() {
-		defer r.wg.Done()
+		defer close(stopped)
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			r.log.Error("http server stopped", "addr", ln.Addr().String(), "err", err)
 		}
 	}()
+	return stopped
 }
 
 // isLoopback reports whether a listener's address is a loopback one.
@@ -409,56 +585,17 @@ func (r *Replica) Close(ctx context.Context) error {
 		return nil
 	}
 	r.closed = true
+	// Not ready, and deregistered, before anything stops: load balancers
+	// and Envoy's health checks steer new requests elsewhere while the
+	// stops below drain those in flight.
 	r.router.Drain()
-	var errs []error
 	if r.epp != nil {
-		// Envoy's health checks steer new streams to other replicas
-		// while this one deregisters and drains.
 		r.epp.Drain()
 	}
 	if r.popular != nil {
 		r.popular.Close() // before the lease goes: no write under a revoked one
 	}
-	if r.reg != nil {
-		if err := r.reg.Close(ctx); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if err := r.data.Shutdown(ctx); err != nil {
-		errs = append(errs, fmt.Errorf("replica: draining requests: %w", err))
-		_ = r.data.Close()
-	}
-	if r.epp != nil {
-		if err := r.epp.Close(ctx); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	r.stopAdmin(ctx)
-	r.wg.Wait()
-	r.closeParts()
-	// Last: the spans of the requests just drained are flushed too.
-	if err := r.tracing.Close(ctx); err != nil {
-		errs = append(errs, err)
-	}
-	return errors.Join(errs...)
-}
-
-func (r *Replica) closeParts() {
-	if r.watcher != nil {
-		_ = r.watcher.Close()
-	}
-	_ = r.router.Close()
-	if m := r.stale.Load(); m != nil {
-		m.Close()
-	}
-	if r.data == nil {
-		_ = r.dataLn.Close()
-		_ = r.adminLn.Close()
-	}
-	if r.epp == nil && r.eppLn != nil {
-		_ = r.eppLn.Close()
-	}
-	r.closeEtcd()
+	return errors.Join(r.deregister(ctx), r.unwind(ctx))
 }
 
 // stopAdmin stops the admin listener. Health turns NOT_SERVING and Watch

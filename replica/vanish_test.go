@@ -171,10 +171,11 @@ func TestVanishGuardMassCrashMovesAfterGrace(t *testing.T) {
 		return err == nil && resp.Count == 1
 	}
 	testsupport.Eventually(t, 10*time.Second, "crashed leases expired", keysGone3)
-	testsupport.Eventually(t, 10*time.Second, "guard holding three", func() bool { return heldGauge(t, rep) == 3 })
-	if n := len(rep.Router().Snapshot().Endpoint("chat").Instances); n != 4 {
-		t.Fatalf("%d instances in the snapshot while the guard holds, want 4", n)
-	}
+	// The watcher sets the gauge just before it publishes the snapshot
+	// that holds them: wait for both.
+	testsupport.Eventually(t, 10*time.Second, "guard holding three, all four in the router's snapshot", func() bool {
+		return heldGauge(t, rep) == 3 && len(rep.Router().Snapshot().Endpoint("chat").Instances) == 4
+	})
 	// Health checks (20 ms) have marked the dead ones by now.
 	testsupport.Eventually(t, 5*time.Second, "crashed instances unhealthy", func() bool {
 		for _, in := range ins[:3] {

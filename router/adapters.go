@@ -44,7 +44,7 @@ func (r *Router) waitLoaded(ctx context.Context, v *view, endpoint, model string
 func (r *Router) waitLoadedUntil(ctx context.Context, v *view, endpoint, model string, accept func(*endpointView, *lora.Set) bool, deadline time.Time) (*view, *endpointView, *lora.Set, error) {
 	if n := r.waiting.Add(1); n > int64(r.opts.AdapterWaitQueue) {
 		r.waiting.Add(-1)
-		r.metrics.adapterWaits.WithLabelValues(endpoint, "queue_full").Inc()
+		r.metrics.adapterWaits.WithLabelValues(endpoint, adapterWaitQueueFull).Inc()
 		return nil, nil, nil, fmt.Errorf("%w (%d)", errWaitQueueFull, r.opts.AdapterWaitQueue)
 	}
 	defer r.waiting.Add(-1)
@@ -54,10 +54,10 @@ func (r *Router) waitLoadedUntil(ctx context.Context, v *view, endpoint, model s
 		select {
 		case <-v.next:
 		case <-ctx.Done():
-			r.metrics.adapterWaits.WithLabelValues(endpoint, "client_gone").Inc()
+			r.metrics.adapterWaits.WithLabelValues(endpoint, adapterWaitClientGone).Inc()
 			return nil, nil, nil, ctx.Err()
 		case <-timer.C:
-			r.metrics.adapterWaits.WithLabelValues(endpoint, "timeout").Inc()
+			r.metrics.adapterWaits.WithLabelValues(endpoint, adapterWaitTimeout).Inc()
 			return nil, nil, nil, fmt.Errorf("%w: %q not reported loaded within %v", errWaitTimeout, model, r.opts.AdapterWait)
 		}
 		v = r.view.Load()
@@ -68,7 +68,7 @@ func (r *Router) waitLoadedUntil(ctx context.Context, v *view, endpoint, model s
 		set, err := ev.table.Set(model)
 		switch {
 		case err == nil && (accept == nil || accept(ev, set)):
-			r.metrics.adapterWaits.WithLabelValues(endpoint, "loaded").Inc()
+			r.metrics.adapterWaits.WithLabelValues(endpoint, adapterWaitLoaded).Inc()
 			return v, ev, set, nil
 		case err == nil, errors.Is(err, lora.ErrNotLoaded), errors.Is(err, fleet.ErrNoInstance):
 			// Not yet: keep waiting for the next view.

@@ -11,7 +11,7 @@ import (
 )
 
 func Example() {
-	insts, err := router.ParseStaticInstances("i-1=http://127.0.0.1:8001,i-2=http://127.0.0.1:8002")
+	insts, err := fleet.ParseStaticInstances("i-1=http://127.0.0.1:8001,i-2=http://127.0.0.1:8002")
 	if err != nil {
 		panic(err)
 	}

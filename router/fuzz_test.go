@@ -163,27 +163,3 @@ func FuzzInvokeKey(f *testing.F) {
 		}
 	})
 }
-
-// FuzzParseStaticInstances: the --static-instances flag never panics, and
-// what it accepts validates.
-func FuzzParseStaticInstances(f *testing.F) {
-	for _, s := range []string{"a=http://127.0.0.1:1,b=http://127.0.0.1:2", "a=http://x;adapters=l1+l2", ",,", "a", "a=b=c", "a=http://x;weird"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, s string) {
-		insts, err := ParseStaticInstances(s)
-		if err != nil {
-			return
-		}
-		seen := map[string]bool{}
-		for _, in := range insts {
-			if err := in.Validate(); err != nil {
-				t.Fatalf("accepted an invalid instance %+v: %v", in, err)
-			}
-			if seen[in.ID] {
-				t.Fatalf("accepted duplicate id %q", in.ID)
-			}
-			seen[in.ID] = true
-		}
-	})
-}

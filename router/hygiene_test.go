@@ -95,12 +95,17 @@ func TestHeaderHygiene(t *testing.T) {
 	})
 }
 
-// TestIdempotencyKeyNotReplayed: Go's Transport replays a POST that carries
-// an Idempotency-Key when a reused connection breaks after the request was
-// written. The router must not: the instance may have started generating.
-// The upstream answers the first request on a connection and, for the
-// second on that connection, reads it and hangs up.
-func TestIdempotencyKeyNotReplayed(t *testing.T) {
+// TestIdempotencyKeyResentAtMostOnce: Go's Transport replays a POST that
+// carries an Idempotency-Key whenever a reused connection breaks after the
+// request was written, as often as that happens. The router re-sends only
+// what a reused connection lost before any answer byte (issue 20: the
+// instance closed it as it was reused, the race llama-server's close after
+// every stream loses), once, and never a request whose fresh connection
+// broke. The upstream answers the first request it ever gets and, for
+// every later one, reads it and hangs up: the second request goes out on
+// the reused connection, is lost, goes once more on a fresh one, is lost
+// again, and fails.
+func TestIdempotencyKeyResentAtMostOnce(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -118,14 +123,13 @@ func TestIdempotencyKeyNotReplayed(t *testing.T) {
 			wg.Go(func() {
 				defer c.Close()
 				br := bufio.NewReader(c)
-				for n := 0; ; n++ {
+				for {
 					req, err := http.ReadRequest(br)
 					if err != nil {
 						return
 					}
 					_, _ = io.Copy(io.Discard, req.Body)
-					received.Add(1)
-					if n == 1 {
+					if received.Add(1) > 1 {
 						return // read it, then hang up
 					}
 					fmt.Fprint(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
@@ -145,10 +149,10 @@ func TestIdempotencyKeyNotReplayed(t *testing.T) {
 		t.Fatal(err)
 	}
 	if res.status == 200 {
-		t.Fatalf("second request answered 200: it was replayed on a new connection (upstream saw %d requests)", received.Load())
+		t.Fatalf("second request answered 200 (upstream saw %d requests)", received.Load())
 	}
-	if n := received.Load(); n != 2 {
-		t.Fatalf("upstream received %d requests, want 2 (no replay)", n)
+	if n := received.Load(); n != 3 {
+		t.Fatalf("upstream received %d requests, want 3: the first, the second, and one re-send of it on a fresh connection", n)
 	}
 }
 

@@ -1,9 +1,12 @@
 package router
 
 import (
+	"net/http"
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/prefixrouter/prefixrouter/fleet"
 )
 
 // Decisions, the values of the decision label and of X-Prefixrouter-Decision.
@@ -24,6 +27,14 @@ const (
 	errKindStatus  = "status"  // 5xx that counts as a failure
 	errKindBody    = "body"    // the response broke off while streaming
 	errKindOther   = "other"
+)
+
+// Adapter wait outcomes, the values of the outcome label.
+const (
+	adapterWaitLoaded     = "loaded"      // the adapter was loaded within the wait
+	adapterWaitTimeout    = "timeout"     // the wait ended first
+	adapterWaitQueueFull  = "queue_full"  // too many requests were waiting already
+	adapterWaitClientGone = "client_gone" // the client hung up while waiting
 )
 
 type metrics struct {
@@ -81,12 +92,87 @@ func newMetrics(reg prometheus.Registerer, r *Router) (*metrics, error) {
 	for i := range m.codes {
 		m.codes[i] = strconv.Itoa(i)
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.pickSeconds, m.retries, m.upstreamErrors, m.keysMoved, m.promptTokens, m.cachedTokens, m.adapterWaits, m.staleRetries, stateCollector{r}} {
+	collectors := []prometheus.Collector{m.requests, m.pickSeconds, m.retries, m.upstreamErrors, m.keysMoved, m.promptTokens, m.cachedTokens, m.adapterWaits, m.staleRetries, stateCollector{r}}
+	if tr, ok := r.opts.Transport.(interface{ Resent() int64 }); ok {
+		// The upstream transport's own re-sends (issue 20), which the
+		// router never sees as failures.
+		collectors = append(collectors, prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "prefixrouter_upstream_resent_total",
+			Help: "Requests the upstream transport sent again on a new connection because a reused keep-alive connection broke (closed or reset) before the instance read them.",
+		}, func() float64 { return float64(tr.Resent()) }))
+	}
+	for _, c := range collectors {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
 	}
 	return m, nil
+}
+
+// decisionsOf are the decisions a strategy makes when it picks (sessions
+// aside: they are the endpoint's only when clients open them).
+func decisionsOf(s fleet.Strategy) []string {
+	switch s {
+	case fleet.PrefixAware:
+		return []string{DecisionAffinity, DecisionSpill, DecisionFallback}
+	case fleet.Random:
+		return []string{DecisionRandom}
+	case fleet.LeastOutstanding:
+		return []string{DecisionLeastOutstanding}
+	}
+	return nil
+}
+
+// upstreamErrorKinds are the values of prefixrouter_upstream_errors_total's
+// kind label.
+var upstreamErrorKinds = []string{errKindDial, errKindTimeout, errKindStatus, errKindBody, errKindOther}
+
+// adapterWaitOutcomes are the values of prefixrouter_adapter_waits_total's
+// outcome label.
+var adapterWaitOutcomes = []string{adapterWaitLoaded, adapterWaitTimeout, adapterWaitQueueFull, adapterWaitClientGone}
+
+// initSeries creates at 0 the series whose label values an endpoint's view
+// already tells, so that a dashboard panel reads 0, not "No data", until
+// the first event: per endpoint, the requests answered 200 by each of its
+// strategy's decisions, the retries, the upstream errors of every kind, the
+// adapter waits of every outcome, the keys-moved histogram; the pick
+// duration of its strategy; and per instance the prompt tokens of requests
+// naming no model. old is the view ev replaces (nil at first): only what ev
+// adds (the endpoint, a strategy, instances) is created. Called by Update,
+// under Router.mu.
+func (m *metrics) initSeries(endpoint string, ev *endpointView, old *view) {
+	var prev *endpointView
+	if old != nil {
+		prev = old.endpoints[endpoint]
+	}
+	decisions := decisionsOf(ev.strategy)
+	if prev == nil {
+		m.retries.WithLabelValues(endpoint)
+		m.staleRetries.WithLabelValues(endpoint)
+		m.keysMoved.WithLabelValues(endpoint)
+		for _, k := range upstreamErrorKinds {
+			m.upstreamErrors.WithLabelValues(endpoint, k)
+		}
+		for _, o := range adapterWaitOutcomes {
+			m.adapterWaits.WithLabelValues(endpoint, o)
+		}
+	}
+	newStrategy := prev == nil || prev.strategy != ev.strategy
+	if newStrategy {
+		m.pickSeconds.WithLabelValues(string(ev.strategy))
+		for _, d := range decisions {
+			m.requests.WithLabelValues(endpoint, string(ev.strategy), d, m.code(http.StatusOK))
+		}
+	}
+	for id := range ev.instances {
+		if !newStrategy && prev.instances[id] != nil {
+			continue
+		}
+		for _, d := range decisions {
+			m.promptTokens.WithLabelValues(endpoint, "", id, d)
+			m.cachedTokens.WithLabelValues(endpoint, "", id, d)
+		}
+	}
 }
 
 func (m *metrics) code(status int) string {

@@ -140,11 +140,13 @@ func (a *attempt) setTarget(out *http.Request) {
 	out.URL.Path = joinPath(t.Path, a.upstreamPath)
 	out.URL.RawPath = ""
 	out.Host = "" // the instance's host, not the router's
-	if hasIdempotencyKey(out.Header) {
-		// Go's Transport replays a POST with an Idempotency-Key on a
-		// reused connection that broke after the upstream may have read
-		// it; without GetBody it cannot. Our own retries (dial errors
-		// only: provably unseen) replay a.body (replayBody).
+	if t.Scheme != "http" && hasIdempotencyKey(out.Header) {
+		// Go's Transport (the https fallback) replays a POST with an
+		// Idempotency-Key on a reused connection that broke after the
+		// upstream may have read it; without GetBody it cannot. Our own
+		// transport re-sends only what the instance provably never read
+		// (a dead pooled connection, no answer byte), and our retries
+		// (dial errors) replay a.body (replayBody): both keep GetBody.
 		out.GetBody = nil
 	}
 }
@@ -468,7 +470,7 @@ func (t retryTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 	a := attemptFrom(out.Context())
 	m := t.p.r.metrics
 	for {
-		resp, err := t.p.base.RoundTrip(out)
+		resp, err := t.p.base.RoundTrip(a.forEngine(out))
 		if err == nil {
 			if a.pinned() || !a.staleAdapter(resp) {
 				return resp, nil

@@ -254,6 +254,7 @@ func (r *Router) Update(s *fleet.Snapshot) {
 		if adaptive {
 			ev.pop = newPopView(ev, ep.Popular)
 		}
+		r.metrics.initSeries(name, ev, r.view.Load())
 		v.endpoints[name] = ev
 		mv, moved, ok := measureMovement(r.moves[name], ev.table)
 		moves[name] = mv
@@ -295,7 +296,7 @@ func (r *Router) targets(path string) []probe.Target {
 			}
 			u := *iv.target
 			u.Path = joinPath(u.Path, path)
-			out = append(out, probe.Target{URL: u.String(), Instance: iv.state})
+			out = append(out, probe.Target{URL: u.String(), Instance: iv.state, Engine: iv.inst.Engine})
 		}
 	}
 	return out

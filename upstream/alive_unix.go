@@ -31,3 +31,9 @@ func alive(nc net.Conn) bool {
 	})
 	return err == nil && ok
 }
+
+// isReset reports an error of a connection the instance reset or closed
+// under a write: ECONNRESET, EPIPE, ECONNABORTED.
+func isReset(err error) bool {
+	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNABORTED)
+}

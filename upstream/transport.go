@@ -15,12 +15,32 @@
 //
 // What it does not do, by design: HTTP/2, TLS (requests whose scheme is not
 // "http" go to Options.Fallback, a net/http Transport), proxies, 100-continue
-// (the body is sent at once), compression, and replays: a request that fails
-// is not re-sent here (the router's retry policy decides). An idle
-// connection the instance has closed is found before reuse by a
-// non-blocking peek and dropped; connections idle past the idle timeout,
-// and the pools of addresses no longer used, are swept by the request that
-// finds the last sweep half an idle timeout old (no goroutine of its own).
+// (the body is sent at once) and compression.
+//
+// Pooled connections, as a proxy users trust handles them (issue 20):
+//   - An idle connection the instance has closed is found before reuse by a
+//     non-blocking peek and dropped.
+//   - A connection is kept idle no longer than the instance promised:
+//     IdleTimeout, or less when its answers advertise Keep-Alive: timeout=N
+//     (llama-server's cpp-httplib closes idle connections after 5 s while
+//     the pool would keep them 90 s), and it serves no more answers than
+//     Keep-Alive: max=M allows.
+//   - The one race the peek cannot see (the instance closes the connection
+//     as the request goes out on it: llama-server closes after every
+//     streamed answer) is repaired: a request that fails on a reused
+//     connection with the connection closed or reset and not one byte of
+//     an answer read is sent once more, on a new connection to the same
+//     instance, POST included, when its body can be sent again (GetBody,
+//     or a BytesBody). The instance read nothing of it: a server that had
+//     read the request would answer it or, if it died, could not be told
+//     apart, which is why there is one re-send and never on a new
+//     connection. HAProxy (retry-on conn-failure empty-response), Envoy
+//     (reset-before-request) and curl do the same. Any other failure is the
+//     router's to retry or not.
+//
+// Connections idle past their limit, and the pools of addresses no longer
+// used, are swept by the request that finds the last sweep half an idle
+// timeout old (no goroutine of its own).
 package upstream
 
 import (
@@ -55,15 +75,17 @@ type Options struct {
 	// (default 1024: LLM servers hold hundreds of long requests each).
 	MaxIdlePerHost int
 	// IdleTimeout closes a connection idle for longer, found when it is
-	// next taken from the pool (default 90 s).
+	// next taken from the pool (default 90 s). An instance that advertises
+	// a shorter Keep-Alive: timeout shortens it for its connections.
 	IdleTimeout time.Duration
 	// ResponseHeaderTimeout bounds the wait for a response's headers after
 	// the request was written; zero means none (a non-streamed generation
 	// sends its headers only at its end).
 	ResponseHeaderTimeout time.Duration
 	// Fallback sends requests whose scheme is not "http" (https
-	// instances). Nil means a net/http Transport with the same dial,
-	// idle and header-timeout settings.
+	// instances). Nil means a net/http Transport with the same dial and
+	// header-timeout settings whose idle connections close after
+	// FallbackIdleTimeout (or IdleTimeout, if shorter).
 	Fallback http.RoundTripper
 }
 
@@ -75,6 +97,14 @@ const (
 	DefaultIdleTimeout    = 90 * time.Second
 )
 
+// FallbackIdleTimeout bounds the idle time of the fallback's connections.
+// net/http's Transport neither reads Keep-Alive: timeout nor re-sends a
+// POST on a connection the server closed as it was reused, so it must drop
+// its idle connections before the servers do: uvicorn (vLLM, SGLang)
+// closes them after 5 s by default without advertising it, cpp-httplib
+// (llama.cpp) after 5 s too.
+const FallbackIdleTimeout = 4 * time.Second
+
 // Transport is an HTTP/1.1 RoundTripper; see the package comment. It is
 // safe for concurrent use; the zero value is not usable (use New).
 type Transport struct {
@@ -84,6 +114,8 @@ type Transport struct {
 	fallback http.RoundTripper
 	closed   atomic.Bool
 	swept    atomic.Int64 // unix nanoseconds of the last sweep
+	resent   atomic.Int64 // requests sent again after a reused connection broke
+	now      func() time.Time
 }
 
 // host is the idle pool of one instance address. A buffered channel: put
@@ -106,6 +138,12 @@ type conn struct {
 	lr        limitedReader // nc, limited while an answer's head is read
 	br        *bufio.Reader // reads lr; nil until the request is written
 	idleSince time.Time
+	// idleLimit is how long the connection may wait idle in the pool:
+	// IdleTimeout, or less if the instance advertised Keep-Alive: timeout.
+	idleLimit time.Duration
+	// served counts the answers read on the connection: one that has
+	// served one is reused.
+	served int
 }
 
 var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, readBufferSize) }}
@@ -130,15 +168,15 @@ func New(opts Options) *Transport {
 	opts.KeepAlive = cmp.Or(max(opts.KeepAlive, 0), DefaultKeepAlive)
 	opts.MaxIdlePerHost = cmp.Or(max(opts.MaxIdlePerHost, 0), DefaultMaxIdlePerHost)
 	opts.IdleTimeout = cmp.Or(max(opts.IdleTimeout, 0), DefaultIdleTimeout)
-	t := &Transport{opts: opts, dialer: net.Dialer{Timeout: opts.DialTimeout, KeepAlive: opts.KeepAlive}}
-	t.swept.Store(time.Now().UnixNano())
+	t := &Transport{opts: opts, dialer: net.Dialer{Timeout: opts.DialTimeout, KeepAlive: opts.KeepAlive}, now: time.Now}
+	t.swept.Store(t.now().UnixNano())
 	t.fallback = opts.Fallback
 	if t.fallback == nil {
 		t.fallback = &http.Transport{
 			Proxy:                 nil, // upstreams are direct; never an env proxy
 			DialContext:           t.dialer.DialContext,
 			MaxIdleConnsPerHost:   opts.MaxIdlePerHost,
-			IdleConnTimeout:       opts.IdleTimeout,
+			IdleConnTimeout:       min(opts.IdleTimeout, FallbackIdleTimeout),
 			ResponseHeaderTimeout: opts.ResponseHeaderTimeout,
 			DisableCompression:    true,
 		}
@@ -173,6 +211,8 @@ var aLongTimeAgo = time.Unix(1, 0)
 // body streams from the connection, which returns to the pool when the body
 // has been read to its end. The request's context cancels the call at any
 // point, the body's read included; the error is then the context's cause.
+// A request that a reused connection lost before the instance read it is
+// sent once more on a new connection (see the package comment).
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.URL.Scheme != "http" {
 		return t.fallback.RoundTrip(req)
@@ -192,20 +232,126 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		closeBody(req)
 		return nil, err
 	}
+	resp, unseen, err := t.exchange(ctx, h, c, req)
+	if err == nil || !unseen || c.served == 0 {
+		return resp, err
+	}
+	again, ok := resendable(req)
+	if !ok {
+		return nil, err
+	}
+	t.resent.Add(1)
+	if c, err = t.dial(ctx, addr); err != nil {
+		closeBody(again)
+		return nil, err
+	}
+	resp, _, err = t.exchange(ctx, h, c, again)
+	if resp != nil {
+		resp.Request = req
+	}
+	return resp, err
+}
+
+// Resent counts the requests sent a second time, on a new connection,
+// after a reused connection broke before the instance read them.
+func (t *Transport) Resent() int64 { return t.resent.Load() }
+
+// exchange sends req on c and reads the answer's headers. On failure c is
+// closed, and unseen reports that the connection broke (closed or reset)
+// before one byte of an answer came: the request may go again (RoundTrip
+// decides).
+func (t *Transport) exchange(ctx context.Context, h *host, c *conn, req *http.Request) (resp *http.Response, unseen bool, err error) {
 	stop := context.AfterFunc(ctx, func() { _ = c.nc.SetDeadline(aLongTimeAgo) })
-	resp, err := t.send(c, req)
+	resp, started, err := t.send(c, req)
 	if err != nil {
 		stop()
 		c.close()
 		if ctx.Err() != nil {
-			return nil, context.Cause(ctx)
+			return nil, false, context.Cause(ctx)
 		}
-		return nil, err
+		return nil, !started && connBroke(err), err
 	}
+	c.served++
 	b := &body{rc: resp.Body, t: t, h: h, c: c, stop: stop, ctx: ctx}
-	b.reusable = !resp.Close && !req.Close && (resp.ContentLength >= 0 || isChunked(resp.TransferEncoding))
+	b.reusable = !resp.Close && !req.Close && (resp.ContentLength >= 0 || isChunked(resp.TransferEncoding)) &&
+		c.keepAlive(resp.Header, t.opts.IdleTimeout)
 	resp.Body = b
-	return resp, nil
+	return resp, false, nil
+}
+
+// connBroke reports an error of a connection the other side closed or
+// reset: an end of stream (io.ReadResponse's ErrUnexpectedEOF when not a
+// byte came), ECONNRESET, EPIPE.
+func connBroke(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || isReset(err)
+}
+
+// resendable returns a copy of req with a fresh body for a second send:
+// from GetBody, or from the bytes of a BytesBody (the router's in-memory
+// bodies), or none for a request without a body. ok is false when the body
+// cannot be sent again (a stream already partly read).
+func resendable(req *http.Request) (*http.Request, bool) {
+	again := *req
+	switch {
+	case req.Body == nil || req.Body == http.NoBody:
+	case req.GetBody != nil:
+		b, err := req.GetBody()
+		if err != nil {
+			return nil, false
+		}
+		again.Body = b
+	default:
+		bb, ok := req.Body.(BytesBody)
+		if !ok {
+			return nil, false
+		}
+		again.Body = NewBytesBody(bb.Bytes())
+	}
+	return &again, true
+}
+
+// keepAlive reads the answer's Keep-Alive header (RFC 2068 19.7.1.1: a
+// comma-separated list of timeout=SECONDS and max=REQUESTS), lowers the
+// connection's idle limit below the advertised timeout, and reports
+// whether the connection may serve another request. max counts down in
+// some servers (Apache: the requests left) and is the total per connection
+// in others (cpp-httplib: a constant); a connection that has served max
+// answers is not reused, which is right for the second and early for the
+// first. Unparsable parameters are ignored.
+func (c *conn) keepAlive(h http.Header, idle time.Duration) bool {
+	c.idleLimit = idle
+	v := h.Get("Keep-Alive")
+	if v == "" {
+		return true
+	}
+	for p := range strings.SplitSeq(v, ",") {
+		name, val, _ := strings.Cut(strings.TrimSpace(p), "=")
+		n, err := strconv.Atoi(strings.TrimSpace(val))
+		if err != nil || n < 0 {
+			continue
+		}
+		switch strings.ToLower(strings.TrimSpace(name)) {
+		case "timeout":
+			if n <= math.MaxInt32 { // longer is no bound (and would overflow)
+				c.idleLimit = min(idle, keepAliveMargin(time.Duration(n)*time.Second))
+			}
+		case "max":
+			if c.served >= n {
+				return false
+			}
+		}
+	}
+	return c.idleLimit > 0
+}
+
+// keepAliveMargin is how long a connection may idle when the instance
+// closes it after d: a second less (the instance's clock started when it
+// wrote the answer's end, a little before the pool's), half of it below 2 s.
+func keepAliveMargin(d time.Duration) time.Duration {
+	if d >= 2*time.Second {
+		return d - time.Second
+	}
+	return d / 2
 }
 
 func (t *Transport) host(addr string) *host {
@@ -219,7 +365,7 @@ func (t *Transport) host(addr string) *host {
 // get takes an idle connection that is still open, or dials one. Once per
 // sweep interval the caller also sweeps the pools.
 func (t *Transport) get(ctx context.Context, h *host, addr string) (*conn, error) {
-	now := time.Now()
+	now := t.now()
 	h.lastUsed.Store(now.UnixNano())
 	if last := t.swept.Load(); now.UnixNano()-last > int64(t.sweepInterval()) && t.swept.CompareAndSwap(last, now.UnixNano()) {
 		t.sweep(now)
@@ -233,16 +379,21 @@ func (t *Transport) get(ctx context.Context, h *host, addr string) (*conn, error
 		if c == nil {
 			break
 		}
-		if now.Sub(c.idleSince) <= t.opts.IdleTimeout && alive(c.nc) {
+		if now.Sub(c.idleSince) <= c.idleLimit && alive(c.nc) {
 			return c, nil
 		}
 		c.close()
 	}
+	return t.dial(ctx, addr)
+}
+
+// dial opens a new connection to addr.
+func (t *Transport) dial(ctx context.Context, addr string) (*conn, error) {
 	nc, err := t.dialer.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, err
 	}
-	return &conn{nc: nc}, nil
+	return &conn{nc: nc, idleLimit: t.opts.IdleTimeout}, nil
 }
 
 // put returns c to its pool, or closes it when the pool is full, the
@@ -254,7 +405,7 @@ func (t *Transport) put(h *host, c *conn) {
 		return
 	}
 	c.releaseReader()
-	c.idleSince = time.Now()
+	c.idleSince = t.now()
 	select {
 	case h.idle <- c:
 		if h.dead.Load() {
@@ -268,7 +419,7 @@ func (t *Transport) put(h *host, c *conn) {
 // sweepInterval is how often the pools are swept: half the idle timeout.
 func (t *Transport) sweepInterval() time.Duration { return t.opts.IdleTimeout / 2 }
 
-// sweep closes the connections idle for longer than the idle timeout
+// sweep closes the connections idle for longer than their limit
 // (without it, those of an instance that left the fleet would stay open:
 // nothing takes them again) and removes hosts unused for two idle
 // timeouts. It runs on the goroutine of the request that found the last
@@ -282,7 +433,7 @@ func (t *Transport) sweep(now time.Time) {
 			h.drain(func(*conn) bool { return false })
 			return true
 		}
-		h.drain(func(c *conn) bool { return now.Sub(c.idleSince) <= t.opts.IdleTimeout })
+		h.drain(func(c *conn) bool { return now.Sub(c.idleSince) <= c.idleLimit })
 		return true
 	})
 }
@@ -374,10 +525,11 @@ func (m *bytesBody) Close() error  { return nil }
 var writeBuffers = sync.Pool{New: func() any { b := make([]byte, writeBufferSize); return &b }}
 
 // send writes req on c and reads the response's headers (skipping 1xx
-// informational answers).
-func (t *Transport) send(c *conn, req *http.Request) (*http.Response, error) {
+// informational answers). started reports that a byte of an answer was
+// read.
+func (t *Transport) send(c *conn, req *http.Request) (resp *http.Response, started bool, err error) {
 	if err := t.write(c.nc, req); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	c.br = readers.Get().(*bufio.Reader)
 	c.lr = limitedReader{r: c.nc, left: maxResponseHeaderBytes}
@@ -388,7 +540,7 @@ func (t *Transport) send(c *conn, req *http.Request) (*http.Response, error) {
 	for {
 		resp, err := http.ReadResponse(c.br, req)
 		if err != nil {
-			return nil, err
+			return nil, c.lr.left < maxResponseHeaderBytes, err
 		}
 		if resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
 			// 103 Early Hints and the like: the answer follows. They go
@@ -397,7 +549,7 @@ func (t *Transport) send(c *conn, req *http.Request) (*http.Response, error) {
 			// 100 Continue nobody asked for is dropped.
 			if trace := httptrace.ContextClientTrace(req.Context()); trace != nil && trace.Got1xxResponse != nil && resp.StatusCode != http.StatusContinue {
 				if err := trace.Got1xxResponse(resp.StatusCode, textproto.MIMEHeader(resp.Header)); err != nil {
-					return nil, err
+					return nil, true, err
 				}
 			}
 			continue
@@ -406,7 +558,7 @@ func (t *Transport) send(c *conn, req *http.Request) (*http.Response, error) {
 			_ = c.nc.SetReadDeadline(time.Time{})
 		}
 		c.lr.left = math.MaxInt64 // the body is the caller's to bound
-		return resp, nil
+		return resp, true, nil
 	}
 }
 

@@ -747,7 +747,11 @@ type Endpoint struct {
 	// Normalized: defaults filled in.
 	Config *RoutingConfig `protobuf:"bytes,2,opt,name=config,proto3" json:"config,omitempty"`
 	// Sorted by id, draining ones included.
-	Instances     []*Instance `protobuf:"bytes,3,rep,name=instances,proto3" json:"instances,omitempty"`
+	Instances []*Instance `protobuf:"bytes,3,rep,name=instances,proto3" json:"instances,omitempty"`
+	// Settings given to this replica (serve flags, or the environment) that
+	// the endpoint's stored routing config replaces; empty when it runs them
+	// all. See docs/operations.md, "Settings etcd overrides".
+	Overridden    []*Override `protobuf:"bytes,4,rep,name=overridden,proto3" json:"overridden,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -803,6 +807,78 @@ func (x *Endpoint) GetInstances() []*Instance {
 	return nil
 }
 
+func (x *Endpoint) GetOverridden() []*Override {
+	if x != nil {
+		return x.Overridden
+	}
+	return nil
+}
+
+// Override is one serve setting an endpoint's stored routing config
+// replaces on this replica.
+type Override struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The flag without dashes, e.g. "hot-key-replication".
+	Flag string `protobuf:"bytes,1,opt,name=flag,proto3" json:"flag,omitempty"`
+	// The value given to this replica.
+	Given string `protobuf:"bytes,2,opt,name=given,proto3" json:"given,omitempty"`
+	// The value the stored config puts in its place.
+	Stored        string `protobuf:"bytes,3,opt,name=stored,proto3" json:"stored,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Override) Reset() {
+	*x = Override{}
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Override) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Override) ProtoMessage() {}
+
+func (x *Override) ProtoReflect() protoreflect.Message {
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Override.ProtoReflect.Descriptor instead.
+func (*Override) Descriptor() ([]byte, []int) {
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *Override) GetFlag() string {
+	if x != nil {
+		return x.Flag
+	}
+	return ""
+}
+
+func (x *Override) GetGiven() string {
+	if x != nil {
+		return x.Given
+	}
+	return ""
+}
+
+func (x *Override) GetStored() string {
+	if x != nil {
+		return x.Stored
+	}
+	return ""
+}
+
 type Instance struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	Id          string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -822,7 +898,7 @@ type Instance struct {
 
 func (x *Instance) Reset() {
 	*x = Instance{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[12]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -834,7 +910,7 @@ func (x *Instance) String() string {
 func (*Instance) ProtoMessage() {}
 
 func (x *Instance) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[12]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -847,7 +923,7 @@ func (x *Instance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Instance.ProtoReflect.Descriptor instead.
 func (*Instance) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{12}
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Instance) GetId() string {
@@ -931,7 +1007,7 @@ type InstanceState struct {
 
 func (x *InstanceState) Reset() {
 	*x = InstanceState{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[13]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -943,7 +1019,7 @@ func (x *InstanceState) String() string {
 func (*InstanceState) ProtoMessage() {}
 
 func (x *InstanceState) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[13]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -956,7 +1032,7 @@ func (x *InstanceState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstanceState.ProtoReflect.Descriptor instead.
 func (*InstanceState) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{13}
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *InstanceState) GetInFlight() int64 {
@@ -996,7 +1072,7 @@ type GetRoutingConfigRequest struct {
 
 func (x *GetRoutingConfigRequest) Reset() {
 	*x = GetRoutingConfigRequest{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[14]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1008,7 +1084,7 @@ func (x *GetRoutingConfigRequest) String() string {
 func (*GetRoutingConfigRequest) ProtoMessage() {}
 
 func (x *GetRoutingConfigRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[14]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1021,7 +1097,7 @@ func (x *GetRoutingConfigRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRoutingConfigRequest.ProtoReflect.Descriptor instead.
 func (*GetRoutingConfigRequest) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{14}
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetRoutingConfigRequest) GetEndpoint() string {
@@ -1047,7 +1123,7 @@ type GetRoutingConfigResponse struct {
 
 func (x *GetRoutingConfigResponse) Reset() {
 	*x = GetRoutingConfigResponse{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[15]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1059,7 +1135,7 @@ func (x *GetRoutingConfigResponse) String() string {
 func (*GetRoutingConfigResponse) ProtoMessage() {}
 
 func (x *GetRoutingConfigResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[15]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1072,7 +1148,7 @@ func (x *GetRoutingConfigResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRoutingConfigResponse.ProtoReflect.Descriptor instead.
 func (*GetRoutingConfigResponse) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{15}
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetRoutingConfigResponse) GetConfig() *RoutingConfig {
@@ -1107,7 +1183,7 @@ type SetRoutingConfigRequest struct {
 
 func (x *SetRoutingConfigRequest) Reset() {
 	*x = SetRoutingConfigRequest{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[16]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1119,7 +1195,7 @@ func (x *SetRoutingConfigRequest) String() string {
 func (*SetRoutingConfigRequest) ProtoMessage() {}
 
 func (x *SetRoutingConfigRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[16]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1132,7 +1208,7 @@ func (x *SetRoutingConfigRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetRoutingConfigRequest.ProtoReflect.Descriptor instead.
 func (*SetRoutingConfigRequest) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{16}
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SetRoutingConfigRequest) GetEndpoint() string {
@@ -1159,7 +1235,7 @@ type SetRoutingConfigResponse struct {
 
 func (x *SetRoutingConfigResponse) Reset() {
 	*x = SetRoutingConfigResponse{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[17]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1171,7 +1247,7 @@ func (x *SetRoutingConfigResponse) String() string {
 func (*SetRoutingConfigResponse) ProtoMessage() {}
 
 func (x *SetRoutingConfigResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[17]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1184,7 +1260,7 @@ func (x *SetRoutingConfigResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetRoutingConfigResponse.ProtoReflect.Descriptor instead.
 func (*SetRoutingConfigResponse) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{17}
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SetRoutingConfigResponse) GetConfig() *RoutingConfig {
@@ -1218,7 +1294,7 @@ type ExplainRouteRequest struct {
 
 func (x *ExplainRouteRequest) Reset() {
 	*x = ExplainRouteRequest{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[18]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1230,7 +1306,7 @@ func (x *ExplainRouteRequest) String() string {
 func (*ExplainRouteRequest) ProtoMessage() {}
 
 func (x *ExplainRouteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[18]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1243,7 +1319,7 @@ func (x *ExplainRouteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExplainRouteRequest.ProtoReflect.Descriptor instead.
 func (*ExplainRouteRequest) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{18}
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ExplainRouteRequest) GetEndpoint() string {
@@ -1349,7 +1425,7 @@ type ExplainRouteResponse struct {
 
 func (x *ExplainRouteResponse) Reset() {
 	*x = ExplainRouteResponse{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[19]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1361,7 +1437,7 @@ func (x *ExplainRouteResponse) String() string {
 func (*ExplainRouteResponse) ProtoMessage() {}
 
 func (x *ExplainRouteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[19]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1374,7 +1450,7 @@ func (x *ExplainRouteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExplainRouteResponse.ProtoReflect.Descriptor instead.
 func (*ExplainRouteResponse) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{19}
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ExplainRouteResponse) GetEndpoint() string {
@@ -1504,11 +1580,18 @@ const file_prefixrouter_admin_v1_admin_proto_rawDesc = "" +
 	"\breplicas\x18\x02 \x01(\x05R\breplicas\x125\n" +
 	"\bbuilt_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\abuiltAt\x12+\n" +
 	"\x03age\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x03age\x12=\n" +
-	"\tendpoints\x18\x05 \x03(\v2\x1f.prefixrouter.admin.v1.EndpointR\tendpoints\"\x9b\x01\n" +
+	"\tendpoints\x18\x05 \x03(\v2\x1f.prefixrouter.admin.v1.EndpointR\tendpoints\"\xdc\x01\n" +
 	"\bEndpoint\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12<\n" +
 	"\x06config\x18\x02 \x01(\v2$.prefixrouter.admin.v1.RoutingConfigR\x06config\x12=\n" +
-	"\tinstances\x18\x03 \x03(\v2\x1f.prefixrouter.admin.v1.InstanceR\tinstances\"\x9e\x03\n" +
+	"\tinstances\x18\x03 \x03(\v2\x1f.prefixrouter.admin.v1.InstanceR\tinstances\x12?\n" +
+	"\n" +
+	"overridden\x18\x04 \x03(\v2\x1f.prefixrouter.admin.v1.OverrideR\n" +
+	"overridden\"L\n" +
+	"\bOverride\x12\x12\n" +
+	"\x04flag\x18\x01 \x01(\tR\x04flag\x12\x14\n" +
+	"\x05given\x18\x02 \x01(\tR\x05given\x12\x16\n" +
+	"\x06stored\x18\x03 \x01(\tR\x06stored\"\x9e\x03\n" +
 	"\bInstance\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x1a\n" +
@@ -1594,7 +1677,7 @@ func file_prefixrouter_admin_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_prefixrouter_admin_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_prefixrouter_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_prefixrouter_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_prefixrouter_admin_v1_admin_proto_goTypes = []any{
 	(BreakerState)(0),                // 0: prefixrouter.admin.v1.BreakerState
 	(*Adapter)(nil),                  // 1: prefixrouter.admin.v1.Adapter
@@ -1609,57 +1692,59 @@ var file_prefixrouter_admin_v1_admin_proto_goTypes = []any{
 	(*GetFleetRequest)(nil),          // 10: prefixrouter.admin.v1.GetFleetRequest
 	(*GetFleetResponse)(nil),         // 11: prefixrouter.admin.v1.GetFleetResponse
 	(*Endpoint)(nil),                 // 12: prefixrouter.admin.v1.Endpoint
-	(*Instance)(nil),                 // 13: prefixrouter.admin.v1.Instance
-	(*InstanceState)(nil),            // 14: prefixrouter.admin.v1.InstanceState
-	(*GetRoutingConfigRequest)(nil),  // 15: prefixrouter.admin.v1.GetRoutingConfigRequest
-	(*GetRoutingConfigResponse)(nil), // 16: prefixrouter.admin.v1.GetRoutingConfigResponse
-	(*SetRoutingConfigRequest)(nil),  // 17: prefixrouter.admin.v1.SetRoutingConfigRequest
-	(*SetRoutingConfigResponse)(nil), // 18: prefixrouter.admin.v1.SetRoutingConfigResponse
-	(*ExplainRouteRequest)(nil),      // 19: prefixrouter.admin.v1.ExplainRouteRequest
-	(*ExplainRouteResponse)(nil),     // 20: prefixrouter.admin.v1.ExplainRouteResponse
-	nil,                              // 21: prefixrouter.admin.v1.Instance.LabelsEntry
-	nil,                              // 22: prefixrouter.admin.v1.ExplainRouteRequest.HeadersEntry
-	(*timestamppb.Timestamp)(nil),    // 23: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),      // 24: google.protobuf.Duration
+	(*Override)(nil),                 // 13: prefixrouter.admin.v1.Override
+	(*Instance)(nil),                 // 14: prefixrouter.admin.v1.Instance
+	(*InstanceState)(nil),            // 15: prefixrouter.admin.v1.InstanceState
+	(*GetRoutingConfigRequest)(nil),  // 16: prefixrouter.admin.v1.GetRoutingConfigRequest
+	(*GetRoutingConfigResponse)(nil), // 17: prefixrouter.admin.v1.GetRoutingConfigResponse
+	(*SetRoutingConfigRequest)(nil),  // 18: prefixrouter.admin.v1.SetRoutingConfigRequest
+	(*SetRoutingConfigResponse)(nil), // 19: prefixrouter.admin.v1.SetRoutingConfigResponse
+	(*ExplainRouteRequest)(nil),      // 20: prefixrouter.admin.v1.ExplainRouteRequest
+	(*ExplainRouteResponse)(nil),     // 21: prefixrouter.admin.v1.ExplainRouteResponse
+	nil,                              // 22: prefixrouter.admin.v1.Instance.LabelsEntry
+	nil,                              // 23: prefixrouter.admin.v1.ExplainRouteRequest.HeadersEntry
+	(*timestamppb.Timestamp)(nil),    // 24: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),      // 25: google.protobuf.Duration
 }
 var file_prefixrouter_admin_v1_admin_proto_depIdxs = []int32{
 	1,  // 0: prefixrouter.admin.v1.ListAdaptersResponse.adapters:type_name -> prefixrouter.admin.v1.Adapter
 	1,  // 1: prefixrouter.admin.v1.PutAdapterRequest.adapter:type_name -> prefixrouter.admin.v1.Adapter
 	1,  // 2: prefixrouter.admin.v1.PutAdapterResponse.adapter:type_name -> prefixrouter.admin.v1.Adapter
 	9,  // 3: prefixrouter.admin.v1.RoutingConfig.production_variants:type_name -> prefixrouter.admin.v1.ProductionVariant
-	23, // 4: prefixrouter.admin.v1.GetFleetResponse.built_at:type_name -> google.protobuf.Timestamp
-	24, // 5: prefixrouter.admin.v1.GetFleetResponse.age:type_name -> google.protobuf.Duration
+	24, // 4: prefixrouter.admin.v1.GetFleetResponse.built_at:type_name -> google.protobuf.Timestamp
+	25, // 5: prefixrouter.admin.v1.GetFleetResponse.age:type_name -> google.protobuf.Duration
 	12, // 6: prefixrouter.admin.v1.GetFleetResponse.endpoints:type_name -> prefixrouter.admin.v1.Endpoint
 	8,  // 7: prefixrouter.admin.v1.Endpoint.config:type_name -> prefixrouter.admin.v1.RoutingConfig
-	13, // 8: prefixrouter.admin.v1.Endpoint.instances:type_name -> prefixrouter.admin.v1.Instance
-	21, // 9: prefixrouter.admin.v1.Instance.labels:type_name -> prefixrouter.admin.v1.Instance.LabelsEntry
-	23, // 10: prefixrouter.admin.v1.Instance.registered_at:type_name -> google.protobuf.Timestamp
-	14, // 11: prefixrouter.admin.v1.Instance.state:type_name -> prefixrouter.admin.v1.InstanceState
-	0,  // 12: prefixrouter.admin.v1.InstanceState.breaker:type_name -> prefixrouter.admin.v1.BreakerState
-	8,  // 13: prefixrouter.admin.v1.GetRoutingConfigResponse.config:type_name -> prefixrouter.admin.v1.RoutingConfig
-	8,  // 14: prefixrouter.admin.v1.GetRoutingConfigResponse.applied:type_name -> prefixrouter.admin.v1.RoutingConfig
-	8,  // 15: prefixrouter.admin.v1.SetRoutingConfigRequest.config:type_name -> prefixrouter.admin.v1.RoutingConfig
-	8,  // 16: prefixrouter.admin.v1.SetRoutingConfigResponse.config:type_name -> prefixrouter.admin.v1.RoutingConfig
-	22, // 17: prefixrouter.admin.v1.ExplainRouteRequest.headers:type_name -> prefixrouter.admin.v1.ExplainRouteRequest.HeadersEntry
-	10, // 18: prefixrouter.admin.v1.Admin.GetFleet:input_type -> prefixrouter.admin.v1.GetFleetRequest
-	15, // 19: prefixrouter.admin.v1.Admin.GetRoutingConfig:input_type -> prefixrouter.admin.v1.GetRoutingConfigRequest
-	17, // 20: prefixrouter.admin.v1.Admin.SetRoutingConfig:input_type -> prefixrouter.admin.v1.SetRoutingConfigRequest
-	19, // 21: prefixrouter.admin.v1.Admin.ExplainRoute:input_type -> prefixrouter.admin.v1.ExplainRouteRequest
-	2,  // 22: prefixrouter.admin.v1.Admin.ListAdapters:input_type -> prefixrouter.admin.v1.ListAdaptersRequest
-	4,  // 23: prefixrouter.admin.v1.Admin.PutAdapter:input_type -> prefixrouter.admin.v1.PutAdapterRequest
-	6,  // 24: prefixrouter.admin.v1.Admin.DeleteAdapter:input_type -> prefixrouter.admin.v1.DeleteAdapterRequest
-	11, // 25: prefixrouter.admin.v1.Admin.GetFleet:output_type -> prefixrouter.admin.v1.GetFleetResponse
-	16, // 26: prefixrouter.admin.v1.Admin.GetRoutingConfig:output_type -> prefixrouter.admin.v1.GetRoutingConfigResponse
-	18, // 27: prefixrouter.admin.v1.Admin.SetRoutingConfig:output_type -> prefixrouter.admin.v1.SetRoutingConfigResponse
-	20, // 28: prefixrouter.admin.v1.Admin.ExplainRoute:output_type -> prefixrouter.admin.v1.ExplainRouteResponse
-	3,  // 29: prefixrouter.admin.v1.Admin.ListAdapters:output_type -> prefixrouter.admin.v1.ListAdaptersResponse
-	5,  // 30: prefixrouter.admin.v1.Admin.PutAdapter:output_type -> prefixrouter.admin.v1.PutAdapterResponse
-	7,  // 31: prefixrouter.admin.v1.Admin.DeleteAdapter:output_type -> prefixrouter.admin.v1.DeleteAdapterResponse
-	25, // [25:32] is the sub-list for method output_type
-	18, // [18:25] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	14, // 8: prefixrouter.admin.v1.Endpoint.instances:type_name -> prefixrouter.admin.v1.Instance
+	13, // 9: prefixrouter.admin.v1.Endpoint.overridden:type_name -> prefixrouter.admin.v1.Override
+	22, // 10: prefixrouter.admin.v1.Instance.labels:type_name -> prefixrouter.admin.v1.Instance.LabelsEntry
+	24, // 11: prefixrouter.admin.v1.Instance.registered_at:type_name -> google.protobuf.Timestamp
+	15, // 12: prefixrouter.admin.v1.Instance.state:type_name -> prefixrouter.admin.v1.InstanceState
+	0,  // 13: prefixrouter.admin.v1.InstanceState.breaker:type_name -> prefixrouter.admin.v1.BreakerState
+	8,  // 14: prefixrouter.admin.v1.GetRoutingConfigResponse.config:type_name -> prefixrouter.admin.v1.RoutingConfig
+	8,  // 15: prefixrouter.admin.v1.GetRoutingConfigResponse.applied:type_name -> prefixrouter.admin.v1.RoutingConfig
+	8,  // 16: prefixrouter.admin.v1.SetRoutingConfigRequest.config:type_name -> prefixrouter.admin.v1.RoutingConfig
+	8,  // 17: prefixrouter.admin.v1.SetRoutingConfigResponse.config:type_name -> prefixrouter.admin.v1.RoutingConfig
+	23, // 18: prefixrouter.admin.v1.ExplainRouteRequest.headers:type_name -> prefixrouter.admin.v1.ExplainRouteRequest.HeadersEntry
+	10, // 19: prefixrouter.admin.v1.Admin.GetFleet:input_type -> prefixrouter.admin.v1.GetFleetRequest
+	16, // 20: prefixrouter.admin.v1.Admin.GetRoutingConfig:input_type -> prefixrouter.admin.v1.GetRoutingConfigRequest
+	18, // 21: prefixrouter.admin.v1.Admin.SetRoutingConfig:input_type -> prefixrouter.admin.v1.SetRoutingConfigRequest
+	20, // 22: prefixrouter.admin.v1.Admin.ExplainRoute:input_type -> prefixrouter.admin.v1.ExplainRouteRequest
+	2,  // 23: prefixrouter.admin.v1.Admin.ListAdapters:input_type -> prefixrouter.admin.v1.ListAdaptersRequest
+	4,  // 24: prefixrouter.admin.v1.Admin.PutAdapter:input_type -> prefixrouter.admin.v1.PutAdapterRequest
+	6,  // 25: prefixrouter.admin.v1.Admin.DeleteAdapter:input_type -> prefixrouter.admin.v1.DeleteAdapterRequest
+	11, // 26: prefixrouter.admin.v1.Admin.GetFleet:output_type -> prefixrouter.admin.v1.GetFleetResponse
+	17, // 27: prefixrouter.admin.v1.Admin.GetRoutingConfig:output_type -> prefixrouter.admin.v1.GetRoutingConfigResponse
+	19, // 28: prefixrouter.admin.v1.Admin.SetRoutingConfig:output_type -> prefixrouter.admin.v1.SetRoutingConfigResponse
+	21, // 29: prefixrouter.admin.v1.Admin.ExplainRoute:output_type -> prefixrouter.admin.v1.ExplainRouteResponse
+	3,  // 30: prefixrouter.admin.v1.Admin.ListAdapters:output_type -> prefixrouter.admin.v1.ListAdaptersResponse
+	5,  // 31: prefixrouter.admin.v1.Admin.PutAdapter:output_type -> prefixrouter.admin.v1.PutAdapterResponse
+	7,  // 32: prefixrouter.admin.v1.Admin.DeleteAdapter:output_type -> prefixrouter.admin.v1.DeleteAdapterResponse
+	26, // [26:33] is the sub-list for method output_type
+	19, // [19:26] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_prefixrouter_admin_v1_admin_proto_init() }
@@ -1667,7 +1752,7 @@ func file_prefixrouter_admin_v1_admin_proto_init() {
 	if File_prefixrouter_admin_v1_admin_proto != nil {
 		return
 	}
-	file_prefixrouter_admin_v1_admin_proto_msgTypes[18].OneofWrappers = []any{
+	file_prefixrouter_admin_v1_admin_proto_msgTypes[19].OneofWrappers = []any{
 		(*ExplainRouteRequest_Body)(nil),
 		(*ExplainRouteRequest_BodyText)(nil),
 	}
@@ -1677,7 +1762,7 @@ func file_prefixrouter_admin_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_prefixrouter_admin_v1_admin_proto_rawDesc), len(file_prefixrouter_admin_v1_admin_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   22,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

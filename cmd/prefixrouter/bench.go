@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"strings"
@@ -14,6 +15,7 @@ import (
 func newBenchCmd() *cobra.Command {
 	var (
 		cfg     bench.Options
+		capa    bench.CapacityOptions
 		out     string
 		presets []string
 	)
@@ -35,7 +37,14 @@ Presets:
 Example, against a real vLLM fleet behind a router:
   prefixrouter bench --target http://router:8080 --preset shared-8k --rate 10 \
     --requests 2000 --warmup 300 --model meta-llama/Llama-3.1-8B-Instruct \
-    --metrics-url http://vllm-0:8000/metrics --metrics-url http://vllm-1:8000/metrics`,
+    --metrics-url http://vllm-0:8000/metrics --metrics-url http://vllm-1:8000/metrics
+
+Capacity: with --capacity-p90 D, bench searches the highest offered rate at which TTFT p90
+stays within D (and 99 % succeed), starting at --rate: the rate grows ×1.5 while the target
+holds, then bisects; each step is a whole run (--warmup, --requests). Throughput gains from
+cache hits show only there: below capacity every strategy finishes the same requests.
+  prefixrouter bench --target http://router:8080 --preset shared-8k-seed --rate 5 \
+    --capacity-p90 2s --requests 400 --warmup 150 --reset-prefix-cache --metrics-url ...`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if len(cfg.Targets) == 0 {
@@ -48,6 +57,21 @@ Example, against a real vLLM fleet behind a router:
 				return usageErr("set --requests or --duration")
 			}
 			cfg.Progress = os.Stderr
+			if capa.TargetP90 > 0 {
+				capa.Run, capa.StartRate, capa.Progress = cfg, cfg.Rate, os.Stderr
+				res, err := bench.Capacity(cmd.Context(), capa)
+				if res != nil {
+					if werr := res.WriteTable(cmd.OutOrStdout()); werr != nil {
+						return werr
+					}
+					if out != "" {
+						if werr := writeJSONFile(out, res); werr != nil {
+							return werr
+						}
+					}
+				}
+				return err
+			}
 			res, err := bench.Run(cmd.Context(), cfg)
 			if res != nil {
 				if werr := res.WriteTable(cmd.OutOrStdout()); werr != nil {
@@ -89,5 +113,17 @@ Example, against a real vLLM fleet behind a router:
 	f.Float64Var(&cfg.TimeScale, "time-scale", 1, "the servers run this many times faster than real time (modelsim --time-scale): rates and timeouts are in server time, figures are reported in server time")
 	f.StringVar(&cfg.Label, "label", "", "name of the run in the report")
 	f.StringVar(&out, "out", "", "write the result as JSON to this file")
+	f.DurationVar(&capa.TargetP90, "capacity-p90", 0, "search the capacity: the highest rate (from --rate up) at which TTFT p90 stays within this (server time); 0: one run at --rate")
+	f.Float64Var(&capa.MaxRate, "capacity-max-rate", 0, "cap of the capacity search, requests/s (0: 64 × --rate)")
+	f.IntVar(&capa.Refine, "capacity-refine", 0, "bisection steps after the first rate that misses the target (0: 3; -1: none)")
 	return c
+}
+
+// writeJSONFile writes v as indented JSON to path.
+func writeJSONFile(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/internal/localfleet"
 	"github.com/prefixrouter/prefixrouter/internal/sim"
+	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 	"github.com/prefixrouter/prefixrouter/probe"
 )
 
@@ -303,13 +304,10 @@ func exportedNames(m probe.Metrics) map[string]bool {
 	return out
 }
 
-func TestDashboardQueriesExportedMetrics(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts etcd, model servers and a router replica")
-	}
-	// The fleet's goroutines (etcd, agents, replica, simulators) must all
-	// be gone once it is closed.
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+// dashboardMetrics returns every metric name the dashboard queries, and how
+// many expressions it has.
+func dashboardMetrics(t *testing.T) (map[string]bool, int) {
+	t.Helper()
 	exprs, varMetrics := dashboardQueries(t)
 	want := map[string]bool{}
 	for _, e := range exprs {
@@ -327,9 +325,46 @@ func TestDashboardQueriesExportedMetrics(t *testing.T) {
 	for _, n := range varMetrics {
 		want[n] = true
 	}
+	if len(want) < 10 {
+		t.Errorf("the dashboard queries only %d metrics: %v", len(want), want)
+	}
+	return want, len(exprs)
+}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
+// checkExported fails the test for every name in want that neither the
+// replica's exposition (have) nor, for vLLM's names, the model server's
+// exports.
+func checkExported(t *testing.T, want, have, haveServer map[string]bool) {
+	t.Helper()
+	for name := range want {
+		switch {
+		case strings.HasPrefix(name, "vllm:"):
+			if !haveServer[name] {
+				t.Errorf("the dashboard queries %s; the model server does not export it", name)
+			}
+		case !have[name]:
+			t.Errorf("the dashboard queries %s; the replica does not export it", name)
+		}
+	}
+}
+
+// startDashboardTest skips in -short mode (the tests start etcd, model
+// servers and a router replica), checks at the end that the fleet's
+// goroutines (etcd, agents, replica, simulators) are all gone, and returns
+// the dashboard's metric names and a context for the test.
+func startDashboardTest(t *testing.T) (want map[string]bool, nExprs int, ctx context.Context) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts etcd, model servers and a router replica")
+	}
+	ignore := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
+	want, nExprs = dashboardMetrics(t)
+	return want, nExprs, testsupport.Context(t, 2*time.Minute)
+}
+
+func TestDashboardQueriesExportedMetrics(t *testing.T) {
+	want, nExprs, ctx := startDashboardTest(t)
 	const threshold = 7
 	f, err := localfleet.Start(ctx, localfleet.Options{
 		Instances: 3, Replicas: 1,
@@ -366,16 +401,17 @@ func TestDashboardQueriesExportedMetrics(t *testing.T) {
 		return m
 	}
 	// sendUntil sends distinct prefixes (each lands on its own primary)
-	// until the metric has a series, at most 200 requests.
+	// until the metric counts something (its series exist at 0 from the
+	// start), at most 200 requests.
 	sendUntil := func(metric string) {
 		t.Helper()
 		for range 200 {
 			send()
-			if len(scrape().Series(metric)) > 0 {
+			if n, err := scrape().Sum(metric); err == nil && n > 0 {
 				return
 			}
 		}
-		t.Fatalf("%s did not appear after 200 requests", metric)
+		t.Fatalf("%s counted nothing after 200 requests", metric)
 	}
 
 	for range 10 {
@@ -408,23 +444,64 @@ func TestDashboardQueriesExportedMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	haveServer := exportedNames(sm)
-	t.Logf("%d expressions query %d metric names; the replica exports %d, a model server %d", len(exprs), len(want), len(have), len(haveServer))
-	for name := range want {
-		switch {
-		case strings.HasPrefix(name, "vllm:"):
-			if !haveServer[name] {
-				t.Errorf("the dashboard queries %s; the model server does not export it", name)
-			}
-		case !have[name]:
-			t.Errorf("the dashboard queries %s; the replica does not export it", name)
-		}
-	}
+	t.Logf("%d expressions query %d metric names; the replica exports %d, a model server %d", nExprs, len(want), len(have), len(haveServer))
+	checkExported(t, want, have, haveServer)
 	for _, s := range m.Series("prefixrouter_endpoint_concurrency_threshold") {
 		if s.Value != threshold {
 			t.Errorf("prefixrouter_endpoint_concurrency_threshold%v = %v, want %d", s.Labels, s.Value, threshold)
 		}
 	}
-	if len(want) < 10 {
-		t.Errorf("the dashboard queries only %d metrics: %v", len(want), want)
+}
+
+// TestDashboardSeriesAtZeroOnAHealthyReplica: a replica that has served
+// nothing, on a healthy fleet, already exports every series the dashboard
+// queries, so that no panel says "No data"; the counters of events that did
+// not happen read 0 (issue 18). The keys-moved histogram is only checked to
+// exist: instances joining after the replica's first snapshot are
+// membership changes it counts.
+func TestDashboardSeriesAtZeroOnAHealthyReplica(t *testing.T) {
+	want, _, ctx := startDashboardTest(t)
+	f, err := localfleet.Start(ctx, localfleet.Options{Instances: 2, Replicas: 1, FastEtcd: true, Sim: sim.Options{TimeScale: 1000}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var ids []string
+	for _, in := range f.Instances() {
+		ids = append(ids, in.ID)
+	}
+	if err := f.WaitFor(ctx, f.HasInstances(ids...)); err != nil {
+		t.Fatal(err)
+	}
+	client := &http.Client{Timeout: 10 * time.Second}
+	defer client.CloseIdleConnections()
+	m, err := probe.Scrape(ctx, client, "http://"+f.Replicas()[0].AdminAddr()+"/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sm, err := probe.Scrape(ctx, client, f.Instances()[0].URL()+"/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkExported(t, want, exportedNames(m), exportedNames(sm))
+	for name, fam := range m {
+		if !want[name] && !want[name+"_bucket"] {
+			continue
+		}
+		for _, s := range fam.GetMetric() {
+			var v float64
+			switch {
+			case fam.GetType() == dto.MetricType_COUNTER:
+				v = s.GetCounter().GetValue()
+			case fam.GetType() == dto.MetricType_HISTOGRAM && name != "prefixrouter_keys_moved_ratio":
+				v = float64(s.GetHistogram().GetSampleCount())
+			}
+			if name == "prefixrouter_membership_relists_total" && slices.ContainsFunc(s.GetLabel(), func(l *dto.LabelPair) bool { return l.GetValue() == "start" }) {
+				continue // the one list at start
+			}
+			if v != 0 {
+				t.Errorf("%s%v = %v on a replica that served nothing, want 0", name, s.GetLabel(), v)
+			}
+		}
 	}
 }

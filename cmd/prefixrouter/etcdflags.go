@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/pflag"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/membership"
 )
 
@@ -51,7 +52,7 @@ func newEndpointCmd(use, short, endpointUsage string) *endpointCmd {
 // etcd validates the endpoint name, connects and runs call under the dial
 // timeout.
 func (c *endpointCmd) etcd(cmd *cobra.Command, call func(context.Context, *clientv3.Client) error) error {
-	if err := membership.ValidateName("endpoint", c.endpoint); err != nil {
+	if err := fleet.ValidateName("endpoint name", c.endpoint); err != nil {
 		return usageErr("--endpoint: %w", err)
 	}
 	cli, err := c.ef.client()

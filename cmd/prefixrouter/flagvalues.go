@@ -67,7 +67,7 @@ func (s *staticValue) String() string {
 	return strings.Join(parts, ",")
 }
 func (s *staticValue) Set(v string) error {
-	insts, err := router.ParseStaticInstances(v)
+	insts, err := fleet.ParseStaticInstances(v)
 	if err != nil {
 		return err
 	}

@@ -4,7 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -12,6 +16,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/membership/etcdtest"
+	"github.com/prefixrouter/prefixrouter/replica"
 )
 
 // runCLI runs the command line in process and returns its outputs and exit code.
@@ -67,6 +72,7 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"api keys file empty", []string{"serve", "--static-instances", "a=http://127.0.0.1:1", "--api-keys-file", os.DevNull}, "lists no key"},
 		{"gc percent below -1", []string{"serve", "--static-instances", "a=http://127.0.0.1:1", "--gc-percent", "-2"}, "--gc-percent"},
 		{"register without id", []string{"register", "--addr", "http://127.0.0.1:1"}, "--id and --addr are required"},
+		{"register unknown engine", []string{"register", "--id", "a", "--addr", "http://127.0.0.1:1", "--engine", "vllm2"}, "unknown engine \"vllm2\" (want one of vllm, sglang, llamacpp, tgi"},
 		{"bench without target", []string{"bench"}, "--target"},
 		{"unknown preset", []string{"bench", "--target", "http://127.0.0.1:1", "--preset", "nope"}, "nope"},
 		{"config set bad json", []string{"config", "set", "--routing-config", "{bad"}, "--routing-config"},
@@ -204,5 +210,54 @@ func TestAdapterAddRemoveListAgainstEtcd(t *testing.T) {
 	out, _, _ = runCLI(t, "adapter", "list", "--etcd-endpoints", url, "--endpoint", "chat", "--json")
 	if strings.Contains(out, "sql-lora") || !strings.Contains(out, "chat-lora") {
 		t.Fatalf("after remove: %q", out)
+	}
+}
+
+// TestServeHasEveryRoutingFlag: serve reports a routing setting a stored
+// config overrides by its flag's name (replica.RoutingFlagNames), so each
+// name must be a flag of serve's.
+func TestServeHasEveryRoutingFlag(t *testing.T) {
+	fs := newServeCmd().Flags()
+	for _, name := range replica.RoutingFlagNames() {
+		if fs.Lookup(name) == nil {
+			t.Errorf("serve has no --%s", name)
+		}
+	}
+}
+
+// TestRegisterHotWindowStillParses: --hot-window, renamed
+// --saturation-window (issue 18), still sets the same value.
+func TestRegisterHotWindowStillParses(t *testing.T) {
+	for _, name := range []string{"saturation-window", "hot-window"} {
+		fs := newRegisterCmd().Flags()
+		if err := fs.Parse([]string{"--" + name, "7s"}); err != nil {
+			t.Fatal(err)
+		}
+		if got := fs.Lookup("saturation-window").Value.String(); got != "7s" {
+			t.Errorf("--%s 7s: --saturation-window reads %s", name, got)
+		}
+	}
+}
+
+// TestBenchCapacity runs `bench --capacity-p90` against a loopback server
+// that answers at once: every step holds, up to the cap.
+func TestBenchCapacity(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\ndata: [DONE]\n\n")
+	}))
+	defer srv.Close()
+	out := filepath.Join(t.TempDir(), "capacity.json")
+	stdout, stderr, code := runCLI(t, "bench", "--target", srv.URL, "--preset", "sharegpt-like", "--rate", "20", "--requests", "10", "--warmup", "0",
+		"--capacity-p90", "1m", "--capacity-max-rate", "30", "--out", out)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if !strings.Contains(stdout, "at least 30 req/s (the search's cap)") {
+		t.Fatalf("stdout:\n%s", stdout)
+	}
+	b, err := os.ReadFile(out)
+	if err != nil || !strings.Contains(string(b), `"steps"`) {
+		t.Fatalf("JSON report: %v\n%s", err, b)
 	}
 }

@@ -30,27 +30,34 @@ func newRegisterCmd() *cobra.Command {
 		health   []string
 		logLevel slog.Level
 		place    agent.Options
+		eng      string
 	)
 	c := &cobra.Command{
 		Use:   "register",
 		Short: "Register a model server in etcd and hold its lease (the agent beside each model server)",
-		Long: `register is the agent that runs beside a model server (vLLM, SGLang, TGI, modelsim).
-It waits until the server answers its health path, registers it in etcd under a lease
-(<prefix>/endpoints/<endpoint>/instances/<id>), keeps the lease alive, and with
---discover-adapters polls the server's /v1/models and updates the record when its LoRA
-adapters change (vLLM lists adapters with "parent" set; the base model's id goes into the
-"model" label).
+		Long: `register is the agent that runs beside a model server (vLLM, SGLang, llama.cpp's
+llama-server, TGI, modelsim). It waits until the server answers its health path, names its
+engine (--engine, or detected from its /metrics names, /v1/models owned_by and Server
+header; docs/engines.md), registers it in etcd under a lease
+(<prefix>/endpoints/<endpoint>/instances/<id>, with "engine"), keeps the lease alive, and
+with --discover-adapters polls the server's /v1/models and updates the record when its LoRA
+adapters change (vLLM and SGLang list adapters with "parent" set; the base model's id goes
+into the "model" label). Beside llama-server it always reads GET /lora-adapters: the
+adapters it loaded at start (--lora), named by their file name without .gguf, with the
+positions routers use to select them; --adapters must name some of those.
 
 With --place-adapters (the default) it also loads the catalogued adapters that placement
-assigns to this instance (POST /v1/load_lora_adapter, vLLM with
-VLLM_ALLOW_RUNTIME_LORA_UPDATING=True), unloads the others but --adapters, publishes whether
-the instance is hot and which adapters are in use, and writes the growth and shrink
-decisions every agent makes alike (docs/adapters.md).
+assigns to this instance (vLLM: POST /v1/load_lora_adapter with
+VLLM_ALLOW_RUNTIME_LORA_UPDATING=True; SGLang: POST /load_lora_adapter), unloads the others
+but --adapters, publishes whether the instance is saturated and which adapters are in use, and
+writes the growth and shrink decisions every agent makes alike (docs/adapters.md).
+llama-server cannot load adapters at run time: it gets no placement.
 
 On SIGTERM or SIGINT it marks the instance draining (routers stop sending new requests),
-waits until the server reports no running or waiting requests (vllm:num_requests_running
-and vllm:num_requests_waiting on its /metrics) or --drain-timeout passes, revokes the lease
-and exits 0. If the agent crashes, the lease expires after --ttl and routers drop the
+waits until the server reports no running or waiting requests (its engine's gauges on
+/metrics: vllm:num_requests_running/waiting, sglang:num_running_reqs/num_queue_reqs,
+llamacpp:requests_processing/deferred) or --drain-timeout passes, revokes the lease and
+exits 0. If the agent crashes, the lease expires after --ttl and routers drop the
 instance.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -58,7 +65,7 @@ instance.`,
 			if inst.ID == "" || inst.Addr == "" {
 				return usageErr("--id and --addr are required")
 			}
-			if err := membership.ValidateName("endpoint", endpoint); err != nil {
+			if err := fleet.ValidateName("endpoint name", endpoint); err != nil {
 				return usageErr("--endpoint: %w", err)
 			}
 			if len(labels) > 0 {
@@ -70,6 +77,9 @@ instance.`,
 			if err := inst.Validate(); err != nil {
 				return usageErr("%w", err)
 			}
+			if err := (agent.Options{Engine: eng}).Validate(); err != nil {
+				return usageErr("--engine: %w", err)
+			}
 			cli, err := ef.client()
 			if err != nil {
 				return err
@@ -80,13 +90,14 @@ instance.`,
 				Options:          membership.Options{Layout: ef.layout, TTL: ttl, Logger: logger},
 				Endpoint:         endpoint,
 				Instance:         inst,
+				Engine:           eng,
 				DiscoverAdapters: discover,
 				HealthPaths:      health,
 				PollInterval:     poll,
 				DrainTimeout:     drain,
 				PlaceAdapters:    place.PlaceAdapters,
 				LoadPollInterval: place.LoadPollInterval,
-				HotWindow:        place.HotWindow,
+				SaturationWindow: place.SaturationWindow,
 				ActiveWindow:     place.ActiveWindow,
 				ScaleCooldown:    place.ScaleCooldown,
 			})
@@ -102,11 +113,15 @@ instance.`,
 	f.StringVar(&inst.ID, "id", "", "instance id, unique within the endpoint (required)")
 	f.StringVar(&inst.Addr, "addr", "", "base URL routers send requests to, e.g. http://10.0.0.7:8000 (required)")
 	f.StringSliceVar(&inst.Adapters, "adapters", nil, "LoRA adapters loaded on the instance (comma-separated; kept alongside discovered ones)")
+	f.StringVar(&eng, "engine", "", "the model server's engine: vllm, sglang, llamacpp or tgi (default: detect it once the server is healthy)")
 	f.BoolVar(&discover, "discover-adapters", false, "poll the server's /v1/models and register the adapters it lists")
 	f.IntVar(&inst.MaxAdapters, "max-adapters", 0, "adapter slots of the instance (vLLM's --max-loras/--max-cpu-loras); 0: read max_lora from vllm:lora_requests_info, else unlimited")
 	f.BoolVar(&place.PlaceAdapters, "place-adapters", true, "load the catalogued adapters placed on this instance and unload the others (see 'prefixrouter adapter')")
 	f.DurationVar(&place.LoadPollInterval, "load-poll-interval", agent.DefaultLoadPollInterval, "how often placement reads the server's load and adapters in use")
-	f.DurationVar(&place.HotWindow, "hot-window", agent.DefaultHotWindow, "load at or above the concurrency threshold this long marks the instance hot (below half of it as long clears it)")
+	f.DurationVar(&place.SaturationWindow, "saturation-window", agent.DefaultSaturationWindow, "load at or above the concurrency threshold this long marks the instance saturated (below half of it as long clears it)")
+	// The flag's name until issue 18 ("hot" now means a popular key only).
+	f.DurationVar(&place.SaturationWindow, "hot-window", agent.DefaultSaturationWindow, "old name of --saturation-window")
+	_ = f.MarkDeprecated("hot-window", "use --saturation-window")
 	f.DurationVar(&place.ActiveWindow, "active-window", agent.DefaultActiveWindow, "an adapter unused this long on every instance is cold (its set shrinks to --min-replicas)")
 	f.DurationVar(&place.ScaleCooldown, "scale-cooldown", lora.DefaultScaleCooldown, "least time between two size changes of an adapter's set")
 	f.IntVar(&inst.Weight, "weight", 1, "relative share of the hash space (e.g. 2 for an instance twice as large; 1..100)")

@@ -45,6 +45,13 @@ share the fleet, and keeps routing on its last good snapshot while etcd is unrea
 				opts.Etcd.Endpoints = nil
 			}
 			opts.Static = static
+			// Given routing settings are reported where a stored
+			// routing config replaces them.
+			for _, name := range replica.RoutingFlagNames() {
+				if cmd.Flags().Changed(name) {
+					opts.RoutingFlags = append(opts.RoutingFlags, name)
+				}
+			}
 			opts.Logger = newLogger(logLevel)
 			return replica.Run(cmd.Context(), opts)
 		},
@@ -71,7 +78,7 @@ share the fleet, and keeps routing on its last good snapshot while etcd is unrea
 	f.Int64Var(&r.MaxBodyBytes, "max-body-bytes", router.DefaultMaxBodyBytes, "largest request body accepted (413 beyond)")
 	f.Uint32Var(&r.Breaker.ConsecutiveFailures, "breaker-failures", overload.DefaultConsecutiveFailures, "consecutive upstream failures that open an instance's circuit breaker")
 	f.DurationVar(&r.Breaker.OpenTimeout, "breaker-open-timeout", overload.DefaultOpenTimeout, "how long an open breaker waits before letting a probe through")
-	f.DurationVar(&r.LoadPollInterval, "load-poll-interval", 0, "poll each instance's /metrics (vllm:num_requests_running+waiting) this often and count load from other replicas against the concurrency threshold (0: off)")
+	f.DurationVar(&r.LoadPollInterval, "load-poll-interval", 0, "poll each instance's /metrics this often (its engine's running and waiting requests: vllm:num_requests_*, sglang:num_running_reqs/num_queue_reqs, llamacpp:requests_processing/deferred) and count load from other replicas against the concurrency threshold (0: off)")
 	f.Float64Var(&r.HotKeyThreshold, "hot-key-threshold", 0, "with --hot-key-replication (or the endpoint's HotKeyReplication): a key gets a second instance once it alone carries more than this multiple of one instance's fair share (0: 0.5; else up to 16)")
 	f.Float64Var(&r.BalanceFactor, "balance-factor", 0, "PREFIX_AWARE: no instance takes more than this multiple of its set's average in-flight load; beyond it the request spills to the next candidate in ring order (bounded-load consistent hashing, like HAProxy's hash-balance-factor; 0: off, else 1..10)")
 	f.DurationVar(&r.UpstreamHeaderTimeout, "upstream-header-timeout", 0, "give up on an instance that sends no response headers within this long; counts against its circuit breaker (0: wait indefinitely; a non-streamed generation sends its headers only when it is done, so allow for the longest one)")

@@ -123,8 +123,16 @@ type chunk struct {
 		} `json:"message"`
 		Text string `json:"text"`
 	} `json:"choices"`
-	Usage *usage          `json:"usage"`
-	Error json.RawMessage `json:"error"`
+	Usage *usage `json:"usage"`
+	// Timings is llama.cpp's llama-server's: prompt_n is the prompt
+	// tokens it evaluated, cache_n (later builds) those its cache served.
+	Timings *timings        `json:"timings"`
+	Error   json.RawMessage `json:"error"`
+}
+
+type timings struct {
+	PromptN *int `json:"prompt_n"`
+	CacheN  *int `json:"cache_n"`
 }
 
 func (c *chunk) content() string {
@@ -139,15 +147,24 @@ func (c *chunk) content() string {
 	return s.String()
 }
 
-func (o *outcome) takeUsage(u *usage) {
+// takeUsage reads the token counts of an answer: OpenAI's usage, with the
+// cached prompt tokens from usage.prompt_tokens_details, or, when an
+// engine reports them only in llama.cpp's timings, cache_n or else the
+// prompt tokens minus those evaluated (prompt_n).
+func (o *outcome) takeUsage(u *usage, t *timings) {
 	if u == nil {
 		return
 	}
 	o.hasUsage = true
 	o.promptTokens = u.PromptTokens
 	o.outputTokens = u.CompletionTokens
-	if u.PromptTokensDetails != nil {
+	switch {
+	case u.PromptTokensDetails != nil:
 		o.cachedTokens = u.PromptTokensDetails.CachedTokens
+	case t != nil && t.CacheN != nil:
+		o.cachedTokens = *t.CacheN
+	case t != nil && t.PromptN != nil:
+		o.cachedTokens = max(u.PromptTokens-*t.PromptN, 0)
 	}
 }
 
@@ -260,7 +277,7 @@ func readSSE(br *bufio.Reader, o *outcome) {
 					o.ttft = time.Since(o.sent)
 				}
 			}
-			o.takeUsage(c.Usage)
+			o.takeUsage(c.Usage, c.Timings)
 		}
 		if err != nil {
 			if errors.Is(err, io.EOF) {
@@ -291,7 +308,7 @@ func readJSON(br *bufio.Reader, o *outcome) {
 	if c.content() != "" {
 		o.ttft = time.Since(o.sent)
 	}
-	o.takeUsage(c.Usage)
+	o.takeUsage(c.Usage, c.Timings)
 }
 
 func classifyTransport(err error) string {

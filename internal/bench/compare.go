@@ -22,6 +22,9 @@ type Comparison struct {
 	Notes []string `json:"notes,omitempty"`
 	// Overheads, if measured, are the latency the router adds per strategy.
 	Overheads []Overhead `json:"router_overhead,omitempty"`
+	// Capacity, if searched, is each strategy's highest rate within a
+	// latency target (capacity.go).
+	Capacity []*CapacityResult `json:"capacity,omitempty"`
 }
 
 // modeTable lays the runs out with one row per preset and one column per
@@ -196,6 +199,7 @@ func (c *Comparison) WriteMarkdown(w io.Writer) error {
 		}
 		b.WriteString("\n")
 	}
+	c.capacityMarkdown(&b)
 	if rows := c.overheadRows(); len(rows) > 0 {
 		b.WriteString("\n## Router overhead\n\n")
 		b.WriteString("| " + strings.Join(overheadHeader, " | ") + " |\n|---|--:|--:|--:|--:|--:|\n")
@@ -270,6 +274,10 @@ type htmlView struct {
 	ModeHeader         []string
 	ModeRows           [][]string
 	OverheadNote       string
+	CapHeader          []string
+	CapRows            [][]string
+	CapSteps           [][]string
+	CapChart           *capChart
 }
 
 // htmlNote is one summary line; Sub lines are details of the line above.
@@ -291,6 +299,8 @@ func (c *Comparison) view() htmlView {
 	}
 	v.Overhead, v.OverheadHeader, v.OverheadNote = c.overheadRows(), overheadHeader, overheadNote
 	v.ModeHeader, v.ModeRows = c.modeTable()
+	v.CapHeader, v.CapRows, v.CapSteps = capacityHeader, c.capacityRows(), c.capacitySteps()
+	v.CapChart = c.capacityChart(strings.Fields(palette))
 	for _, r := range c.Runs {
 		vs := r.MetricsVsOracle
 		if vs == nil {
@@ -400,9 +410,10 @@ func trimFloat(v float64) string {
 }
 
 var htmlPage = template.Must(template.New("page").Funcs(template.FuncMap{
-	"add":     func(a, b float64) float64 { return a + b },
-	"sub":     func(a, b float64) float64 { return a - b },
-	"legendY": func(i int) float64 { return padT + 8 + float64(i)*16 },
+	"add":           func(a, b float64) float64 { return a + b },
+	"sub":           func(a, b float64) float64 { return a - b },
+	"legendY":       func(i int) float64 { return padT + 8 + float64(i)*16 },
+	"capStepHeader": func([]string) []string { return capacityStepHeader },
 }).Parse(`<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{{.Title}}</title>
 <style>
@@ -443,6 +454,23 @@ svg{font-size:11px;font-family:inherit}.note{color:#555}li.sub{margin-left:2em;l
 {{range .Bars}}<text x="{{sub $.LabelW 6}}" y="{{add .Y 12}}" text-anchor="end">{{.Label}}</text><rect x="{{$.LabelW}}" y="{{.Y}}" width="{{.W}}" height="16" fill="#1f77b4"/><text x="{{add $.LabelW (add .W 4)}}" y="{{add .Y 12}}">{{.Value}}</text>
 {{end}}</svg>{{else}}<p class="note">no instance header in the responses</p>{{end}}
 {{end}}
+{{if .CapRows}}<h2>Capacity at the latency target</h2>
+<table><tr>{{range .CapHeader}}<th>{{.}}</th>{{end}}</tr>
+{{range .CapRows}}<tr>{{range .}}<td>{{.}}</td>{{end}}</tr>
+{{end}}</table>
+{{with .CapChart}}<svg width="{{$.W}}" height="{{$.H}}" viewBox="0 0 {{$.W}} {{$.H}}" role="img" aria-label="TTFT p90 against offered rate">
+<rect x="{{$.PadL}}" y="{{$.PadT}}" width="{{sub $.PlotR $.PadL}}" height="{{sub $.PlotB $.PadT}}" fill="none" stroke="#999"/>
+{{range .XTicks}}<line x1="{{.X}}" y1="{{$.PadT}}" x2="{{.X}}" y2="{{.Y}}" stroke="#eee"/><text x="{{.X}}" y="{{add .Y 14}}" text-anchor="middle">{{.Label}}</text>
+{{end}}{{range .YTicks}}<line x1="{{.X}}" y1="{{.Y}}" x2="{{$.PlotR}}" y2="{{.Y}}" stroke="#eee"/><text x="{{sub .X 4}}" y="{{add .Y 4}}" text-anchor="end">{{.Label}}</text>
+{{end}}<line x1="{{$.PadL}}" y1="{{.TargetY}}" x2="{{$.PlotR}}" y2="{{.TargetY}}" stroke="#000" stroke-dasharray="4 3"/><text x="{{sub $.PlotR 4}}" y="{{sub .TargetY 4}}" text-anchor="end">target</text>
+<text x="{{add $.PadL 160}}" y="{{sub $.H 6}}">offered rate (req/s, log scale) → TTFT p90 (ms, log scale)</text>
+{{range $i, $l := .Lines}}<path d="{{$l.Path}}" fill="none" stroke="{{$l.Color}}" stroke-width="1.8"/>
+<rect x="{{add $.PadL 10}}" y="{{sub (legendY $i) 8}}" width="10" height="10" fill="{{$l.Color}}"/><text x="{{add $.PadL 24}}" y="{{legendY $i}}">{{$l.Label}}</text>
+{{end}}</svg>{{end}}
+<h3>The search's steps</h3>
+<table><tr>{{range .CapHeader | capStepHeader}}<th>{{.}}</th>{{end}}</tr>
+{{range .CapSteps}}<tr>{{range .}}<td>{{.}}</td>{{end}}</tr>
+{{end}}</table>{{end}}
 {{if .Overhead}}<h2>Router overhead</h2>
 <table><tr>{{range .OverheadHeader}}<th>{{.}}</th>{{end}}</tr>
 {{range .Overhead}}<tr>{{range .}}<td>{{.}}</td>{{end}}</tr>

@@ -29,6 +29,10 @@ type fakeServer struct {
 	arrived chan struct{}
 	// noCacheInfo leaves vllm:cache_config_info out of /metrics.
 	noCacheInfo bool
+	// llama speaks llama.cpp's llama-server (c392e50): usage without
+	// prompt_tokens_details, the evaluated prompt tokens in
+	// timings.prompt_n, and only llamacpp:prompt_tokens_total on /metrics.
+	llama bool
 
 	mu      sync.Mutex // guards the fields below
 	n       int
@@ -122,13 +126,21 @@ func (f *fakeServer) chat(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprint(w, `data: {"choices":[{"index":0,"delta":{"content":"tok "}}]}`+"\n\n")
 		fl.Flush()
 	}
-	fmt.Fprintf(w, `data: {"choices":[],"usage":{"prompt_tokens":%d,"completion_tokens":%d,"prompt_tokens_details":{"cached_tokens":%d}}}`+"\n\n", prompt, b.MaxTokens, cached)
+	if f.llama {
+		fmt.Fprintf(w, `data: {"choices":[{"finish_reason":"length","index":0,"delta":{}}],"usage":{"completion_tokens":%d,"prompt_tokens":%d,"total_tokens":%d},"timings":{"prompt_n":%d,"prompt_ms":1.5,"predicted_n":%d}}`+"\n\n", b.MaxTokens, prompt, prompt+b.MaxTokens, prompt-cached, b.MaxTokens)
+	} else {
+		fmt.Fprintf(w, `data: {"choices":[],"usage":{"prompt_tokens":%d,"completion_tokens":%d,"prompt_tokens_details":{"cached_tokens":%d}}}`+"\n\n", prompt, b.MaxTokens, cached)
+	}
 	fmt.Fprint(w, "data: [DONE]\n\n")
 }
 
 func (f *fakeServer) metrics(w http.ResponseWriter, _ *http.Request) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.llama {
+		fmt.Fprintf(w, "# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.\n# TYPE llamacpp:prompt_tokens_total counter\nllamacpp:prompt_tokens_total %d\n", f.queries-f.hits)
+		return
+	}
 	fmt.Fprintf(w, "# HELP vllm:prefix_cache_queries_total Prefix cache queries in tokens.\n# TYPE vllm:prefix_cache_queries_total counter\nvllm:prefix_cache_queries_total{engine=\"0\",model_name=\"m\"} %d\n", f.queries)
 	fmt.Fprintf(w, "# HELP vllm:prefix_cache_hits_total Prefix cache hits in tokens.\n# TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total{engine=\"0\",model_name=\"m\"} %d\n", f.hits)
 	if !f.noCacheInfo {

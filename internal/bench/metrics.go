@@ -17,6 +17,12 @@ import (
 type scrape struct {
 	hits, queries float64
 	found         bool
+	// evaluated is llama.cpp's count of the prompt tokens it evaluated
+	// (probe.LlamaCppPromptTokens), read when vLLM's counters are absent:
+	// llama-server counts no hits, so the hit rate of a window is one minus
+	// evaluated over the prompt tokens the answers reported.
+	evaluated     float64
+	evaluatedOnly bool
 	// capacityTokens is num_gpu_blocks × block_size from
 	// vllm:cache_config_info, 0 if absent.
 	capacityTokens int64
@@ -39,6 +45,11 @@ func readScrape(m probe.Metrics) scrape {
 	s.hits, errH = m.SumFirst(probe.PrefixCacheHits...)
 	s.queries, errQ = m.SumFirst(probe.PrefixCacheQueries...)
 	s.found = errH == nil && errQ == nil
+	if !s.found {
+		if v, err := m.Sum(probe.LlamaCppPromptTokens); err == nil {
+			s.evaluated, s.evaluatedOnly, s.found = v, true, true
+		}
+	}
 	if info := m.Series(probe.VLLMCacheConfigInfo); len(info) > 0 {
 		blocks, _ := strconv.ParseInt(info[0].Labels["num_gpu_blocks"], 10, 64)
 		size, _ := strconv.ParseInt(info[0].Labels["block_size"], 10, 64)

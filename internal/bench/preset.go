@@ -234,6 +234,15 @@ func Presets() []Preset {
 			Output: azureConv,
 		},
 		{
+			Name: "llamacpp-tiny", Kind: KindSharedPrefix,
+			Description: "8 documents of 400 tokens (equal popularity) + a 10-30-token question, 16 output tokens: sized for CPU llama-server",
+			Source: "issue 20's real-engine run: llama.cpp llama-server with a tiny random-weight model on 2 CPU cores, " +
+				"where a cold prefill of about 1,000 tokens takes about 0.3 s and each of a server's slots caches one prompt; " +
+				"a document is about 660 of its tokens (docs/benchmarks.md, make bench-llamacpp)",
+			Documents: 8, DocumentTokens: 400,
+			QuestionTokens: IntRange{10, 30}, Output: LengthDist{Median: 16},
+		},
+		{
 			Name: "sharegpt-like", Kind: KindShort,
 			Description: "short varied prompts (log-normal, mean ~1,000 tokens); 10% start with one of 4 shared 100-token system prompts",
 			Source: "SageMaker's short-context benchmark (ShareGPT-like, little sharing); " +

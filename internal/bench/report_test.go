@@ -109,6 +109,7 @@ func TestParseMetricsNames(t *testing.T) {
 		{"untyped", "vllm:prefix_cache_hits_total 1\nvllm:prefix_cache_queries_total 4\n", 1, 4, true, 0},
 		{"v0 names", "# TYPE vllm:gpu_prefix_cache_hits_total counter\nvllm:gpu_prefix_cache_hits_total 2\n# TYPE vllm:gpu_prefix_cache_queries_total counter\nvllm:gpu_prefix_cache_queries_total 8\n", 2, 8, true, 0},
 		{"absent", "# TYPE up gauge\nup 1\n", 0, 0, false, 0},
+		{"llama.cpp evaluated only", "# TYPE llamacpp:prompt_tokens_total counter\nllamacpp:prompt_tokens_total 1247\n", 0, 0, true, 0},
 		{"capacity", "# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"100\"} 1\nvllm:prefix_cache_hits_total 0\nvllm:prefix_cache_queries_total 0\n", 0, 0, true, 1600},
 	}
 	for _, tt := range tests {

@@ -127,6 +127,9 @@ type MetricsDelta struct {
 	Hits    float64 `json:"hits"`
 	Queries float64 `json:"queries"`
 	HitRate float64 `json:"hit_rate"`
+	// Evaluated is the prompt tokens a llama.cpp server evaluated (it
+	// counts no hits nor queries; see probe.LlamaCppPromptTokens).
+	Evaluated float64 `json:"evaluated,omitempty"`
 }
 
 // Regime classes: where the working set sits against the KV capacities.
@@ -339,8 +342,16 @@ func (r *runner) result(wallWindow time.Duration, before, after []scrape, metric
 
 	res.MetricsErrors = metricsErrs
 	if len(before) == len(cfg.MetricsURLs) && len(after) == len(before) && len(metricsErrs) == 0 && len(before) > 0 {
-		var hits, queries float64
+		var hits, queries, evaluated float64
+		llama := 0
 		for i, u := range cfg.MetricsURLs {
+			if after[i].evaluatedOnly {
+				llama++
+				d := MetricsDelta{URL: u, Evaluated: after[i].evaluated - before[i].evaluated}
+				evaluated += d.Evaluated
+				res.Metrics = append(res.Metrics, d)
+				continue
+			}
 			d := MetricsDelta{URL: u, Hits: after[i].hits - before[i].hits, Queries: after[i].queries - before[i].queries}
 			if d.Queries > 0 {
 				d.HitRate = d.Hits / d.Queries
@@ -349,8 +360,14 @@ func (r *runner) result(wallWindow time.Duration, before, after []scrape, metric
 			queries += d.Queries
 			res.Metrics = append(res.Metrics, d)
 		}
-		if queries > 0 {
+		switch {
+		case llama == 0 && queries > 0:
 			h := hits / queries
+			res.MetricsHitRate = &h
+		case llama == len(cfg.MetricsURLs) && res.UsagePromptTokens > 0 && res.UsageRequests == res.Succeeded && res.Failed == 0 && res.Canceled == 0:
+			// The engines' word on what they evaluated against the prompt
+			// tokens their answers reported: every answer must carry usage.
+			h := max(1-evaluated/float64(res.UsagePromptTokens), 0)
 			res.MetricsHitRate = &h
 		}
 	}
@@ -487,6 +504,10 @@ func (res *Result) WriteTable(w io.Writer) error {
 	row("KV hit rate", "metrics %s  usage %s  oracle %s", optPct(res.MetricsHitRate), pct(res.UsageHitRate), pct(res.Oracle.HitRate))
 	row("hit / oracle", "metrics %s  usage %s", optRatio(res.MetricsVsOracle), optRatio(res.UsageVsOracle))
 	for _, m := range res.Metrics {
+		if m.Queries == 0 && m.Evaluated > 0 {
+			row("  metrics", "%s  prompt tokens evaluated %.0f", m.URL, m.Evaluated)
+			continue
+		}
 		row("  metrics", "%s  hits %.0f / queries %.0f = %s", m.URL, m.Hits, m.Queries, pct(m.HitRate))
 	}
 	for _, e := range res.MetricsErrors {

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/prefixrouter/prefixrouter/probe"
 )
 
 // API modes.
@@ -267,7 +269,7 @@ func (r *runner) scrapeAll(ctx context.Context) ([]scrape, []string) {
 	for i, u := range r.cfg.MetricsURLs {
 		s, err := readMetrics(ctx, r.hc, u)
 		if err == nil && !s.found {
-			err = fmt.Errorf("bench: metrics %s: no vllm:prefix_cache_hits_total / queries_total", u)
+			err = fmt.Errorf("bench: metrics %s: no vllm:prefix_cache_hits_total / queries_total, nor %s", u, probe.LlamaCppPromptTokens)
 		}
 		if err != nil {
 			errs = append(errs, err.Error())

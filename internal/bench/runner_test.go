@@ -84,6 +84,34 @@ func TestRunHitRatesMatchOracleOnOneInstance(t *testing.T) {
 	}
 }
 
+// llama.cpp's llama-server reports cached tokens only through its timings
+// and evaluated tokens on /metrics: both hit rates still equal the
+// oracle's on one instance, and each /metrics URL reports what it
+// evaluated.
+func TestRunHitRatesOfLlamaCpp(t *testing.T) {
+	f := newFake(t, "solo", func(f *fakeServer) { f.llama = true })
+	res, err := Run(t.Context(), Options{
+		Targets: []string{f.URL}, MetricsURLs: []string{f.URL + "/metrics"}, Workload: smallPreset(),
+		Requests: 30, Warmup: 10, Seed: 2, Concurrency: 1,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.MetricsHitRate == nil || res.Oracle.HitRate <= 0 || len(res.MetricsErrors) > 0 {
+		t.Fatalf("metrics %v, oracle %v, errors %v", res.MetricsHitRate, res.Oracle.HitRate, res.MetricsErrors)
+	}
+	if *res.MetricsHitRate != res.Oracle.HitRate || res.UsageHitRate != res.Oracle.HitRate {
+		t.Fatalf("metrics %.4f usage %.4f oracle %.4f", *res.MetricsHitRate, res.UsageHitRate, res.Oracle.HitRate)
+	}
+	want := float64(res.UsagePromptTokens - res.UsageCachedTokens)
+	if len(res.Metrics) != 1 || res.Metrics[0].Evaluated != want || res.Metrics[0].Queries != 0 {
+		t.Fatalf("metrics deltas %+v, want %v tokens evaluated", res.Metrics, want)
+	}
+	if len(res.Instances) != 1 || res.Instances[0].HitRate != res.Oracle.HitRate {
+		t.Fatalf("per instance %+v", res.Instances)
+	}
+}
+
 func TestRunErrorsCounted(t *testing.T) {
 	f := newFake(t, "i-0", func(f *fakeServer) {
 		f.fail = func(n int) int {

@@ -65,13 +65,29 @@ type Options struct {
 	// TimeScale runs the simulated servers this many times faster than real
 	// time; the bench drives them in their time and reports simulated time.
 	TimeScale float64
-	Seed      int64
+	// Capacity, if set, searches each strategy's highest rate within a
+	// latency target after the workloads (issue 22); nil skips it.
+	Capacity *Capacity
+	Seed     int64
 	// OutDir receives report.md, report.json and report.html.
 	OutDir string
 	// Progress receives progress lines and bars; Out the final table.
 	Progress, Out io.Writer
 	Logger        *slog.Logger
 }
+
+// Capacity configures the demo's capacity search: per strategy, the
+// highest offered rate of Preset at which TTFT p90 stays within TargetP90,
+// each step a run of Warmup + Requests from cold caches.
+type Capacity struct {
+	Preset             string
+	TargetP90          time.Duration
+	StartRate, MaxRate float64 // MaxRate 0: 64 × StartRate
+	Warmup, Requests   int
+	Refine             int
+	Strategies         []fleet.Strategy
+}
+
 
 // HotLabel labels the runs of PREFIX_AWARE with fixed-length keys and
 // hot-key replication; FixedLabel those with fixed-length keys alone.
@@ -114,7 +130,14 @@ func Default() Options {
 		BalanceFactor: 1.5,
 		// Fast enough for `make demo` to finish within minutes; the client's
 		// and router's own overhead (well under a millisecond) is scaled too.
-		TimeScale:      12,
+		TimeScale: 12,
+		// The seed's throughput claim is at saturation: the seed regime,
+		// from the workloads' 7 req/s (below every strategy's capacity)
+		// up, at an interactive TTFT p90 target of 2 s.
+		Capacity: &Capacity{
+			Preset: "shared-8k-seed", TargetP90: 2 * time.Second, StartRate: 7, Warmup: 150, Requests: 400, Refine: 2,
+			Strategies: []fleet.Strategy{fleet.Random, fleet.LeastOutstanding, fleet.PrefixAware},
+		},
 		OverheadProbes: 200,
 		Seed:           1,
 		OutDir:         "demo-report",
@@ -224,6 +247,11 @@ func Run(ctx context.Context, cfg Options) (*bench.Comparison, error) {
 			}
 		}
 	}
+	if cfg.Capacity != nil {
+		if err := runCapacity(ctx, cfg, f, cmp); err != nil {
+			return cmp, err
+		}
+	}
 	cmp.Notes = headline(cmp, prof)
 	if err := writeReports(cfg.OutDir, cmp); err != nil {
 		return cmp, err
@@ -263,6 +291,39 @@ func writeReports(dir string, cmp *bench.Comparison) error {
 		}
 		if werr != nil {
 			return fmt.Errorf("demo: writing %s: %w", name, werr)
+		}
+	}
+	return nil
+}
+
+// runCapacity searches each strategy's capacity on the demo's fleet,
+// switching the routing config through etcd as the workloads do.
+func runCapacity(ctx context.Context, cfg Options, f *localfleet.Fleet, cmp *bench.Comparison) error {
+	c := cfg.Capacity
+	for _, st := range c.Strategies {
+		rc := fleet.RoutingConfig{RoutingStrategy: st, PrefixAwareRoutingConfig: &fleet.PrefixAwareConfig{
+			PrefixLength: cfg.PrefixLength, ConcurrencyThreshold: cfg.Concurrency}}
+		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := f.SetRouting(sctx, rc)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("demo: switching to %s: %w", st, err)
+		}
+		fmt.Fprintf(cfg.Progress, "demo: capacity of %s under %s at TTFT p90 ≤ %v\n", c.Preset, st, c.TargetP90)
+		res, err := bench.Capacity(ctx, bench.CapacityOptions{
+			Run: bench.Options{
+				Targets: f.RouterURLs(), MetricsURLs: f.MetricsURLs(), Preset: c.Preset,
+				Warmup: c.Warmup, Requests: c.Requests, Seed: cfg.Seed,
+				Model: sim.DefaultBaseModel, Label: string(st),
+				ResetPrefixCache: true, TimeScale: cfg.TimeScale, Timeout: 10 * time.Minute,
+			},
+			TargetP90: c.TargetP90, StartRate: c.StartRate, MaxRate: c.MaxRate, Refine: c.Refine, Progress: cfg.Progress,
+		})
+		if res != nil {
+			cmp.Capacity = append(cmp.Capacity, res)
+		}
+		if err != nil {
+			return fmt.Errorf("demo: capacity under %s: %w", st, err)
 		}
 	}
 	return nil

@@ -24,6 +24,10 @@ func TestDemoSmall(t *testing.T) {
 	cfg.TimeScale = 50
 	cfg.Workloads = []Workload{{Preset: "bot", Rate: 20, Warmup: 10, Requests: 40}}
 	cfg.Strategies = []fleet.Strategy{fleet.Random, fleet.PrefixAware}
+	// A target of an hour (server time, which the time scale multiplies
+	// the client's own overhead into): every step holds on a loaded machine.
+	cfg.Capacity = &Capacity{Preset: "bot", TargetP90: time.Hour, StartRate: 20, MaxRate: 30, Warmup: 5, Requests: 30,
+		Strategies: []fleet.Strategy{fleet.Random, fleet.PrefixAware}}
 	cfg.OutDir = t.TempDir()
 	var out, progress bytes.Buffer
 	cfg.Out, cfg.Progress = &out, &progress
@@ -55,6 +59,19 @@ func TestDemoSmall(t *testing.T) {
 		if r.Balance.Instances != 3 {
 			t.Errorf("%s: balance over %d instances, want 3", r.Label, r.Balance.Instances)
 		}
+	}
+	// Two capacity steps per strategy, each held up
+	// to the cap.
+	if len(cmp.Capacity) != 2 {
+		t.Fatalf("%d capacity searches, want RANDOM and PREFIX_AWARE", len(cmp.Capacity))
+	}
+	for _, c := range cmp.Capacity {
+		if len(c.Steps) != 2 || !c.Bounded || c.Rate != 30 || c.Goodput <= 0 {
+			t.Errorf("capacity of %s: %+v", c.Label, c)
+		}
+	}
+	if !strings.Contains(out.String(), "Capacity at the latency target") {
+		t.Errorf("the comparison must show the capacity search:\n%s", out.String())
 	}
 	if !strings.Contains(out.String(), "Hit rate and balance by mode") {
 		t.Errorf("the comparison must lay the modes side by side:\n%s", out.String())

@@ -68,3 +68,31 @@ func TestHeadlineHotAndSeed(t *testing.T) {
 		}
 	}
 }
+
+func TestCapacityNotes(t *testing.T) {
+	res := func(label string, rate float64) *bench.CapacityResult {
+		c := &bench.CapacityResult{Label: label, Preset: "shared-8k-seed", TargetP90Ms: 2000, Rate: rate, Goodput: rate * 0.95, Step: -1}
+		if rate > 0 {
+			c.Step = 0
+			c.Steps = []bench.CapacityStep{{Rate: rate, Held: true}}
+		}
+		return c
+	}
+	for _, tt := range []struct {
+		pa, rnd float64
+		want    string
+	}{
+		{12, 10, "meets: the seed's throughput gain of +16 %: +20 %"},
+		{11, 10, "SHORT: the seed's throughput gain of +16 %: +10 %"},
+		{11, 0, "no rate held the latency target"},
+	} {
+		cmp := &bench.Comparison{Capacity: []*bench.CapacityResult{res("RANDOM", tt.rnd), res("PREFIX_AWARE", tt.pa)}}
+		notes := strings.Join(capacityNotes(cmp), "\n")
+		if !strings.Contains(notes, tt.want) {
+			t.Errorf("PREFIX_AWARE %g vs RANDOM %g: notes %q, want %q", tt.pa, tt.rnd, notes, tt.want)
+		}
+	}
+	if n := capacityNotes(&bench.Comparison{}); n != nil {
+		t.Errorf("no search, notes %q", n)
+	}
+}

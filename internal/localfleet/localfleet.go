@@ -73,7 +73,7 @@ type Options struct {
 	// DrainTimeout bounds an instance's graceful stop (default 10 s).
 	DrainTimeout time.Duration
 	// Agent is the template of every agent's placement settings
-	// (PlaceAdapters, LoadPollInterval, HotWindow, ActiveWindow,
+	// (PlaceAdapters, LoadPollInterval, SaturationWindow, ActiveWindow,
 	// ScaleCooldown) and DrainGrace (tests shorten it); the rest of each
 	// agent's options is set per instance.
 	Agent agent.Options
@@ -412,7 +412,7 @@ func (f *Fleet) AddInstance(ctx context.Context) (*Instance, error) {
 			DiscoverAdapters: f.cfg.Backend == nil, DrainTimeout: f.cfg.DrainTimeout, DrainGrace: f.cfg.Agent.DrainGrace,
 			HealthInterval: 20 * time.Millisecond, PollInterval: time.Second,
 			PlaceAdapters: f.cfg.Agent.PlaceAdapters, LoadPollInterval: f.cfg.Agent.LoadPollInterval,
-			HotWindow: f.cfg.Agent.HotWindow, ActiveWindow: f.cfg.Agent.ActiveWindow, ScaleCooldown: f.cfg.Agent.ScaleCooldown,
+			SaturationWindow: f.cfg.Agent.SaturationWindow, ActiveWindow: f.cfg.Agent.ActiveWindow, ScaleCooldown: f.cfg.Agent.ScaleCooldown,
 		})
 		if err != nil {
 			f.log.Error("localfleet: agent failed", "instance", id, "err", err)

@@ -11,20 +11,20 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
+
+	"github.com/prefixrouter/prefixrouter/internal/subprocess"
 )
 
 // target is what the load is sent to: the backends directly, or a proxy
 // process in front of them.
 type target struct {
 	name  string
-	urls  []string // body i goes to urls[i%len(urls)]
-	pid   int      // the proxy's process, whose CPU is measured; 0 for direct
-	admin string   // prefixrouter's admin address (profiles), "" otherwise
-	proc  *exec.Cmd
-	log   *bytes.Buffer // the proxy's output, quoted when it fails to start
-	exit  <-chan error  // receives the proxy's exit; nil for direct
+	urls  []string            // body i goes to urls[i%len(urls)]
+	pid   int                 // the proxy's process, whose CPU is measured; 0 for direct
+	admin string              // prefixrouter's admin address (profiles), "" otherwise
+	proc  *subprocess.Process // nil for direct
+	log   *bytes.Buffer       // the proxy's output, quoted when it fails to start
 }
 
 func directTarget(b *backends) *target {
@@ -118,15 +118,13 @@ func startHAProxy(ctx context.Context, bin, dir string, b *backends) (*target, e
 // 200, for at most 30 s.
 func (t *target) start(ctx context.Context, bin string, args ...string) error {
 	t.log = &bytes.Buffer{}
-	t.proc = exec.Command(bin, args...)
-	t.proc.Stdout, t.proc.Stderr = t.log, t.log
-	if err := t.proc.Start(); err != nil {
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = t.log, t.log
+	p, err := subprocess.Start(cmd)
+	if err != nil {
 		return fmt.Errorf("proxybench: start %s: %w", t.name, err)
 	}
-	t.pid = t.proc.Process.Pid
-	exited := make(chan error, 1)
-	t.exit = exited
-	go func() { exited <- t.proc.Wait() }() // ends when the process does; Close waits for it
+	t.proc, t.pid = p, p.Pid()
 	client := &http.Client{Timeout: time.Second}
 	defer client.CloseIdleConnections()
 	deadline := time.Now().Add(30 * time.Second)
@@ -141,9 +139,8 @@ func (t *target) start(ctx context.Context, bin string, args ...string) error {
 			}
 		}
 		select {
-		case err := <-exited:
-			t.exit = nil
-			return fmt.Errorf("proxybench: %s exited before it served (%v): %s", t.name, err, t.log.String())
+		case <-p.Exited():
+			return fmt.Errorf("proxybench: %s exited before it served (%v): %s", t.name, p.Err(), t.log.String())
 		case <-ctx.Done():
 			t.Close()
 			return ctx.Err()
@@ -159,15 +156,7 @@ func (t *target) start(ctx context.Context, bin string, args ...string) error {
 // Close stops the proxy (SIGTERM, then SIGKILL after 10 s) and waits for
 // it to exit.
 func (t *target) Close() {
-	if t.exit == nil {
-		return
+	if t.proc != nil {
+		t.proc.Stop(10 * time.Second)
 	}
-	_ = t.proc.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-t.exit:
-	case <-time.After(10 * time.Second):
-		_ = t.proc.Process.Kill()
-		<-t.exit
-	}
-	t.exit = nil
 }

@@ -6,6 +6,8 @@ package testsupport
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -65,4 +67,16 @@ type FakeClock = clockwork.FakeClock
 // tests do not depend on the wall clock.
 func NewFakeClock() *FakeClock {
 	return clockwork.NewFakeClockAt(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+}
+
+// EngineTestdata reads a file of engine/testdata (engine answers captured
+// from, or built from the source of, real model servers; its README says
+// which) from a test of a top-level package.
+func EngineTestdata(t testing.TB, file string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "engine", "testdata", filepath.FromSlash(file)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
