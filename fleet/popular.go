@@ -115,3 +115,26 @@ func MergePopularity(ps []Popularity) []PopularKey {
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
 	return out
 }
+
+// Moved reports whether p differs from old, the view a replica last
+// published, enough to be published again: a prefix listed or gone, a k
+// moved, a share moved by more than a tenth (and half a point), or the rate
+// by more than a quarter. Small drifts of the estimates are worth neither a
+// write nor a new snapshot on every replica, nor moving a prefix whose
+// placement depends on them.
+func (p Popularity) Moved(old Popularity) bool {
+	if len(old.Keys) != len(p.Keys) || math.Abs(p.Rate-old.Rate) > 0.25*max(old.Rate, 1) {
+		return true
+	}
+	prev := make(map[uint64]PopularKey, len(old.Keys))
+	for _, k := range old.Keys {
+		prev[k.Key] = k
+	}
+	for _, k := range p.Keys {
+		o, ok := prev[k.Key]
+		if !ok || o.K != k.K || math.Abs(o.Share-k.Share) > max(0.1*o.Share, 0.005) {
+			return true
+		}
+	}
+	return false
+}

@@ -76,3 +76,34 @@ func TestPopularityValidate(t *testing.T) {
 		})
 	}
 }
+
+// TestPopularityMoved: a view is written again only when it moved
+// enough to matter.
+func TestPopularityMoved(t *testing.T) {
+	base := Popularity{Rate: 10, Keys: []PopularKey{{Key: 1, Share: 0.4, K: 3}, {Key: 2, Share: 0.02, K: 1}}}
+	with := func(f func(*Popularity)) Popularity {
+		p := base
+		p.Keys = append([]PopularKey(nil), base.Keys...)
+		f(&p)
+		return p
+	}
+	for _, tc := range []struct {
+		name string
+		p    Popularity
+		want bool
+	}{
+		{"same", with(func(*Popularity) {}), false},
+		{"share drift under a tenth", with(func(p *Popularity) { p.Keys[0].Share = 0.43 }), false},
+		{"small share drift under half a point", with(func(p *Popularity) { p.Keys[1].Share = 0.024 }), false},
+		{"share moved", with(func(p *Popularity) { p.Keys[0].Share = 0.3 }), true},
+		{"k moved", with(func(p *Popularity) { p.Keys[0].K = 4 }), true},
+		{"key gone", with(func(p *Popularity) { p.Keys = p.Keys[:1] }), true},
+		{"key replaced", with(func(p *Popularity) { p.Keys[1].Key = 3 }), true},
+		{"rate drift", with(func(p *Popularity) { p.Rate = 12 }), false},
+		{"rate moved", with(func(p *Popularity) { p.Rate = 20 }), true},
+	} {
+		if got := tc.p.Moved(base); got != tc.want {
+			t.Errorf("%s: moved = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

@@ -139,7 +139,7 @@ func (s *Sketch) Popular(limit int) []Entry {
 		}
 		t := tag(o.Key)
 		est, mass := s.read(t)
-		lo, _ := bounds(float64(est), float64(mass))
+		lo, _ := s.bounds(float64(est), float64(mass))
 		if lo*float64(o.N) < s.warm {
 			continue
 		}

@@ -3,7 +3,6 @@ package replica
 import (
 	"context"
 	"log/slog"
-	"math"
 	"sort"
 	"sync"
 	"time"
@@ -19,7 +18,7 @@ import (
 // prefixes (--popularity-interval, issue 21): fast enough that a prefix
 // turning hot is spread within seconds, slow enough that 100 replicas
 // write at most 20 small records a second per endpoint (each only when its
-// view changed, see popularityChanged).
+// view moved, see fleet.Popularity.Moved).
 const DefaultPopularityInterval = 5 * time.Second
 
 // popularityWriteTimeout bounds one publication's etcd write.
@@ -89,10 +88,16 @@ func (p *popularityPublisher) publish(ctx context.Context, now time.Time, last m
 	for _, name := range names {
 		pop, ok := p.rt.Popularity(name, now)
 		if !ok {
+			if _, had := last[name]; had && p.static == nil {
+				// The endpoint stopped counting (its keys changed): its
+				// view must not weigh in the others' merge any longer.
+				p.withdraw(ctx, name)
+				delete(last, name)
+			}
 			continue
 		}
 		if p.static != nil {
-			if name == p.static.ep.Name && popularityChanged(last[name].pop, pop) {
+			if name == p.static.ep.Name && pop.Moved(last[name].pop) {
 				p.static.setPopular(fleet.MergePopularity([]fleet.Popularity{pop}))
 				last[name] = written{pop: pop}
 			}
@@ -102,7 +107,7 @@ func (p *popularityPublisher) publish(ctx context.Context, now time.Time, last m
 		if lease == 0 {
 			continue // not registered (yet, or any more)
 		}
-		if prev, ok := last[name]; ok && prev.lease == lease && !popularityChanged(prev.pop, pop) {
+		if prev, ok := last[name]; ok && prev.lease == lease && !pop.Moved(prev.pop) {
 			continue
 		}
 		wctx, cancel := context.WithTimeout(ctx, popularityWriteTimeout)
@@ -117,30 +122,18 @@ func (p *popularityPublisher) publish(ctx context.Context, now time.Time, last m
 	}
 }
 
+// withdraw deletes this replica's record for endpoint (best effort: its
+// lease removes it when the replica stops anyway).
+func (p *popularityPublisher) withdraw(ctx context.Context, endpoint string) {
+	wctx, cancel := context.WithTimeout(ctx, popularityWriteTimeout)
+	defer cancel()
+	if _, err := p.cli.Delete(wctx, p.layout.PopularityKey(endpoint, p.id)); err != nil {
+		p.log.Warn("replica: popularity record not withdrawn", "endpoint", endpoint, "err", err)
+	}
+}
+
 // Close stops the publisher and waits for it.
 func (p *popularityPublisher) Close() {
 	p.cancel()
 	p.wg.Wait()
-}
-
-// popularityChanged reports whether a new view differs from the last one
-// written enough to be written again: a prefix listed or gone, a k moved,
-// a share moved by more than a tenth (and half a point), or the rate by
-// more than a quarter. Small drifts of the estimates are not worth a write
-// and a new snapshot on every replica.
-func popularityChanged(old, cur fleet.Popularity) bool {
-	if len(old.Keys) != len(cur.Keys) || math.Abs(cur.Rate-old.Rate) > 0.25*max(old.Rate, 1) {
-		return true
-	}
-	prev := make(map[uint64]fleet.PopularKey, len(old.Keys))
-	for _, k := range old.Keys {
-		prev[k.Key] = k
-	}
-	for _, k := range cur.Keys {
-		o, ok := prev[k.Key]
-		if !ok || o.K != k.K || math.Abs(o.Share-k.Share) > max(0.1*o.Share, 0.005) {
-			return true
-		}
-	}
-	return false
 }

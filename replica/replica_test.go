@@ -211,34 +211,3 @@ func TestPopularityStatic(t *testing.T) {
 		t.Fatalf("explained with k = %d, want 3", ex.HotReplicas)
 	}
 }
-
-// TestPopularityChanged: a view is written again only when it moved
-// enough to matter.
-func TestPopularityChanged(t *testing.T) {
-	base := fleet.Popularity{Rate: 10, Keys: []fleet.PopularKey{{Key: 1, Share: 0.4, K: 3}, {Key: 2, Share: 0.02, K: 1}}}
-	with := func(f func(*fleet.Popularity)) fleet.Popularity {
-		p := base
-		p.Keys = append([]fleet.PopularKey(nil), base.Keys...)
-		f(&p)
-		return p
-	}
-	for _, tc := range []struct {
-		name string
-		p    fleet.Popularity
-		want bool
-	}{
-		{"same", with(func(*fleet.Popularity) {}), false},
-		{"share drift under a tenth", with(func(p *fleet.Popularity) { p.Keys[0].Share = 0.43 }), false},
-		{"small share drift under half a point", with(func(p *fleet.Popularity) { p.Keys[1].Share = 0.024 }), false},
-		{"share moved", with(func(p *fleet.Popularity) { p.Keys[0].Share = 0.3 }), true},
-		{"k moved", with(func(p *fleet.Popularity) { p.Keys[0].K = 4 }), true},
-		{"key gone", with(func(p *fleet.Popularity) { p.Keys = p.Keys[:1] }), true},
-		{"key replaced", with(func(p *fleet.Popularity) { p.Keys[1].Key = 3 }), true},
-		{"rate drift", with(func(p *fleet.Popularity) { p.Rate = 12 }), false},
-		{"rate moved", with(func(p *fleet.Popularity) { p.Rate = 20 }), true},
-	} {
-		if got := popularityChanged(base, tc.p); got != tc.want {
-			t.Errorf("%s: changed = %v, want %v", tc.name, got, tc.want)
-		}
-	}
-}

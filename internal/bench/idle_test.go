@@ -83,15 +83,19 @@ func idleRunWith(t *testing.T, p Preset, mode idleMode, replicas, instances, kvT
 		r.Update(fleet.NewSnapshot([]fleet.Endpoint{ep}, 0, replicas, time.Now()))
 		rs[i] = r
 	}
-	// The replicas publish every 5 s of a clock that moves only here.
+	// The replicas publish every 5 s of a clock that moves only here, and
+	// write a view only when it moved since the last one they wrote, as
+	// their publisher does (fleet.Popularity.Moved).
 	now := time.Unix(1_700_000_000, 0)
+	written := make([]fleet.Popularity, len(rs))
 	publish := func() {
 		now = now.Add(5 * time.Second)
 		var ps []fleet.Popularity
-		for _, r := range rs {
-			if pop, ok := r.Popularity("ep", now); ok {
-				ps = append(ps, pop)
+		for i, r := range rs {
+			if pop, ok := r.Popularity("ep", now); ok && pop.Moved(written[i]) {
+				written[i] = pop
 			}
+			ps = append(ps, written[i])
 		}
 		e := ep
 		e.Popular = fleet.MergePopularity(ps)
@@ -251,7 +255,12 @@ func TestAdaptiveKeysIdle(t *testing.T) {
 		if ad.hit < one.hit-0.01 {
 			t.Errorf("%s: adaptive hit rate %.1f %% below fixed k = 1's %.1f %% minus a point", name, 100*ad.hit, 100*one.hit)
 		}
-		if bA.MaxShare > 1.5/7 {
+		// agentic holds 8 sessions of 20-40 turns open at once: each is an
+		// eighth of the traffic and keeps its instance (its history is
+		// there), so one of 7 instances holds two at any moment, and which
+		// one is the hash's luck over the run's 33 sessions (22-25 %,
+		// docs/balance.md); it is logged, not held to the line.
+		if bA.MaxShare > 1.5/7 && name != "agentic" {
 			t.Errorf("%s: adaptive largest instance %.1f %% above 1.5 fair shares (21.4 %%)", name, 100*bA.MaxShare)
 		}
 		if name == "agent" && ad.hit < orc.HitRate-0.05 {
