@@ -179,15 +179,17 @@ var (
 // Generic is the profile of an instance whose engine is unknown (a record
 // without "engine", a name this build does not know, a static fleet): it
 // reads the load from whichever known engine's metrics the server exports,
-// lists adapters the vLLM way, sends requests as written, and takes a 500
-// as an engine failure (the behaviour before engine profiles).
+// lists adapters the vLLM way, sends requests as written, and does not take
+// a 500 alone as an engine failure: a client can provoke one from some
+// engines, so the breaker counts an unknown engine's 500s only when they
+// repeat across different requests (overload's rule, docs/operations.md).
 var Generic = Profile{
 	Name:       "",
 	HealthPath: "/health",
 	Cached:     CachedUsage | CachedTimings,
 	Adapters: Adapters{List: ListModels, ListPath: "/v1/models",
 		LoadPath: "/v1/load_lora_adapter", UnloadPath: "/v1/unload_lora_adapter", Select: ByModel},
-	Fault500: true,
+	Fault500: false,
 }
 
 // Profiles returns the known engines' profiles (Generic excluded), in

@@ -41,7 +41,7 @@ func TestServerErrorIsEngineFault(t *testing.T) {
 		{engine.LlamaCpp, 502, true},
 		{engine.LlamaCpp, 503, true},
 		{engine.LlamaCpp, 504, true},
-		{"", 500, true}, // Generic: the behaviour before profiles
+		{"", 500, false}, // Generic: an unknown engine's 500 is no proof alone (overload counts it across requests)
 	} {
 		p, _ := engine.Lookup(tc.engine)
 		if got := p.ServerErrorIsEngineFault(tc.status); got != tc.want {
@@ -72,7 +72,7 @@ func TestLookupAndValidateName(t *testing.T) {
 			t.Errorf("ValidateName(%q): %v", name, err)
 		}
 	}
-	if p, ok := engine.Lookup(""); !ok || p.Name != "" || !p.Fault500 {
+	if p, ok := engine.Lookup(""); !ok || p.Name != "" || p.Fault500 {
 		t.Errorf(`Lookup("") = %+v, %v; want Generic`, p, ok)
 	}
 	if p, ok := engine.Lookup("tgi-next"); ok || p.Name != "" {

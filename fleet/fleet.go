@@ -111,12 +111,12 @@ type RoutingConfig struct {
 	// (the zero value) means no split: every instance serves every request.
 	ProductionVariants []ProductionVariant `json:"ProductionVariants,omitempty"`
 	// FirstByteTimeoutInMilliseconds (prefixrouter's, not SageMaker's)
-	// bounds the wait for the first byte of an instance's response body on
+	// bounds the wait for the first byte of a streamed answer's body on
 	// this endpoint: beyond it the call is cut and counts against the
 	// instance's breaker, so an instance whose health check answers while
-	// its generations hang is taken out (issue 12). It must exceed the
-	// endpoint's longest non-streamed generation, whose body comes at the
-	// end. Zero (left out) means the replica's --upstream-first-byte-timeout;
+	// its generations hang is taken out (issue 12). Non-streamed answers
+	// are not cut by it: their body comes when the generation ends (issue
+	// 19). Zero (left out) means the replica's --upstream-first-byte-timeout;
 	// otherwise 1..MaxFirstByteTimeoutMillis.
 	FirstByteTimeoutInMilliseconds int `json:"FirstByteTimeoutInMilliseconds,omitempty"`
 }
@@ -296,6 +296,22 @@ type Instance struct {
 // equals ring.MaxWeight; a ratio of 100 to 1 covers any real fleet.
 const MaxWeight = 100
 
+// Bounds of what one instance record may list (issue 19: a record with
+// 50,000 labels was accepted, and every replica holds every record). A
+// record beyond them is refused whole, like any invalid record.
+const (
+	// MaxLabels bounds an instance's labels; MaxLabelKeyLength and
+	// MaxLabelValueLength their keys and values, in bytes.
+	MaxLabels           = 64
+	MaxLabelKeyLength   = 128
+	MaxLabelValueLength = 512
+	// MaxAdapterNames bounds each of an instance's adapter lists (loaded,
+	// busy, active); MaxAdapterNameLength each name, in bytes. vLLM keeps
+	// at most --max-cpu-loras adapters loaded, typically tens to hundreds.
+	MaxAdapterNames      = 4096
+	MaxAdapterNameLength = 512
+)
+
 // EffectiveWeight returns the weight used for hashing: at least 1.
 func (in Instance) EffectiveWeight() int {
 	if in.Weight < 1 {
@@ -324,6 +340,27 @@ func (in Instance) Validate() error {
 	}
 	if in.Weight < 0 || in.Weight > MaxWeight {
 		return fmt.Errorf("fleet: %w instance: %q has weight %d, outside 0..%d", ErrInvalid, in.ID, in.Weight, MaxWeight)
+	}
+	if len(in.Labels) > MaxLabels {
+		return fmt.Errorf("fleet: %w instance: %q has %d labels, more than %d", ErrInvalid, in.ID, len(in.Labels), MaxLabels)
+	}
+	for k, v := range in.Labels {
+		if k == "" || len(k) > MaxLabelKeyLength || len(v) > MaxLabelValueLength {
+			return fmt.Errorf("fleet: %w instance: %q has a label key of %d bytes (1..%d) or value of %d bytes (at most %d)", ErrInvalid, in.ID, len(k), MaxLabelKeyLength, len(v), MaxLabelValueLength)
+		}
+	}
+	for _, list := range []struct {
+		name  string
+		names []string
+	}{{"adapters", in.Adapters}, {"busyAdapters", in.BusyAdapters}, {"activeAdapters", in.ActiveAdapters}} {
+		if len(list.names) > MaxAdapterNames {
+			return fmt.Errorf("fleet: %w instance: %q lists %d %s, more than %d", ErrInvalid, in.ID, len(list.names), list.name, MaxAdapterNames)
+		}
+		for _, a := range list.names {
+			if len(a) > MaxAdapterNameLength {
+				return fmt.Errorf("fleet: %w instance: %q lists %s with a name of %d bytes, more than %d", ErrInvalid, in.ID, list.name, len(a), MaxAdapterNameLength)
+			}
+		}
 	}
 	if err := engine.ValidateName(in.Engine); err != nil {
 		return fmt.Errorf("fleet: %w instance: %q: %w", ErrInvalid, in.ID, err)

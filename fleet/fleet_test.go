@@ -3,6 +3,7 @@ package fleet
 import (
 	"errors"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -171,6 +172,22 @@ func copyPath(dst, src reflect.Value, path []string) {
 	copyPath(dst.FieldByName(path[0]), src.FieldByName(path[0]), path[1:])
 }
 
+func labels(n int) map[string]string {
+	m := make(map[string]string, n)
+	for i := range n {
+		m["k"+strconv.Itoa(i)] = "v"
+	}
+	return m
+}
+
+func names(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = "lora-" + strconv.Itoa(i)
+	}
+	return out
+}
+
 func TestInstanceValidate(t *testing.T) {
 	ok := Instance{ID: "vllm-0", Addr: "http://127.0.0.1:8000"}
 	tests := []struct {
@@ -189,6 +206,18 @@ func TestInstanceValidate(t *testing.T) {
 		{"weight above max", Instance{ID: "a", Addr: ok.Addr, Weight: MaxWeight + 1}, false},
 		{"weight 1e9", Instance{ID: "a", Addr: ok.Addr, Weight: 1e9}, false},
 		{"weight 2^31", Instance{ID: "a", Addr: ok.Addr, Weight: 1 << 31}, false},
+		// Issue 19: a record with 50,000 labels was accepted.
+		{"max labels", Instance{ID: "a", Addr: ok.Addr, Labels: labels(MaxLabels)}, true},
+		{"50,000 labels", Instance{ID: "a", Addr: ok.Addr, Labels: labels(50000)}, false},
+		{"one label over", Instance{ID: "a", Addr: ok.Addr, Labels: labels(MaxLabels + 1)}, false},
+		{"label value too long", Instance{ID: "a", Addr: ok.Addr, Labels: map[string]string{"k": strings.Repeat("v", MaxLabelValueLength+1)}}, false},
+		{"label key too long", Instance{ID: "a", Addr: ok.Addr, Labels: map[string]string{strings.Repeat("k", MaxLabelKeyLength+1): "v"}}, false},
+		{"empty label key", Instance{ID: "a", Addr: ok.Addr, Labels: map[string]string{"": "v"}}, false},
+		{"max adapters", Instance{ID: "a", Addr: ok.Addr, Adapters: names(MaxAdapterNames)}, true},
+		{"adapters over", Instance{ID: "a", Addr: ok.Addr, Adapters: names(MaxAdapterNames + 1)}, false},
+		{"busy adapters over", Instance{ID: "a", Addr: ok.Addr, BusyAdapters: names(MaxAdapterNames + 1)}, false},
+		{"active adapters over", Instance{ID: "a", Addr: ok.Addr, ActiveAdapters: names(MaxAdapterNames + 1)}, false},
+		{"adapter name too long", Instance{ID: "a", Addr: ok.Addr, Adapters: []string{strings.Repeat("a", MaxAdapterNameLength+1)}}, false},
 		{"engine", Instance{ID: "a", Addr: ok.Addr, Engine: "llamacpp"}, true},
 		{"unknown engine", Instance{ID: "a", Addr: ok.Addr, Engine: "tgi-next"}, true},
 		{"engine uppercase", Instance{ID: "a", Addr: ok.Addr, Engine: "vLLM"}, false},

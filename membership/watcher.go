@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sort"
 	"strconv"
 	"sync"
@@ -57,6 +58,11 @@ type WatcherOptions struct {
 	// not set (serve's --strategy, --prefix-length, --concurrency-threshold).
 	// The zero value means fleet.DefaultRoutingConfig(). It must be valid.
 	DefaultConfig fleet.RoutingConfig
+	// OnSessionKeys, if set, is given the endpoints' session keys (by
+	// endpoint; a key that does not parse is left out and counted,
+	// kind="session-key") with every snapshot, on the watcher's goroutine:
+	// it must not block. The keys are never part of a snapshot.
+	OnSessionKeys func(map[string][]byte)
 }
 
 // Watcher lists the layout's prefix at a revision, watches from the next
@@ -75,6 +81,7 @@ type Watcher struct {
 	log      *slog.Logger
 	metrics  *Metrics
 	publish  func(*fleet.Snapshot)
+	onKeys   func(map[string][]byte)
 	progress time.Duration
 	clock    clockwork.Clock
 	defCfg   fleet.RoutingConfig
@@ -108,6 +115,7 @@ func StartWatcher(cli *clientv3.Client, opts WatcherOptions, onSnapshot func(*fl
 		log:      opts.logger(),
 		metrics:  opts.Metrics,
 		publish:  onSnapshot,
+		onKeys:   opts.OnSessionKeys,
 		progress: opts.ProgressInterval,
 		clock:    opts.Clock,
 		defCfg:   opts.DefaultConfig.WithDefaults(),
@@ -172,6 +180,7 @@ type state struct {
 	adapters  map[string]map[string]fleet.Adapter    // endpoint → name → catalogue record
 	placement map[string]map[string]Placement        // endpoint → name → placement state
 	popular   map[string]map[string]fleet.Popularity // endpoint → replica id → its publication
+	keys      map[string][]byte                      // endpoint → session key
 	rev       int64
 }
 
@@ -183,6 +192,7 @@ func newState() *state {
 		adapters:  map[string]map[string]fleet.Adapter{},
 		placement: map[string]map[string]Placement{},
 		popular:   map[string]map[string]fleet.Popularity{},
+		keys:      map[string][]byte{},
 	}
 }
 
@@ -325,6 +335,15 @@ func (w *Watcher) applyPut(st, prev *state, key string, value []byte, modRev int
 		putValid(w, st.popular, invalidPopularity, key, ep, id, p, err)
 	case kindRouter:
 		st.routers[id] = struct{}{}
+	case kindSessionKey:
+		k, err := ParseSessionKey(value)
+		if err != nil {
+			w.metrics.invalidRecord("session-key")
+			w.log.Warn("membership: ignoring an invalid session key", "key", key, "err", err)
+			delete(st.keys, ep)
+			return
+		}
+		st.keys[ep] = k
 	case kindConfig:
 		c, err := ParseRoutingConfig(value)
 		if err != nil {
@@ -373,6 +392,8 @@ func applyDelete(st *state, l Layout, key string) {
 	switch kind {
 	case kindRouter:
 		delete(st.routers, id)
+	case kindSessionKey:
+		delete(st.keys, ep)
 	case kindConfig:
 		delete(st.configs, ep)
 	case kindAdapter:
@@ -484,6 +505,9 @@ func (w *Watcher) emit(st *state) {
 	w.snap.Store(s)
 	w.syncOnce.Do(func() { close(w.synced) })
 	w.metrics.snapshotPublished()
+	if w.onKeys != nil {
+		w.onKeys(maps.Clone(st.keys))
+	}
 	if w.publish != nil {
 		w.publish(s)
 	}

@@ -1,10 +1,9 @@
 package overload
 
 import (
-	"context"
+	"cmp"
 	"errors"
 	"fmt"
-	"net/http"
 	"time"
 
 	"github.com/sony/gobreaker/v2"
@@ -25,6 +24,28 @@ const (
 	DefaultOpenTimeout = 10 * time.Second
 	// DefaultHalfOpenMaxRequests lets one probe through a half-open breaker.
 	DefaultHalfOpenMaxRequests = 1
+	// DefaultServerErrorKeys is how many different routing keys must get an
+	// ambiguous server error from one instance within the window before
+	// such errors count: one client's malformed request, sent again and
+	// again, is one key; an engine that fails whatever it is sent fails
+	// for any three prompts.
+	DefaultServerErrorKeys = 3
+	// DefaultServerErrorWindow is that window: three open timeouts, so
+	// that an engine failing under a trickle of traffic is still
+	// recognized, and short enough that unrelated errors minutes apart do
+	// not add up.
+	DefaultServerErrorWindow = 30 * time.Second
+	// DefaultMaxEjectionPercent caps the share of an endpoint's instances
+	// that breakers and health checks hold out of rotation at once: half,
+	// rounded down, so at least half of an endpoint always takes traffic
+	// (Envoy's healthy panic threshold is the same 50 %). Envoy's 10 %
+	// outlier-ejection cap is written for large clusters; an LLM endpoint
+	// has a few instances, each carrying a large share of the load, and
+	// when more than half of them look failed at once the cause is more
+	// likely shared (a client driving errors, the router's own network,
+	// an overload the rest could not absorb either) than independent
+	// faults. A one-instance endpoint is never ejected.
+	DefaultMaxEjectionPercent = 50
 )
 
 // BreakerOptions configures the circuit breaker of every instance. The zero
@@ -40,84 +61,71 @@ type BreakerOptions struct {
 	// through; that many successes in a row close it. Zero means
 	// DefaultHalfOpenMaxRequests.
 	HalfOpenMaxRequests uint32
+	// ServerErrorKeys and ServerErrorWindow set when an ambiguous server
+	// error (a 500 from an engine whose profile does not say that its 500
+	// means it failed) counts: once ServerErrorKeys different routing keys
+	// got one from the instance within ServerErrorWindow. Zero means
+	// DefaultServerErrorKeys and DefaultServerErrorWindow; 1 key makes
+	// every server error count.
+	ServerErrorKeys   int
+	ServerErrorWindow time.Duration
+	// MaxEjectionPercent caps the share of an endpoint's instances that
+	// breakers and health checks take out of rotation at once
+	// (--max-ejection-percent, 1..100, rounded down to instances): no
+	// breaker opens past it, and when health checks mark more instances
+	// down than it allows, the endpoint panics and picks ignore both.
+	// Zero means DefaultMaxEjectionPercent; 100 means no cap.
+	MaxEjectionPercent int
 }
 
 // withDefaults returns s with zero fields replaced by their defaults.
 func (s BreakerOptions) withDefaults() BreakerOptions {
-	if s.ConsecutiveFailures == 0 {
-		s.ConsecutiveFailures = DefaultConsecutiveFailures
-	}
-	if s.OpenTimeout == 0 {
-		s.OpenTimeout = DefaultOpenTimeout
-	}
-	if s.HalfOpenMaxRequests == 0 {
-		s.HalfOpenMaxRequests = DefaultHalfOpenMaxRequests
-	}
+	s.ConsecutiveFailures = cmp.Or(s.ConsecutiveFailures, DefaultConsecutiveFailures)
+	s.OpenTimeout = cmp.Or(s.OpenTimeout, DefaultOpenTimeout)
+	s.HalfOpenMaxRequests = cmp.Or(s.HalfOpenMaxRequests, DefaultHalfOpenMaxRequests)
+	s.ServerErrorKeys = cmp.Or(s.ServerErrorKeys, DefaultServerErrorKeys)
+	s.ServerErrorWindow = cmp.Or(s.ServerErrorWindow, DefaultServerErrorWindow)
+	s.MaxEjectionPercent = cmp.Or(s.MaxEjectionPercent, DefaultMaxEjectionPercent)
 	return s
 }
 
-// Validate rejects negative durations; its errors wrap fleet.ErrInvalid.
+// Validate rejects negative durations and counts and a percentage above
+// 100; its errors wrap fleet.ErrInvalid.
 func (s BreakerOptions) Validate() error {
+	var errs []error
 	if s.OpenTimeout < 0 {
-		return fmt.Errorf("overload: %w: OpenTimeout (--breaker-open-timeout) %v is negative", fleet.ErrInvalid, s.OpenTimeout)
+		errs = append(errs, fmt.Errorf("overload: %w: OpenTimeout (--breaker-open-timeout) %v is negative", fleet.ErrInvalid, s.OpenTimeout))
 	}
-	return nil
-}
-
-// StatusError reports an upstream HTTP response status to a done callback.
-type StatusError struct{ Code int }
-
-func (e *StatusError) Error() string {
-	return fmt.Sprintf("overload: upstream status %d", e.Code)
-}
-
-// ErrClientGone marks an outcome where the client went away; like
-// context.Canceled it is neither a success nor a failure of the instance.
-var ErrClientGone = errors.New("overload: client went away")
-
-// UpstreamStatus converts an upstream status code into the error a done callback
-// takes: nil for success, a *StatusError otherwise.
-func UpstreamStatus(code int) error {
-	if code < 500 {
-		return nil
+	if s.ServerErrorKeys < 0 {
+		errs = append(errs, fmt.Errorf("overload: %w: ServerErrorKeys %d is negative", fleet.ErrInvalid, s.ServerErrorKeys))
 	}
-	return &StatusError{Code: code}
-}
-
-// IsFailure reports whether an outcome counts against the instance's breaker:
-// connection errors, upstream timeouts and 5xx statuses other than 501 (Not
-// Implemented) and 505 (HTTP Version Not Supported), which say the request was
-// wrong, not that the instance is unhealthy. A client that went away is not a
-// failure (see IsExcluded).
-func IsFailure(err error) bool {
-	if err == nil || IsExcluded(err) {
-		return false
+	if s.ServerErrorWindow < 0 {
+		errs = append(errs, fmt.Errorf("overload: %w: ServerErrorWindow %v is negative", fleet.ErrInvalid, s.ServerErrorWindow))
 	}
-	var se *StatusError
-	if errors.As(err, &se) {
-		return se.Code >= 500 && se.Code != http.StatusNotImplemented && se.Code != http.StatusHTTPVersionNotSupported
+	if s.MaxEjectionPercent < 0 || s.MaxEjectionPercent > 100 {
+		errs = append(errs, fmt.Errorf("overload: %w: MaxEjectionPercent (--max-ejection-percent) %d is outside 1..100", fleet.ErrInvalid, s.MaxEjectionPercent))
 	}
-	return true
+	return errors.Join(errs...)
 }
 
-// IsExcluded reports whether an outcome says nothing about the instance: the
-// client canceled the request or went away.
-func IsExcluded(err error) bool {
-	return errors.Is(err, context.Canceled) || errors.Is(err, ErrClientGone)
-}
+// errUnjudged is what a done callback hands gobreaker for an outcome that
+// says nothing about the instance: gobreaker excludes it.
+var errUnjudged = errors.New("overload: outcome not judged")
 
-func newBreaker(name string, s BreakerOptions, onChange func(from, to gobreaker.State)) *gobreaker.TwoStepCircuitBreaker[struct{}] {
-	s = s.withDefaults()
+// newBreaker returns a breaker with settings s (defaults applied). mayTrip
+// is asked, under the breaker's mutex, before it opens: the ejection cap.
+func newBreaker(name string, s BreakerOptions, mayTrip func() bool, onChange func(from, to gobreaker.State)) *gobreaker.TwoStepCircuitBreaker[struct{}] {
 	return gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
 		Name:        name,
 		MaxRequests: s.HalfOpenMaxRequests,
 		Timeout:     s.OpenTimeout,
 		ReadyToTrip: func(c gobreaker.Counts) bool {
-			return c.ConsecutiveFailures >= s.ConsecutiveFailures
+			return c.ConsecutiveFailures >= s.ConsecutiveFailures && mayTrip()
 		},
-		// Called under the breaker's own mutex: only atomic stores in onChange.
 		OnStateChange: func(_ string, from, to gobreaker.State) { onChange(from, to) },
-		IsSuccessful:  func(err error) bool { return !IsFailure(err) },
-		IsExcluded:    IsExcluded,
+		// The done callback has judged the outcome (State.judge): nil
+		// for a success, errUnjudged to exclude it, the failure otherwise.
+		IsSuccessful: func(err error) bool { return err == nil },
+		IsExcluded:   func(err error) bool { return err == errUnjudged },
 	})
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,41 +14,53 @@ import (
 
 	"github.com/sony/gobreaker/v2"
 
+	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 )
 
 func TestMain(m *testing.M) { testsupport.VerifyNoLeaks(m) }
 
-func TestIsFailure(t *testing.T) {
+// TestClassify is the rule's table (outcome.go): which outcomes count
+// against a breaker.
+func TestClassify(t *testing.T) {
 	dial := &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
 	tests := []struct {
-		name     string
-		err      error
-		failure  bool
-		excluded bool
+		name string
+		err  error
+		want Verdict
 	}{
-		{"success", nil, false, false},
-		{"200", UpstreamStatus(200), false, false},
-		{"404", UpstreamStatus(404), false, false},
-		{"429", UpstreamStatus(429), false, false},
-		{"500", UpstreamStatus(500), true, false},
-		{"501", UpstreamStatus(501), false, false},
-		{"502", UpstreamStatus(502), true, false},
-		{"503", UpstreamStatus(503), true, false},
-		{"505", UpstreamStatus(505), false, false},
-		{"dial", dial, true, false},
-		{"timeout", context.DeadlineExceeded, true, false},
-		{"client canceled", context.Canceled, false, true},
-		{"client canceled wrapped", fmt.Errorf("copy: %w", context.Canceled), false, true},
-		{"client gone", ErrClientGone, false, true},
+		{"success", nil, Served},
+		{"200", UpstreamStatus(200), Served},
+		{"400", UpstreamStatus(400), Served},
+		{"404", UpstreamStatus(404), Served},
+		{"413", UpstreamStatus(413), Served},
+		{"429", UpstreamStatus(429), Served},
+		{"500", UpstreamStatus(500), ServerError},
+		{"500 with a key", UpstreamStatusFor(500, 7), ServerError},
+		{"501", UpstreamStatus(501), Served},
+		{"502", UpstreamStatus(502), Failed},
+		{"503", UpstreamStatus(503), Failed},
+		{"504", UpstreamStatus(504), Failed},
+		{"505", UpstreamStatus(505), Served},
+		{"507", UpstreamStatus(507), ServerError},
+		{"dial", dial, Failed},
+		{"timeout", context.DeadlineExceeded, Failed},
+		{"reset", errors.New("read: connection reset by peer"), Failed},
+		{"client canceled", context.Canceled, Unjudged},
+		{"client canceled wrapped", fmt.Errorf("copy: %w", context.Canceled), Unjudged},
+		{"client gone", ErrClientGone, Unjudged},
+		{"not judged", fmt.Errorf("%w: %w", ErrNotJudged, context.DeadlineExceeded), Unjudged},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := IsFailure(tc.err); got != tc.failure {
-				t.Errorf("IsFailure(%v) = %v, want %v", tc.err, got, tc.failure)
+			if got := Classify(tc.err); got != tc.want {
+				t.Errorf("Classify(%v) = %v, want %v", tc.err, got, tc.want)
 			}
-			if got := IsExcluded(tc.err); got != tc.excluded {
-				t.Errorf("IsExcluded(%v) = %v, want %v", tc.err, got, tc.excluded)
+			if got, want := IsFailure(tc.err), tc.want == Failed || tc.want == ServerError; got != want {
+				t.Errorf("IsFailure(%v) = %v, want %v", tc.err, got, want)
+			}
+			if got, want := IsExcluded(tc.err), tc.want == Unjudged; got != want {
+				t.Errorf("IsExcluded(%v) = %v, want %v", tc.err, got, want)
 			}
 		})
 	}
@@ -70,21 +83,32 @@ func TestReplicaShare(t *testing.T) {
 }
 
 func TestBreakerOptions(t *testing.T) {
+	defaults := BreakerOptions{
+		ConsecutiveFailures: DefaultConsecutiveFailures, OpenTimeout: DefaultOpenTimeout, HalfOpenMaxRequests: DefaultHalfOpenMaxRequests,
+		ServerErrorKeys: DefaultServerErrorKeys, ServerErrorWindow: DefaultServerErrorWindow, MaxEjectionPercent: DefaultMaxEjectionPercent,
+	}
+	set := BreakerOptions{ConsecutiveFailures: 2, OpenTimeout: time.Second, HalfOpenMaxRequests: 3, ServerErrorKeys: 1, ServerErrorWindow: time.Minute, MaxEjectionPercent: 100}
+	with := func(f func(*BreakerOptions)) BreakerOptions { o := defaults; f(&o); return o }
 	tests := []struct {
 		in      BreakerOptions
 		want    BreakerOptions
-		wantErr bool
+		wantErr string
 	}{
-		{BreakerOptions{}, BreakerOptions{DefaultConsecutiveFailures, DefaultOpenTimeout, DefaultHalfOpenMaxRequests}, false},
-		{BreakerOptions{2, time.Second, 3}, BreakerOptions{2, time.Second, 3}, false},
-		{BreakerOptions{OpenTimeout: -1}, BreakerOptions{DefaultConsecutiveFailures, -1, DefaultHalfOpenMaxRequests}, true},
+		{BreakerOptions{}, defaults, ""},
+		{set, set, ""},
+		{BreakerOptions{OpenTimeout: -1}, with(func(o *BreakerOptions) { o.OpenTimeout = -1 }), "OpenTimeout"},
+		{BreakerOptions{ServerErrorKeys: -1}, with(func(o *BreakerOptions) { o.ServerErrorKeys = -1 }), "ServerErrorKeys -1 is negative"},
+		{BreakerOptions{ServerErrorWindow: -1}, with(func(o *BreakerOptions) { o.ServerErrorWindow = -1 }), "ServerErrorWindow"},
+		{BreakerOptions{MaxEjectionPercent: 101}, with(func(o *BreakerOptions) { o.MaxEjectionPercent = 101 }), "--max-ejection-percent) 101 is outside 1..100"},
+		{BreakerOptions{MaxEjectionPercent: -5}, with(func(o *BreakerOptions) { o.MaxEjectionPercent = -5 }), "--max-ejection-percent) -5"},
 	}
 	for _, tc := range tests {
 		if got := tc.in.withDefaults(); got != tc.want {
 			t.Errorf("withDefaults(%+v) = %+v, want %+v", tc.in, got, tc.want)
 		}
-		if err := tc.in.Validate(); (err != nil) != tc.wantErr {
-			t.Errorf("Validate(%+v) = %v, wantErr %v", tc.in, err, tc.wantErr)
+		err := tc.in.Validate()
+		if (err != nil) != (tc.wantErr != "") || (err != nil && (!strings.Contains(err.Error(), tc.wantErr) || !errors.Is(err, fleet.ErrInvalid))) {
+			t.Errorf("Validate(%+v) = %v, want an fleet.ErrInvalid error containing %q", tc.in, err, tc.wantErr)
 		}
 	}
 }

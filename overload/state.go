@@ -4,6 +4,7 @@
 package overload
 
 import (
+	"errors"
 	"sync/atomic"
 	"time"
 
@@ -20,7 +21,10 @@ type Done func(err error)
 
 // State is one instance's load and breaker. All methods are safe for
 // concurrent use and lock-free except where gobreaker takes its own
-// per-instance mutex (Allow and its done callback, a few nanoseconds).
+// per-instance mutex (Allow and its done callback, a few nanoseconds), and
+// on the rare outcomes that change state: a server error to judge
+// (serverErrors' mutex), a breaker that would open or closes and a health
+// mark that flips (the endpoint's ejection mutex).
 type State struct {
 	id      string
 	breaker *gobreaker.TwoStepCircuitBreaker[struct{}]
@@ -44,22 +48,80 @@ type State struct {
 	// healthy, so instances that are never probed are never marked down.
 	down        atomic.Bool
 	healthFails atomic.Int32
+
+	// opts are the breaker's settings, defaults applied (ServerErrorKeys
+	// and ServerErrorWindow are read by judge).
+	opts BreakerOptions
+	// serverErrorIsFault is the engine profile's word that a 500 from this
+	// instance means the engine failed (SetServerErrorIsFault); false
+	// (unknown engines) leaves server errors to serverErrors.
+	serverErrorIsFault atomic.Bool
+	serverErrors       serverErrorKeys
+
+	// ej is the ejection cap of the instance's endpoint; nil for a State
+	// made by NewState, which has none. ejected (its breaker opened and
+	// has not closed since), counted (it counts in ej.out) and member (it
+	// is in the endpoint's current map) are guarded by ej.mu.
+	ej      *ejection
+	ejected bool
+	counted bool
+	member  bool
 }
 
-// NewState returns the state of a fresh instance with a closed breaker.
-func NewState(id string, s BreakerOptions) *State {
+// NewState returns the state of a fresh instance with a closed breaker, on
+// its own: no ejection cap applies (Tracker's states share their
+// endpoint's).
+func NewState(id string, s BreakerOptions) *State { return newState(id, s, nil) }
+
+func newState(id string, s BreakerOptions, ej *ejection) *State {
 	s = s.withDefaults()
-	st := &State{id: id, timeout: s.OpenTimeout}
+	st := &State{id: id, timeout: s.OpenTimeout, opts: s, ej: ej}
 	st.external.Store(-1)
-	st.breaker = newBreaker(id, s, st.onBreakerChange)
+	st.breaker = newBreaker(id, s, st.mayTrip, st.onBreakerChange)
 	return st
 }
 
-func (s *State) onBreakerChange(_, to gobreaker.State) {
+// mayTrip is the ejection cap's word before the breaker opens.
+func (s *State) mayTrip() bool { return s.ej == nil || s.ej.mayEject(s) }
+
+func (s *State) onBreakerChange(from, to gobreaker.State) {
 	if to == gobreaker.StateOpen {
 		s.openUntil.Store(time.Now().Add(s.timeout).UnixNano())
 	}
 	s.brState.Store(int32(to))
+	if to == gobreaker.StateClosed && s.ej != nil {
+		s.ej.changed(s, true)
+	}
+}
+
+// SetServerErrorIsFault records what the instance's engine profile says of
+// its HTTP 500: true when it means the engine failed (then each one counts
+// against the breaker), false when the engine also answers 500 to requests
+// it cannot take (then they count only when they repeat across different
+// routing keys; see Classify). The zero value is false: an engine of no
+// known profile cannot prove a fault with a 500.
+func (s *State) SetServerErrorIsFault(fault bool) { s.serverErrorIsFault.Store(fault) }
+
+// judge turns an outcome into what the breaker records: nil for a
+// success, errUnjudged to ignore it, the failure itself otherwise.
+func (s *State) judge(err error) error {
+	switch Classify(err) {
+	case Served:
+		return nil
+	case Unjudged:
+		return errUnjudged
+	case ServerError:
+		if s.serverErrorIsFault.Load() {
+			return err
+		}
+		var se *StatusError
+		errors.As(err, &se)
+		if s.serverErrors.repeated(se.Key, time.Now(), s.opts.ServerErrorKeys, s.opts.ServerErrorWindow) {
+			return err
+		}
+		return errUnjudged
+	}
+	return err
 }
 
 // ID returns the instance id.
@@ -93,9 +155,9 @@ func (s *State) Load() int64 {
 	return n
 }
 
-// Open reports whether the breaker is open and still within its timeout, so
-// that pickers can skip the instance without taking the breaker's lock. A
-// breaker whose timeout has passed reports false: the next Allow half-opens it.
+// Open reports whether the breaker is open and still within its timeout,
+// without taking the breaker's lock. A breaker whose timeout has passed
+// reports false: the next Allow half-opens it.
 func (s *State) Open() bool {
 	return gobreaker.State(s.brState.Load()) == gobreaker.StateOpen && time.Now().UnixNano() < s.openUntil.Load()
 }
@@ -104,6 +166,21 @@ func (s *State) Open() bool {
 // (always true when it is not probed).
 func (s *State) Healthy() bool { return !s.down.Load() }
 
+// Panicking reports whether the instance's endpoint has more instances out
+// of rotation (open breakers, health marks) than its ejection cap allows:
+// picks then ignore both, as Envoy routes to every host below its healthy
+// panic threshold. Decided when an instance's state changes; one atomic
+// load here.
+func (s *State) Panicking() bool { return s.ej != nil && s.ej.panic.Load() }
+
+// Ejected reports whether picks pass the instance over for its breaker:
+// Open, and the endpoint not panicking.
+func (s *State) Ejected() bool { return s.Open() && !s.Panicking() }
+
+// MarkedDown reports whether picks pass the instance over for its health:
+// marked down by health checks, and the endpoint not panicking.
+func (s *State) MarkedDown() bool { return s.down.Load() && !s.Panicking() }
+
 // ObserveProbe records the outcome of one health probe: the instance is
 // marked down after threshold consecutive failures (threshold < 1 means 1)
 // and up after one success. It reports whether Healthy changed. Probes of one
@@ -111,12 +188,14 @@ func (s *State) Healthy() bool { return !s.down.Load() }
 func (s *State) ObserveProbe(ok bool, threshold int) (changed bool) {
 	if ok {
 		s.healthFails.Store(0)
-		return s.down.Swap(false)
+		changed = s.down.Swap(false)
+	} else if int(s.healthFails.Add(1)) >= max(threshold, 1) {
+		changed = !s.down.Swap(true)
 	}
-	if int(s.healthFails.Add(1)) < max(threshold, 1) {
-		return false
+	if changed && s.ej != nil {
+		s.ej.changed(s, false)
 	}
-	return !s.down.Swap(true)
+	return changed
 }
 
 // ReplicaShare returns a replica's share of a per-instance threshold t when r
@@ -149,7 +228,7 @@ func (s *State) hasRoom(n int64, threshold, replicas int) bool {
 // (threshold is the per-instance ConcurrencyThreshold, replicas the number of
 // router replicas). It does not reserve anything; use TryAcquire to admit.
 func (s *State) HasRoom(threshold, replicas int) bool {
-	return !s.Open() && s.hasRoom(s.inFlight.Load()+1, threshold, replicas)
+	return !s.Ejected() && s.hasRoom(s.inFlight.Load()+1, threshold, replicas)
 }
 
 // TryAcquire admits one request if the instance has room under the threshold
@@ -167,7 +246,7 @@ func (s *State) TryAcquire(threshold, replicas int) (done Done, ok bool) {
 // under either bound; the bound itself is computed by the caller from a
 // racy sum and is therefore soft.
 func (s *State) TryAcquireBounded(threshold, replicas int, bound int64) (done Done, ok bool) {
-	if s.Open() {
+	if s.Ejected() {
 		return nil, false
 	}
 	n := s.inFlight.Add(1)
@@ -181,19 +260,24 @@ func (s *State) TryAcquireBounded(threshold, replicas int, bound int64) (done Do
 // Acquire admits one request regardless of the threshold, if the breaker lets
 // it through (fallback and the non-prefix strategies).
 func (s *State) Acquire() (done Done, ok bool) {
-	if s.Open() {
+	if s.Ejected() {
 		return nil, false
 	}
 	s.inFlight.Add(1)
 	return s.allow()
 }
 
-// allow asks the breaker, with the in-flight slot already reserved.
+// allow asks the breaker, with the in-flight slot already reserved. While
+// the endpoint panics, a breaker that refuses is passed: the request goes
+// through without it, and its outcome is not recorded.
 func (s *State) allow() (Done, bool) {
 	bdone, err := s.breaker.Allow()
 	if err != nil {
-		s.inFlight.Add(-1)
-		return nil, false
+		if !s.Panicking() {
+			s.inFlight.Add(-1)
+			return nil, false
+		}
+		bdone = nil
 	}
 	t := &ticket{s: s, bdone: bdone}
 	return t.finish, true
@@ -201,7 +285,7 @@ func (s *State) allow() (Done, bool) {
 
 type ticket struct {
 	s     *State
-	bdone func(error)
+	bdone func(error) // nil when admitted past the breaker (panic)
 	over  atomic.Bool
 }
 
@@ -209,6 +293,9 @@ func (t *ticket) finish(err error) {
 	if t.over.Swap(true) {
 		return
 	}
+	// The breaker first: once the slot is released, the outcome is in.
+	if t.bdone != nil {
+		t.bdone(t.s.judge(err))
+	}
 	t.s.inFlight.Add(-1)
-	t.bdone(err)
 }

@@ -8,9 +8,11 @@ import (
 // Tracker holds the State of every instance of one endpoint. Requests read it
 // without a lock (one atomic load of an immutable map); Sync rebuilds the map
 // under a mutex when the fleet changes, carrying over the State of instances
-// that stay so their in-flight counts and breakers survive snapshots.
+// that stay so their in-flight counts and breakers survive snapshots. Its
+// states share the endpoint's ejection cap (BreakerOptions.MaxEjectionPercent).
 type Tracker struct {
 	settings BreakerOptions
+	ej       *ejection // the endpoint's ejection cap, shared by its states
 
 	mu     sync.Mutex                        // serializes Sync
 	states atomic.Pointer[map[string]*State] // immutable once published
@@ -19,7 +21,8 @@ type Tracker struct {
 // NewTracker returns an empty tracker whose instances get breakers with the
 // given settings.
 func NewTracker(s BreakerOptions) *Tracker {
-	t := &Tracker{settings: s.withDefaults()}
+	s = s.withDefaults()
+	t := &Tracker{settings: s, ej: &ejection{percent: s.MaxEjectionPercent}}
 	m := map[string]*State{}
 	t.states.Store(&m)
 	return t
@@ -38,9 +41,10 @@ func (t *Tracker) Sync(ids []string) map[string]*State {
 		if st, ok := old[id]; ok {
 			m[id] = st
 		} else {
-			m[id] = NewState(id, t.settings)
+			m[id] = newState(id, t.settings, t.ej)
 		}
 	}
+	t.ej.sync(old, m)
 	t.states.Store(&m)
 	return m
 }

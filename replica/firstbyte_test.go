@@ -25,14 +25,15 @@ import (
 // endpoint's routing setting, changed through etcd without a restart. A
 // replica whose own default (--upstream-first-byte-timeout) is an hour
 // lets a hung instance hang; once the endpoint's config sets 50 ms, the
-// same replica cuts its calls and the instance's breaker opens. An invalid
+// same replica cuts its streamed calls and the instance's breaker opens. An invalid
 // value written behind the CLI's back is ignored and counted, and the last
 // valid config stays.
 func TestFirstByteTimeoutPerEndpointFromEtcd(t *testing.T) {
 	ctx := testsupport.Context(t, 30*time.Second)
 	f, err := localfleet.Start(ctx, localfleet.Options{Endpoint: "chat", FastEtcd: true, Replica: replica.Options{Router: router.Options{
 		FirstByteTimeout: time.Hour,
-		Breaker:          overload.BreakerOptions{ConsecutiveFailures: 2, OpenTimeout: time.Hour},
+		// One instance: its breaker opens only without the ejection cap.
+		Breaker: overload.BreakerOptions{ConsecutiveFailures: 2, OpenTimeout: time.Hour, MaxEjectionPercent: 100},
 	}}})
 	if err != nil {
 		t.Fatal(err)
@@ -65,7 +66,7 @@ func TestFirstByteTimeoutPerEndpointFromEtcd(t *testing.T) {
 	call := func(clientWait time.Duration) (status int, err error) {
 		cctx, cancel := context.WithTimeout(ctx, clientWait)
 		defer cancel()
-		req, _ := http.NewRequestWithContext(cctx, http.MethodPost, rep.URL()+"/invocations", strings.NewReader("x"))
+		req, _ := http.NewRequestWithContext(cctx, http.MethodPost, rep.URL()+"/endpoints/chat/invocations-response-stream", strings.NewReader("x"))
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			return 0, err

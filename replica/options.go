@@ -67,6 +67,9 @@ type Options struct {
 	// as a Gateway API Inference Extension endpoint picker, with gRPC
 	// health (--ext-proc-listen; see docs/envoy.md). Empty means off.
 	ExtProcListen string
+	// ExtProc authenticates the ext_proc listener's peers (--ext-proc-token,
+	// --ext-proc-tls-*; see ExtProcSecurity).
+	ExtProc ExtProcSecurity
 	// OTLPEndpoint, when set, turns tracing on: spans go to this OTLP/gRPC
 	// collector (--otlp-endpoint; a URL, http:// meaning no TLS, or
 	// host:port). Empty means the standard OTEL_EXPORTER_OTLP_ENDPOINT
@@ -330,6 +333,10 @@ func (o Options) Validate() error {
 	}
 	o.Limits.validate(bad)
 	o.Admin.validate(bad)
+	o.ExtProc.validate(bad)
+	if o.ExtProc != (ExtProcSecurity{}) && o.ExtProcListen == "" {
+		bad("ExtProc (--ext-proc-token, --ext-proc-tls-*) needs --ext-proc-listen")
+	}
 	if err := o.Router.Validate(); err != nil {
 		errs = append(errs, err)
 	}

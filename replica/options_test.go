@@ -164,6 +164,9 @@ var validateCases = []validateCase{
 	{"Limits.MaxHeaderBytes", validStatic, func(o *Options) { o.Limits.MaxHeaderBytes = 1 << 14 }, ""},
 	{"Limits.MaxHeaderBytes", validStatic, func(o *Options) { o.Limits.MaxHeaderBytes = -1 }, "--max-header-bytes"},
 	{"Limits.MaxHeaderBytes", validStatic, func(o *Options) { o.Limits.MaxHeaderBytes = 0 }, ""},
+	{"Limits.MaxHeaderCount", validStatic, func(o *Options) { o.Limits.MaxHeaderCount = 200 }, ""},
+	{"Limits.MaxHeaderCount", validStatic, func(o *Options) { o.Limits.MaxHeaderCount = -1 }, "--max-header-count"},
+	{"Limits.MaxHeaderCount", validStatic, func(o *Options) { o.Limits.MaxHeaderCount = 0 }, ""},
 	{"Limits.MaxConns", validStatic, func(o *Options) { o.Limits.MaxConns = 100 }, ""},
 	{"Limits.MaxConns", validStatic, func(o *Options) { o.Limits.MaxConns = -1 }, "--max-connections"},
 	{"Limits.MaxConns", validStatic, func(o *Options) { o.Limits.MaxConns = 0 }, ""},
@@ -178,6 +181,34 @@ var validateCases = []validateCase{
 	{"Admin.OpenReads", validStatic, func(o *Options) { o.Admin.Token, o.Admin.OpenReads = "t", true }, ""},
 	{"Admin.OpenReads", validStatic, func(o *Options) { o.Admin.OpenReads = true }, "--admin-open-reads"},
 	{"Admin.OpenReads", validStatic, func(o *Options) { o.Admin.OpenReads = false }, ""},
+	{"ExtProc.Token", validStatic, func(o *Options) { o.ExtProcListen, o.ExtProc.Token = "127.0.0.1:0", "t" }, ""},
+	{"ExtProc.Token", validStatic, func(o *Options) { o.ExtProc.Token = "t" }, "--ext-proc-listen"},
+	{"ExtProc.Token", validStatic, func(o *Options) { o.ExtProc.Token = "" }, ""},
+	{"ExtProc.TLSCert", validStatic, func(o *Options) {
+		o.ExtProcListen, o.ExtProc.TLSCert, o.ExtProc.TLSKey = "127.0.0.1:0", "c.pem", "k.pem"
+	}, ""},
+	{"ExtProc.TLSCert", validStatic, func(o *Options) { o.ExtProcListen, o.ExtProc.TLSCert = "127.0.0.1:0", "c.pem" }, "--ext-proc-tls-key"},
+	{"ExtProc.TLSCert", validStatic, func(o *Options) { o.ExtProc.TLSCert = "" }, ""},
+	{"ExtProc.TLSKey", validStatic, func(o *Options) { o.ExtProcListen, o.ExtProc.TLSKey = "127.0.0.1:0", "k.pem" }, "--ext-proc-tls-cert"},
+	{"ExtProc.TLSKey", validStatic, func(o *Options) {
+		o.ExtProcListen, o.ExtProc.TLSCert, o.ExtProc.TLSKey = "127.0.0.1:0", "c.pem", "k.pem"
+	}, ""},
+	{"ExtProc.TLSKey", validStatic, func(o *Options) { o.ExtProc.TLSKey = "" }, ""},
+	{"ExtProc.ClientCA", validStatic, func(o *Options) { o.ExtProcListen, o.ExtProc.ClientCA = "127.0.0.1:0", "ca.pem" }, "--ext-proc-client-ca"},
+	{"ExtProc.ClientCA", validStatic, func(o *Options) {
+		o.ExtProcListen, o.ExtProc.TLSCert, o.ExtProc.TLSKey, o.ExtProc.ClientCA = "127.0.0.1:0", "c.pem", "k.pem", "ca.pem"
+	}, ""},
+	{"ExtProc.ClientCA", validStatic, func(o *Options) { o.ExtProc.ClientCA = "" }, ""},
+	{"Router.BodyBufferBytes", validStatic, func(o *Options) { o.Router.BodyBufferBytes = 64 << 20 }, ""},
+	{"Router.BodyBufferBytes", validStatic, func(o *Options) { o.Router.BodyBufferBytes = router.DefaultMaxBodyBytes }, "--body-buffer-bytes"},
+	{"Router.BodyBufferBytes", validStatic, func(o *Options) { o.Router.MaxBodyBytes, o.Router.BodyBufferBytes = 1<<20, 2<<20 }, ""},
+	{"Router.BodyBufferBytes", validStatic, func(o *Options) { o.Router.BodyBufferBytes = 0 }, ""},
+	{"Router.UpstreamIdleTimeout", validStatic, func(o *Options) { o.Router.UpstreamIdleTimeout = time.Minute }, ""},
+	{"Router.UpstreamIdleTimeout", validStatic, func(o *Options) { o.Router.UpstreamIdleTimeout = -1 }, "--upstream-idle-timeout"},
+	{"Router.UpstreamIdleTimeout", validStatic, func(o *Options) { o.Router.UpstreamIdleTimeout = 0 }, ""},
+	{"Router.SessionKey", validStatic, func(o *Options) { o.Router.SessionKey = []byte("0123456789abcdef0123456789abcdef") }, ""},
+	{"Router.SessionKey", validStatic, func(o *Options) { o.Router.SessionKey = []byte("short") }, "--session-key-file"},
+	{"Router.SessionKey", validStatic, func(o *Options) { o.Router.SessionKey = nil }, ""},
 	{"Admin.TLSCert", validStatic, func(o *Options) { o.Admin.TLSCert, o.Admin.TLSKey = "c.pem", "k.pem" }, ""},
 	{"Admin.TLSCert", validStatic, func(o *Options) { o.Admin.TLSCert = "c.pem" }, "--admin-tls-key"},
 	{"Admin.TLSCert", validStatic, func(o *Options) { o.Admin.TLSCert = "" }, ""},
@@ -242,6 +273,15 @@ var validateCases = []validateCase{
 	{"Router.Breaker.OpenTimeout", validStatic, func(o *Options) { o.Router.Breaker.OpenTimeout = 0 }, ""},
 	{"Router.Breaker.HalfOpenMaxRequests", validStatic, func(o *Options) { o.Router.Breaker.HalfOpenMaxRequests = 2 }, ""},
 	{"Router.Breaker.HalfOpenMaxRequests", validStatic, func(o *Options) { o.Router.Breaker.HalfOpenMaxRequests = 0 }, ""},
+	{"Router.Breaker.ServerErrorKeys", validStatic, func(o *Options) { o.Router.Breaker.ServerErrorKeys = 1 }, ""},
+	{"Router.Breaker.ServerErrorKeys", validStatic, func(o *Options) { o.Router.Breaker.ServerErrorKeys = -1 }, "ServerErrorKeys -1"},
+	{"Router.Breaker.ServerErrorKeys", validStatic, func(o *Options) { o.Router.Breaker.ServerErrorKeys = 0 }, ""},
+	{"Router.Breaker.ServerErrorWindow", validStatic, func(o *Options) { o.Router.Breaker.ServerErrorWindow = time.Minute }, ""},
+	{"Router.Breaker.ServerErrorWindow", validStatic, func(o *Options) { o.Router.Breaker.ServerErrorWindow = -time.Second }, "ServerErrorWindow"},
+	{"Router.Breaker.ServerErrorWindow", validStatic, func(o *Options) { o.Router.Breaker.ServerErrorWindow = 0 }, ""},
+	{"Router.Breaker.MaxEjectionPercent", validStatic, func(o *Options) { o.Router.Breaker.MaxEjectionPercent = 100 }, ""},
+	{"Router.Breaker.MaxEjectionPercent", validStatic, func(o *Options) { o.Router.Breaker.MaxEjectionPercent = 101 }, "--max-ejection-percent"},
+	{"Router.Breaker.MaxEjectionPercent", validStatic, func(o *Options) { o.Router.Breaker.MaxEjectionPercent = 0 }, ""},
 	{"Router.LoadPollInterval", validStatic, func(o *Options) { o.Router.LoadPollInterval = time.Second }, ""},
 	{"Router.LoadPollInterval", validStatic, func(o *Options) { o.Router.LoadPollInterval = -time.Second }, "--load-poll-interval"},
 	{"Router.LoadPollInterval", validStatic, func(o *Options) { o.Router.LoadPollInterval = 0 }, ""},
@@ -305,7 +345,7 @@ func settings(t reflect.Type, prefix string) []string {
 		}
 		switch f.Type {
 		case reflect.TypeFor[router.Options](), reflect.TypeFor[overload.BreakerOptions](), reflect.TypeFor[Limits](),
-			reflect.TypeFor[AdminSecurity](), reflect.TypeFor[fleet.RoutingConfig]():
+			reflect.TypeFor[AdminSecurity](), reflect.TypeFor[ExtProcSecurity](), reflect.TypeFor[fleet.RoutingConfig]():
 			out = append(out, settings(f.Type, path+".")...)
 		case reflect.TypeFor[membership.Options]():
 			out = append(out, path+".Layout", path+".TTL")
@@ -324,6 +364,7 @@ var unranged = map[string]bool{
 	"AdminListen":             true,
 	"Membership.Layout":       true,
 	"Admin.Token":             true,
+	"ExtProc.Token":           true,
 	"Pprof":                   true,
 	"Router.HideInstanceID":   true,
 	"Routing.TenantCacheSalt": true,

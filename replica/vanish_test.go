@@ -152,8 +152,9 @@ func TestVanishGuardAgentsLoseEtcd(t *testing.T) {
 
 // TestVanishGuardMassCrashMovesAfterGrace: three of four model servers
 // crash (servers and agents). The guard holds them for its grace, during
-// which health checks already route around them, so no request fails once
-// their leases expired; after the grace they leave the snapshot and every
+// which health checks mark them down (beyond the ejection cap: the
+// endpoint panics, and a refused connection is re-sent across the set), so
+// no request fails once their leases expired; after the grace they leave the snapshot and every
 // key is on the survivor. The leases expire on etcd's clock (1 s, real);
 // the grace runs on the watcher's fake clock, which the test moves past it.
 func TestVanishGuardMassCrashMovesAfterGrace(t *testing.T) {

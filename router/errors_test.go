@@ -128,7 +128,9 @@ func TestNoInstance(t *testing.T) {
 		}
 	})
 	t.Run("all breakers open", func(t *testing.T) {
-		h := newHarness(t, hopts{cfg: prefixCfg(10), breaker: overload.BreakerOptions{ConsecutiveFailures: 1, OpenTimeout: time.Hour}})
+		// No ejection cap: every breaker may open (the default keeps
+		// half of the endpoint in rotation: TestEjectionCapKeepsHalfTheEndpoint).
+		h := newHarness(t, hopts{cfg: prefixCfg(10), breaker: overload.BreakerOptions{ConsecutiveFailures: 1, OpenTimeout: time.Hour, MaxEjectionPercent: 100}})
 		for _, id := range []string{"d1", "d2", "d3"} {
 			h.ep.Instances = append(h.ep.Instances, fleet.Instance{ID: id, Addr: "http://" + deadAddr(t)})
 		}
@@ -238,7 +240,8 @@ func TestUpstream5xxCountsAndPassesThrough(t *testing.T) {
 		w.WriteHeader(c)
 		io.WriteString(w, `{"upstream":true}`)
 	}
-	h := newHarness(t, hopts{cfg: prefixCfg(10), breaker: overload.BreakerOptions{ConsecutiveFailures: 3, OpenTimeout: time.Hour}}, b)
+	// A one-instance endpoint's breaker opens only without the ejection cap.
+	h := newHarness(t, hopts{cfg: prefixCfg(10), breaker: overload.BreakerOptions{ConsecutiveFailures: 3, OpenTimeout: time.Hour, MaxEjectionPercent: 100}}, b)
 	for i, c := range []int{501, 501, 501, 400, 503, 503} {
 		mu.Lock()
 		code = c

@@ -77,6 +77,7 @@ type Picked struct {
 	ev      *endpointView
 	cur     pick
 	primary string // Candidates[0]
+	key     uint64 // the routing key, which the breaker rule reads (overload.StatusError)
 }
 
 // ResponseHeaders returns the headers the proxy sets on the instance's
@@ -97,9 +98,9 @@ func (p *Picked) ResponseHeaders(upstream http.Header) http.Header {
 	if p.kind == kindInvoke {
 		out.Set(HeaderInvokedVariant, variantOf(p.cur.iv))
 		for _, h := range [...]string{HeaderNewSessionID, HeaderClosedSessionID} {
-			if v := upstream.Get(h); v != "" {
+			if v := upstream.Get(h); v != "" && p.r != nil {
 				out.Set(h, v)
-				rewriteSessionHeader(out, h, p.cur.iv.inst.ID)
+				p.r.sessions.rewrite(out, h, p.Endpoint, p.cur.iv.inst.ID)
 			}
 		}
 	}
@@ -153,7 +154,7 @@ func (r *Router) Pick(req PickRequest) (*Picked, error) {
 	}
 	out := &Picked{
 		Instance: rt.cur.iv.inst.ID, Decision: rt.cur.decision, Endpoint: rt.endpoint, Strategy: string(rt.ev.strategy), Spill: rt.cur.spill.String(),
-		r: r, kind: kind, ev: rt.ev, cur: rt.cur, primary: rt.cur.iv.hostPort,
+		r: r, kind: kind, ev: rt.ev, cur: rt.cur, primary: rt.cur.iv.hostPort, key: rt.key,
 	}
 	if rt.session != nil {
 		// A session stays on its instance: no fallback elsewhere.
@@ -183,7 +184,7 @@ func (r *Router) endpointOf(path string) string {
 
 // fallbacks lists the admitted instance, then the key's further ring
 // candidates that are eligible now (not skipped, not marked down, breaker not
-// open), up to n addresses.
+// open, as picks see them), up to n addresses.
 func fallbacks(rt *route, skip bitset, n int) []string {
 	p := rt.cur
 	out := make([]string, 1, n)
@@ -197,7 +198,7 @@ func fallbacks(rt *route, skip bitset, n int) []string {
 			break
 		}
 		iv := rt.ev.instance(rt.set, i)
-		if i == p.idx || skip.has(i) || iv == nil || iv.state.Open() || !iv.state.Healthy() {
+		if i == p.idx || skip.has(i) || iv == nil || iv.state.Ejected() || iv.state.MarkedDown() {
 			continue
 		}
 		out = append(out, iv.hostPort)
@@ -281,13 +282,25 @@ func (p *Picked) Served(addr string) {
 // came (the stream was cancelled), which is not the instance's fault. The
 // request is counted in prefixrouter_requests_total as on the HTTP data
 // plane. Calls after the first do nothing.
-func (p *Picked) Done(status int) {
+func (p *Picked) Done(status int) { p.end(status, true) }
+
+// Release is Done for an outcome the caller cannot vouch for (an ext_proc
+// peer that is not authenticated, issue 19): the slot is freed and the
+// request counted, but the instance's breaker learns nothing.
+func (p *Picked) Release(status int) { p.end(status, false) }
+
+func (p *Picked) end(status int, judge bool) {
 	if p.r == nil {
 		return
 	}
-	outcome := overload.UpstreamStatus(status)
+	outcome := overload.UpstreamStatusFor(status, p.key)
+	switch {
+	case status == 0:
+		outcome = context.Canceled // the response never came: not the instance's fault
+	case !judge:
+		outcome = overload.ErrNotJudged
+	}
 	if status == 0 {
-		outcome = context.Canceled
 		status = statusClientClosed
 	}
 	if p.cur.done != nil {

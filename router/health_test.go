@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
@@ -95,23 +96,29 @@ func (h *healthHarness) waitRound() {
 
 func healthyGauge(t *testing.T, h *healthHarness, id string) float64 {
 	t.Helper()
-	fams, err := h.reg.Gather()
+	return gaugeValue(t, h.reg, "prefixrouter_instance_healthy", "instance", id)
+}
+
+// gaugeValue is the value of the gauge name whose label is value.
+func gaugeValue(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
+	t.Helper()
+	fams, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, f := range fams {
-		if f.GetName() != "prefixrouter_instance_healthy" {
+		if f.GetName() != name {
 			continue
 		}
 		for _, m := range f.GetMetric() {
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "instance" && l.GetValue() == id {
+				if l.GetName() == label && l.GetValue() == value {
 					return m.GetGauge().GetValue()
 				}
 			}
 		}
 	}
-	t.Fatalf("prefixrouter_instance_healthy{instance=%q} missing", id)
+	t.Fatalf("%s{%s=%q} missing", name, label, value)
 	return 0
 }
 

@@ -183,9 +183,10 @@ func TestUpstreamFailuresWarnRateLimited(t *testing.T) {
 }
 
 // TestFirstByteTimeoutTripsBreaker: an instance that answers its health
-// check but hangs on generations (before its headers, or after them with no
-// body) has its calls cut after FirstByteTimeout, and the failures open its
-// breaker; its slot is released each time.
+// check but hangs on streamed generations (before its headers, or after them
+// with no body) has its calls cut after FirstByteTimeout, and the failures
+// open its breaker; its slot is released each time. (Non-streamed
+// generations are not cut: TestFirstByteTimeoutCutsStreamsOnly.)
 func TestFirstByteTimeoutTripsBreaker(t *testing.T) {
 	for _, afterHeaders := range []bool{false, true} {
 		t.Run(fmt.Sprintf("after headers %v", afterHeaders), func(t *testing.T) {
@@ -202,7 +203,7 @@ func TestFirstByteTimeoutTripsBreaker(t *testing.T) {
 				<-r.Context().Done()
 			}
 			reg := prometheus.NewRegistry()
-			r, err := New(Options{DefaultEndpoint: "ep", Logger: slog.New(slog.DiscardHandler), Registry: reg, FirstByteTimeout: 100 * time.Millisecond, Breaker: overload.BreakerOptions{ConsecutiveFailures: 2, OpenTimeout: time.Hour}})
+			r, err := New(Options{DefaultEndpoint: "ep", Logger: slog.New(slog.DiscardHandler), Registry: reg, FirstByteTimeout: 100 * time.Millisecond, Breaker: overload.BreakerOptions{ConsecutiveFailures: 2, OpenTimeout: time.Hour, MaxEjectionPercent: 100}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -212,7 +213,7 @@ func TestFirstByteTimeoutTripsBreaker(t *testing.T) {
 			defer srv.Close()
 			for i := range 2 {
 				start := time.Now()
-				resp, err := srv.Client().Post(srv.URL+"/invocations", "application/json", strings.NewReader("x"))
+				resp, err := srv.Client().Post(srv.URL+"/endpoints/ep/invocations-response-stream", "application/json", strings.NewReader("x"))
 				if err == nil {
 					_, err = io.Copy(io.Discard, resp.Body)
 					resp.Body.Close()
@@ -260,7 +261,7 @@ func TestFirstByteTimeoutPerEndpoint(t *testing.T) {
 	cut := func(ep string) bool {
 		ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
 		defer cancel()
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/endpoints/"+ep+"/invocations", strings.NewReader("x"))
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/endpoints/"+ep+"/invocations-response-stream", strings.NewReader("x"))
 		resp, err := srv.Client().Do(req)
 		if err != nil {
 			return false
@@ -326,7 +327,7 @@ func TestFirstByteTimeoutStartsAtBodyEnd(t *testing.T) {
 				}
 				pw.Close()
 			}()
-			req, _ := http.NewRequest(http.MethodPost, srv.URL+"/invocations", pr)
+			req, _ := http.NewRequest(http.MethodPost, srv.URL+"/endpoints/ep/invocations-response-stream", pr)
 			req.ContentLength = int64(len(body))
 			start := time.Now()
 			resp, err := srv.Client().Do(req)

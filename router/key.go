@@ -282,6 +282,10 @@ type openAIRequest struct {
 	prefix      uint64
 	digests     prefixDigests // prefix at the ladder's depths; last is prefix
 	hasMessages bool
+	// stream is the body's "stream": true, as far as the walk read: a
+	// head walk (parseOpenAIHead) ends where the key is known, and a
+	// stream member after that point is not seen.
+	stream bool
 }
 
 // parseOpenAI walks a chat (chat=true) or completions body once: it takes
@@ -367,6 +371,14 @@ func walkOpenAI(body []byte, chat bool, prefixLen int, head bool) (openAIRequest
 			h.reset(prefixLen)
 			out.hasMessages = true
 			return promptKnown(prompt(&s, &h), &promptDone, known)
+		case string(name) == "stream":
+			// The answer streams: the first-byte timeout applies to it
+			// (proxy.go). A value that is not a boolean is the model
+			// server's to refuse.
+			out.stream = s.peek() == 't'
+			if out.stream {
+				return s.literal("true")
+			}
 		}
 		return s.skip(1)
 	})
@@ -438,7 +450,7 @@ func messages(s *scanner, h *prefixHasher) error {
 		if h.left > 0 {
 			h.mark(markRole, role)
 			if cStart >= 0 {
-				if err := content(&scanner{b: s.b[cStart:cEnd]}, h); err != nil {
+				if err := content(&scanner{b: s.b[cStart:cEnd], checked: true}, h); err != nil {
 					return err
 				}
 			}

@@ -267,6 +267,77 @@ func TestEscapedKeysRouteAsUnescaped(t *testing.T) {
 	}
 }
 
+// TestControlCharactersRejected: RFC 8259 §7 requires U+0000..U+001F to be
+// escaped inside strings; raw ones made a body the router accepted and
+// forwarded (issue 19), though docs/security.md promises 400 for malformed
+// JSON. Everywhere the walker goes: model, tenant, message text, member
+// names, skipped members.
+func TestControlCharactersRejected(t *testing.T) {
+	for _, body := range []string{
+		"{\"model\":\"a\x01b\",\"messages\":[]}",
+		"{\"prompt_cache_key\":\"t\x1f\",\"messages\":[]}",
+		"{\"messages\":[{\"role\":\"user\",\"content\":\"line\nbreak\"}]}",
+		"{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"tab\there\"}]}]}",
+		"{\"temperature\":1,\"stop\":[\"\x00\"],\"messages\":[]}",
+		"{\"na\x02me\":1,\"messages\":[]}",
+		"{\"messages\":[{\"role\":\"user\",\"content\":\"" + strings.Repeat("0123456789abcdef", 8) + "\x7f\x1b\"}]}",
+	} {
+		if _, err := parseOpenAI([]byte(body), true, 4096); !errors.Is(err, errMalformed) {
+			t.Errorf("parseOpenAI(%q) = %v, want a malformed-JSON error", body, err)
+		}
+	}
+	// Escaped control characters, DEL and multi-byte text are fine.
+	for _, body := range []string{
+		`{"model":"m","messages":[{"role":"user","content":"a\nb\u0001\t"}]}`,
+		"{\"messages\":[{\"role\":\"user\",\"content\":\"\x7f \xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80 " + strings.Repeat("\xc2\xa0", 40) + "\"}]}",
+	} {
+		if _, err := parseOpenAI([]byte(body), true, 4096); err != nil {
+			t.Errorf("parseOpenAI(%q) = %v, want nil", body, err)
+		}
+	}
+}
+
+func TestControlAt(t *testing.T) {
+	for i := range 40 {
+		b := []byte(strings.Repeat("\x80\xff~ ", 10))
+		if controlAt(b) != -1 {
+			t.Fatalf("controlAt found a control byte in %q", b)
+		}
+		b[i] = 0x1f
+		if got := controlAt(b); got != i {
+			t.Fatalf("controlAt = %d, want %d", got, i)
+		}
+	}
+}
+
+// TestOpenAIStream: the walk reads a top-level "stream": true, which makes
+// the first-byte timeout apply (proxy.go); anything else is not a stream.
+func TestOpenAIStream(t *testing.T) {
+	for _, tc := range []struct {
+		body string
+		want bool
+	}{
+		{`{"model":"m","stream":true,"messages":[]}`, true},
+		{`{"model":"m","messages":[],"stream":true}`, true},
+		{`{"model":"m","messages":[],"stream":false}`, false},
+		{`{"model":"m","messages":[]}`, false},
+		{`{"model":"m","messages":[],"stream":"true"}`, false},
+		{`{"model":"m","messages":[],"stream":null}`, false},
+		{`{"model":"m","stream":true,"messages":[],"stream":false}`, false}, // the last one, as encoding/json
+		{`{"model":"m","stream":false,"messages":[],"stream":true}`, true},
+		{`{"model":"m","messages":[{"role":"user","content":"x","stream":true}]}`, false}, // not top-level
+		{`{"model":"m","stream_options":{"stream":true},"messages":[]}`, false},
+	} {
+		o, err := parseOpenAI([]byte(tc.body), true, 1024)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.body, err)
+		}
+		if o.stream != tc.want {
+			t.Errorf("%s: stream %v, want %v", tc.body, o.stream, tc.want)
+		}
+	}
+}
+
 // checkLadder checks a prompt's digests at its depths against the
 // fixed-length digests at those depths (fixed(d): the key's digest with
 // PrefixLength d): the digest at each depth is the one a fixed key of that

@@ -191,6 +191,8 @@ var (
 		"Load other sources put on the instance, from its /metrics (-1 unknown or not polled).", []string{"endpoint", "instance"}, nil)
 	healthyDesc = prometheus.NewDesc("prefixrouter_instance_healthy",
 		"1 unless active health checks marked the instance down (always 1 when they are off).", []string{"endpoint", "instance"}, nil)
+	panicDesc = prometheus.NewDesc("prefixrouter_endpoint_panic",
+		"1 while more of the endpoint's instances are out of rotation (open breakers, health marks) than its ejection cap (--max-ejection-percent) allows: picks then ignore both.", []string{"endpoint"}, nil)
 	thresholdDesc = prometheus.NewDesc("prefixrouter_endpoint_concurrency_threshold",
 		"The endpoint's ConcurrencyThreshold: requests in flight on one instance, summed over router replicas, beyond which PREFIX_AWARE spills (each replica admits its share of it, or compares it with the polled load).", []string{"endpoint"}, nil)
 )
@@ -205,6 +207,7 @@ func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- externalDesc
 	ch <- healthyDesc
 	ch <- thresholdDesc
+	ch <- panicDesc
 }
 
 func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
@@ -214,7 +217,11 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for name, ev := range v.endpoints {
 		ch <- prometheus.MustNewConstMetric(thresholdDesc, prometheus.GaugeValue, float64(ev.threshold), name)
+		panicking := 0.0
 		for id, iv := range ev.instances {
+			if iv.state.Panicking() { // the endpoint's states share one decision
+				panicking = 1
+			}
 			st := iv.state.Status()
 			ch <- prometheus.MustNewConstMetric(inFlightDesc, prometheus.GaugeValue, float64(st.InFlight), name, id)
 			ch <- prometheus.MustNewConstMetric(breakerDesc, prometheus.GaugeValue, float64(st.Breaker), name, id)
@@ -225,5 +232,6 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 			ch <- prometheus.MustNewConstMetric(healthyDesc, prometheus.GaugeValue, healthy, name, id)
 		}
+		ch <- prometheus.MustNewConstMetric(panicDesc, prometheus.GaugeValue, panicking, name)
 	}
 }

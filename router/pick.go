@@ -186,11 +186,14 @@ func (r *Router) pick(rt *route, skip bitset) (pick, bool) {
 }
 
 // healthFilter decides whether a pick skips an instance that active health
-// checks marked down. It fails open: if no instance of the set is healthy,
-// health is ignored, so that a broken health endpoint (or a checker that
-// cannot reach the fleet) does not take the whole set down; the breakers
-// still guard against instances that really fail. The set is scanned at most
-// once per pick, and only when an unhealthy instance is met.
+// checks marked down. It fails open twice: when more of the endpoint is out
+// than its ejection cap allows, the endpoint panics and no instance is
+// marked down (State.MarkedDown, decided once per state change); and if no
+// instance of the set is healthy, health is ignored, so that a broken
+// health endpoint (or a checker that cannot reach the fleet) does not take
+// the whole set down; the breakers still guard against instances that
+// really fail. The set is scanned at most once per pick, and only when an
+// instance marked down is met.
 type healthFilter struct {
 	ev      *endpointView
 	set     *lora.Set
@@ -199,7 +202,7 @@ type healthFilter struct {
 }
 
 func (h *healthFilter) skip(iv *instanceView) bool {
-	if iv.state.Healthy() {
+	if !iv.state.MarkedDown() {
 		return false
 	}
 	if !h.decided {
@@ -348,7 +351,7 @@ func hotPick(ivs []*instanceView, cands []int, spread uint64, skip bitset, h *he
 			continue
 		}
 		iv := ivs[c]
-		if iv == nil || iv.state.Open() || h.skip(iv) {
+		if iv == nil || iv.state.Ejected() || h.skip(iv) {
 			continue
 		}
 		l := iv.state.Load()
@@ -375,7 +378,8 @@ func spreadChoice(cands []int, spread uint64) int {
 }
 
 // pickLeast admits the instance with the lowest load among those whose
-// breaker is not open and that are not marked down, ties broken at random.
+// breaker is not open and that are not marked down (both ignored while the
+// endpoint panics), ties broken at random.
 func (r *Router) pickLeast(ev *endpointView, set *lora.Set, skip bitset, h *healthFilter, decision string) (pick, bool) {
 	n := set.Len()
 	for {
@@ -387,7 +391,7 @@ func (r *Router) pickLeast(ev *endpointView, set *lora.Set, skip bitset, h *heal
 				continue
 			}
 			iv := ev.instance(set, i)
-			if iv == nil || iv.state.Open() || h.skip(iv) {
+			if iv == nil || iv.state.Ejected() || h.skip(iv) {
 				continue
 			}
 			l := iv.state.Load()

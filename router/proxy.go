@@ -55,6 +55,7 @@ type attempt struct {
 	upCtx        context.Context // the upstream call's; its cause tells a first-byte timeout
 	firstByte    *firstByte      // the first-byte timeout; nil when off or stopped
 	stream       bool            // frame the answer as an AWS event stream (…/invocations-response-stream)
+	streaming    bool            // the answer streams (stream, or an OpenAI "stream": true): the first-byte timeout applies
 	bodyAsync    bool            // a try went to a transport that may read body after answering (https)
 
 	tried   bitset // set indexes already tried (and those the route excluded)
@@ -176,10 +177,14 @@ func (p *proxy) serve(w http.ResponseWriter, req *http.Request, a *attempt) {
 	clientCtx := req.Context()
 	a.clientCtx = clientCtx
 	upCtx := context.WithValue(clientCtx, attemptKey{}, a)
-	if d := a.ev.firstByte; d > 0 {
+	if d := a.ev.firstByte; d > 0 && a.streaming {
 		// An instance whose health check answers while its generations
 		// hang must trip its breaker (issue 12): no first body byte
 		// within d cancels the call, and the outcome counts against it.
+		// Only streamed answers: a non-streamed answer's first byte comes
+		// when the whole generation is done, whose length the client's
+		// max_tokens decides (issue 19); --max-stream-duration and the
+		// client's own deadline bound those, without blame.
 		var cancel context.CancelCauseFunc
 		upCtx, cancel = context.WithCancelCause(upCtx)
 		defer cancel(nil)
@@ -216,6 +221,10 @@ func (a *attempt) finish(clientCtx context.Context, aborted bool) {
 		m.upstreamErrors.WithLabelValues(a.endpoint, errKindTimeout).Inc()
 	case clientGone:
 		outcome = clientCtx.Err() // context.Canceled: not the instance's fault
+	case a.err != nil && !a.streaming && errorKind(a.err) == errKindTimeout:
+		// --upstream-header-timeout ended a non-streamed generation
+		// before its headers: its length is the client's, as above.
+		outcome = fmt.Errorf("%w: %w", overload.ErrNotJudged, a.err)
 	case a.err != nil:
 		outcome = a.err
 	case a.bodyErr != nil:
@@ -224,9 +233,9 @@ func (a *attempt) finish(clientCtx context.Context, aborted bool) {
 	case aborted:
 		outcome = overload.ErrClientGone // the write to the client failed
 	case a.upStatus != 0:
-		outcome = overload.UpstreamStatus(a.upStatus)
+		outcome = overload.UpstreamStatusFor(a.upStatus, a.key)
 	default:
-		outcome = overload.UpstreamStatus(a.status)
+		outcome = overload.UpstreamStatusFor(a.status, a.key)
 	}
 	if a.cur.done != nil {
 		a.cur.done(outcome)
@@ -259,8 +268,8 @@ func (p *proxy) modifyResponse(resp *http.Response) error {
 	}
 	if a.kind == kindInvoke {
 		resp.Header.Set(HeaderInvokedVariant, variantOf(a.cur.iv))
-		rewriteSessionHeader(resp.Header, HeaderNewSessionID, a.cur.iv.inst.ID)
-		rewriteSessionHeader(resp.Header, HeaderClosedSessionID, a.cur.iv.inst.ID)
+		p.r.sessions.rewrite(resp.Header, HeaderNewSessionID, a.endpoint, a.cur.iv.inst.ID)
+		p.r.sessions.rewrite(resp.Header, HeaderClosedSessionID, a.endpoint, a.cur.iv.inst.ID)
 	}
 	body := &trackedBody{ReadCloser: resp.Body, a: a}
 	resp.Body = body
@@ -381,8 +390,9 @@ func (p *proxy) errorHandler(w http.ResponseWriter, req *http.Request, err error
 	writeError(w, a.kind, a.status, code, fmt.Sprintf("no instance answered after %d retries: %s", a.retries, publicError(err)))
 }
 
-// errFirstByte is the outcome of a call cut by Options.FirstByteTimeout. It
-// wraps context.DeadlineExceeded, so it counts against the instance.
+// errFirstByte is the outcome of a streamed call cut by
+// Options.FirstByteTimeout. It wraps context.DeadlineExceeded, so it counts
+// against the instance.
 var errFirstByte = fmt.Errorf("router: no first byte from the instance within the first-byte timeout: %w", context.DeadlineExceeded)
 
 // firstByte is the first-byte timeout of one request. The clock starts
@@ -463,7 +473,7 @@ func (p *proxy) warnFailure(a *attempt, err error) {
 
 // retryTransport sends to the attempt's instance and, when the instance
 // provably received nothing (the connection could not be made), charges its
-// breaker and re-sends to the next pick, at most MaxRetries times.
+// breaker and re-sends to the next pick, at most maxRetries times.
 type retryTransport struct{ p *proxy }
 
 func (t retryTransport) RoundTrip(out *http.Request) (*http.Response, error) {
@@ -492,7 +502,7 @@ func (t retryTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 		}
 		kind := errorKind(err)
 		m.upstreamErrors.WithLabelValues(a.endpoint, kind).Inc()
-		if kind != errKindDial || a.retries >= MaxRetries || a.pinned() {
+		if kind != errKindDial || a.retries >= a.maxRetries() || a.pinned() {
 			return nil, err
 		}
 		replay, rerr := a.replayBody()
@@ -532,6 +542,18 @@ func (t retryTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 		a.setTarget(out)
 		out.Body = replay
 	}
+}
+
+// maxRetries bounds a request's re-sends after dial errors: MaxRetries,
+// or while its endpoint panics (more of it is out than the ejection cap
+// allows, so picks ignore health marks and open breakers) every other
+// member of its set: there an instance that refuses connections costs a
+// dial, not the request.
+func (a *attempt) maxRetries() int {
+	if a.cur.iv != nil && a.cur.iv.state.Panicking() {
+		return max(MaxRetries, a.set.Len()-1)
+	}
+	return MaxRetries
 }
 
 // maxWaits bounds the re-sends after "adapter not found" answers and the

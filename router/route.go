@@ -51,6 +51,7 @@ type route struct {
 	digests prefixDigests     // the prefix at the ladder's depths
 	keys    [maxLevels]uint64 // routing keys of the first nkeys depths (levelKey)
 	nkeys   int
+	stream  bool // an OpenAI body's "stream": true (as far as step 2 read it)
 
 	session   *instanceView // step 4: the session's instance; nil without a session
 	sessionID string        // the container's own session id, sent to the instance
@@ -171,7 +172,7 @@ func (r *Router) stepParse(rt *route, in *routeInput) *routeError {
 	if err != nil {
 		return err
 	}
-	rt.tenant, rt.model, rt.key, rt.digests = rr.tenant, rr.model, rr.key, rr.digests
+	rt.tenant, rt.model, rt.key, rt.digests, rt.stream = rr.tenant, rr.model, rr.key, rr.digests, rr.stream
 	if rt.ev.pop != nil {
 		rt.key = rt.levelKey(0) // the variant's key; step 8 chooses the depth
 	}
@@ -190,7 +191,7 @@ func (r *Router) stepSession(rt *route, in *routeInput) *routeError {
 	if in.kind != kindInvoke || sid == "" || sid == NewSession {
 		return nil
 	}
-	id, inner, ok := parseSessionID(sid)
+	id, inner, ok := r.sessions.open(rt.endpoint, sid)
 	if !ok {
 		return &routeError{http.StatusBadRequest, codeInvalidSession, "X-Amzn-SageMaker-Session-Id is not a session id this endpoint issued"}
 	}
@@ -399,6 +400,7 @@ func (rt *route) awaitHolder(ctx context.Context, r *Router, failed failedHolder
 // httpBody is the HTTP data plane's body source: it reads from the client
 // as the key needs, and streams the rest after the pick.
 type httpBody struct {
+	r     *Router // its body arena (heldbody.go)
 	w     http.ResponseWriter
 	req   *http.Request
 	limit int64
@@ -409,7 +411,7 @@ func (b httpBody) read(ev *endpointView, kind apiKind) ([]byte, io.Reader, *rout
 	case kind == kindInvoke:
 		return readHead(b.w, b.req, b.limit, ev.prefixLen)
 	case !ev.salt:
-		return readOpenAIHead(b.w, b.req, b.limit, kind == kindChat, ev.prefixLen)
+		return b.r.readOpenAIHead(b.w, b.req, b.limit, kind == kindChat, ev.prefixLen)
 	default:
 		// The salt goes at the body's end: read it whole.
 		body, err := readBody(b.w, b.req, b.limit)

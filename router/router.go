@@ -42,10 +42,16 @@ type Router struct {
 	handler http.Handler // the routes, instrumented when tracing is on
 	proxy   *proxy
 	salter  *salter
+	// sessions seals and opens stateful session ids (session.go).
+	sessions sessionKeys
+	// arena lends the buffers of bodies read whole before the pick
+	// (heldbody.go).
+	arena   *bodyArena
 	metrics *metrics
 	load    *probe.Prober // nil unless LoadPollInterval > 0
 	health  *probe.Prober // nil unless HealthCheckInterval > 0
 
+	modelLists   modelsCache          // GET /v1/models answers (models.go)
 	view         atomic.Pointer[view] // nil until the first Update
 	shuttingDown atomic.Bool          // set by Drain: readiness fails, routing goes on
 	waiting      atomic.Int64         // requests in waitLoaded
@@ -134,11 +140,13 @@ func newRouter(opts Options, clock clockwork.Clock) (*Router, error) {
 	}
 	r.metrics = m
 	r.salter = newSalter(opts.CacheSaltKey)
+	r.sessions = newSessionKeys(opts.SessionKey, opts.SessionKeys)
+	r.arena = newBodyArena(opts.BodyBufferBytes, int(opts.MaxBodyBytes)+1)
 	tr := opts.Transport
 	// Probes and the load poller use tr itself: they are not traced.
 	var upstream http.RoundTripper
 	r.handler, upstream = instrument(opts.TracerProvider, withAPIKeys(newAPIKeys(opts.APIKeys), r.routes()), tr)
-	r.proxy = newProxy(r, upstream)
+	r.proxy = newProxy(r, upstreamGuard{next: upstream, idle: opts.UpstreamIdleTimeout})
 	if err := r.startProbes(tr, clock); err != nil {
 		r.Close()
 		return nil, err
@@ -259,6 +267,7 @@ func (r *Router) Update(s *fleet.Snapshot) {
 				u = nil
 			}
 			iv := &instanceView{inst: in, target: u, state: states[in.ID]}
+			iv.state.SetServerErrorIsFault(serverErrorIsFault(in)) // the breaker rule's input (issue 20)
 			if u != nil {
 				iv.hostPort = hostPort(u)
 			}

@@ -88,13 +88,15 @@ type hopts struct {
 	hTimeout time.Duration   // HealthCheckTimeout
 	clock    clockwork.Clock // paces health checks; nil means the real clock
 	hide     bool            // HideInstanceID
+	first    time.Duration   // FirstByteTimeout
+	header   time.Duration   // the transport's response-header timeout
 }
 
 func newHarness(t *testing.T, o hopts, backends ...*backend) *harness {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	tr := NewTransport(0)
-	r, err := newRouter(Options{DefaultEndpoint: "ep", Registry: reg, Transport: tr, Breaker: o.breaker, MaxBodyBytes: o.maxBody, BalanceFactor: o.balance, HealthCheckInterval: o.health, HealthCheckTimeout: o.hTimeout, HideInstanceID: o.hide}, o.clock)
+	tr := NewTransport(o.header)
+	r, err := newRouter(Options{DefaultEndpoint: "ep", Registry: reg, Transport: tr, Breaker: o.breaker, MaxBodyBytes: o.maxBody, BalanceFactor: o.balance, HealthCheckInterval: o.health, HealthCheckTimeout: o.hTimeout, HideInstanceID: o.hide, FirstByteTimeout: o.first}, o.clock)
 	if err != nil {
 		t.Fatal(err)
 	}

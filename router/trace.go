@@ -54,7 +54,7 @@ func (s spill) String() string { return spillNames[s] }
 // refusal (racy, as every load read is; it labels a trace, not a decision).
 func spillReason(s *overload.State, threshold, replicas int, bound int64) spill {
 	switch {
-	case s.Open():
+	case s.Ejected():
 		return spillBreaker
 	case !s.HasRoom(threshold, replicas):
 		return spillThreshold

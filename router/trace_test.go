@@ -55,7 +55,7 @@ func newTracedRouter(t *testing.T, threshold int) *tracedRouter {
 				}
 			}
 			if req.Header.Get("X-Test-Fail") != "" {
-				w.WriteHeader(http.StatusInternalServerError)
+				w.WriteHeader(http.StatusServiceUnavailable)
 				return
 			}
 			_, _ = io.WriteString(w, "{}")
@@ -177,7 +177,7 @@ func TestTracing(t *testing.T) {
 		t.Fatalf("spilled span: %v; want reason %q and instance %s", a, SpillThreshold, second)
 	}
 
-	// A 500 opens the primary's breaker (ConsecutiveFailures 1): the next
+	// A 503 opens the primary's breaker (ConsecutiveFailures 1): the next
 	// request spills for the reason "breaker".
 	tr.post(t, body, map[string]string{"X-Test-Fail": "1"})
 	<-tr.parents

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"log/slog"
@@ -94,6 +95,29 @@ func (a *apiKeysFileValue) Set(v string) error {
 		return err
 	}
 	a.path, *a.keys = v, keys
+	return nil
+}
+
+// sessionKeyFileValue binds --session-key-file: the file's content, a final
+// line break dropped, is the key; it is read and checked as the flag is
+// parsed.
+type sessionKeyFileValue struct {
+	path string
+	key  *[]byte
+}
+
+func (v *sessionKeyFileValue) Type() string   { return "file" }
+func (v *sessionKeyFileValue) String() string { return v.path }
+func (v *sessionKeyFileValue) Set(path string) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	data = bytes.TrimRight(data, "\r\n")
+	if len(data) < router.MinSessionKeyBytes {
+		return fmt.Errorf("%s holds %d bytes, want at least %d (e.g. openssl rand -base64 48)", path, len(data), router.MinSessionKeyBytes)
+	}
+	v.path, *v.key = path, data
 	return nil
 }
 

@@ -155,7 +155,7 @@ written. config get prints it with every field that is set.`
 	f := c.Flags()
 	bindRouting(f, &rc)
 	raw := f.String("routing-config", "", "the whole RoutingConfig as JSON (instead of the other flags)")
-	firstByte := f.Duration("first-byte-timeout", 0, "cut this endpoint's calls whose instance sends no response byte within this long, counting against its breaker (FirstByteTimeoutInMilliseconds; 1ms..1h; left out: each replica's --upstream-first-byte-timeout)")
+	firstByte := f.Duration("first-byte-timeout", 0, "cut this endpoint's streamed calls whose instance sends no response byte within this long, counting against its breaker (non-streamed calls are not cut: their first byte comes when the whole generation is done) (FirstByteTimeoutInMilliseconds; 1ms..1h; left out: each replica's --upstream-first-byte-timeout)")
 	variants := f.StringSlice("production-variants", nil, "split traffic that names no X-Amzn-SageMaker-Target-Variant by weight between variants, NAME=WEIGHT,... (ProductionVariants; weights 0..1e6, not all 0; an instance's variant is its label \"variant\")")
 	c.RunE = func(cmd *cobra.Command, _ []string) error {
 		if *raw != "" {
