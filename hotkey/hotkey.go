@@ -1,7 +1,8 @@
 // Package hotkey estimates which routing keys are hot and how many
 // instances each should warm: a decayed count-min sketch of request counts
-// per key and a small table of replication factors with hysteresis, both of
-// fixed size and updated with atomics only.
+// per key, a small table of replication factors with hysteresis and one of
+// popular prefixes for a replica to publish (popular.go), all of fixed size
+// and updated with atomics only.
 //
 // A key whose share of the requests is s, in a set of n instances, asks for
 // x = s × n / Threshold instances' worth of capacity. Its replication
