@@ -88,7 +88,6 @@ type Capacity struct {
 	Strategies         []fleet.Strategy
 }
 
-
 // HotLabel labels the runs of PREFIX_AWARE with fixed-length keys and
 // hot-key replication; FixedLabel those with fixed-length keys alone.
 const (
