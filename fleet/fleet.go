@@ -41,6 +41,14 @@ const (
 	MaxConcurrencyThreshold     = 1024
 	DefaultPrefixLength         = 4096
 	DefaultConcurrencyThreshold = 10
+	// DefaultAdaptivePrefixLength is PrefixLength's default when keys
+	// follow the prompt's tree (FixedLengthKeys off, issue 21): the deepest
+	// prefix the router looks at. A request routes on the shallowest
+	// depth that is not hot, so a long limit costs no affinity on cold
+	// prefixes; it lets a hot prefix longer than 4,096 units (a 10 KB
+	// agent tool prompt, a 16 KB RAG document) be told apart by what
+	// follows it. docs/balance.md gives the measurements behind the value.
+	DefaultAdaptivePrefixLength = 32768
 )
 
 // ErrInvalid is wrapped by every validation error of a value a user gave: a
@@ -63,7 +71,11 @@ var ErrInvalidConfig = fmt.Errorf("fleet: %w routing config", ErrInvalid)
 type PrefixAwareConfig struct {
 	// PrefixLength is how much of a prompt forms the routing key: bytes of
 	// the raw body on invoke paths, Unicode code points of message text on
-	// OpenAI paths. Zero means DefaultPrefixLength.
+	// OpenAI paths. With adaptive keys (the default) it is the deepest
+	// prefix the router looks at. Zero means DefaultAdaptivePrefixLength
+	// for PREFIX_AWARE with adaptive keys, DefaultPrefixLength otherwise
+	// (the other strategies use the key only to split variants, and read
+	// no more of a body than that needs before the pick).
 	PrefixLength int `json:"PrefixLength,omitempty"`
 	// ConcurrencyThreshold is the number of in-flight requests an instance
 	// takes before new requests spill to the next candidate. Zero means
@@ -74,6 +86,13 @@ type PrefixAwareConfig struct {
 	// instance gets the first k of its ring order, chosen by load
 	// (docs/balance.md). False (the default) keeps one instance per key.
 	HotKeyReplication bool `json:"HotKeyReplication,omitempty"`
+	// FixedLengthKeys (prefixrouter's) keeps SageMaker's exact keys: the
+	// first PrefixLength units of every prompt, one depth, no popularity
+	// unless HotKeyReplication. False (the default) makes keys follow the
+	// prompt's tree: a request routes on the shallowest prefix that is not
+	// hot, and popular prefixes are placed by the replicas' agreed
+	// popularity (issue 21, docs/balance.md).
+	FixedLengthKeys bool `json:"FixedLengthKeys,omitempty"`
 }
 
 // RoutingConfig is one endpoint's routing configuration, in the JSON shape of
@@ -119,7 +138,7 @@ func DefaultRoutingConfig() RoutingConfig {
 	return RoutingConfig{
 		RoutingStrategy: PrefixAware,
 		PrefixAwareRoutingConfig: &PrefixAwareConfig{
-			PrefixLength:         DefaultPrefixLength,
+			PrefixLength:         DefaultAdaptivePrefixLength,
 			ConcurrencyThreshold: DefaultConcurrencyThreshold,
 		},
 	}
@@ -170,12 +189,17 @@ func (c RoutingConfig) WithDefaults() RoutingConfig {
 	if out.RoutingStrategy == "" {
 		out.RoutingStrategy = def.RoutingStrategy
 	}
-	p := *def.PrefixAwareRoutingConfig
+	// A missing nested config takes the defaults below, not
+	// DefaultRoutingConfig's: its PrefixLength is PREFIX_AWARE's.
+	var p PrefixAwareConfig
 	if c.PrefixAwareRoutingConfig != nil {
 		p = *c.PrefixAwareRoutingConfig
 	}
 	if p.PrefixLength == 0 {
 		p.PrefixLength = DefaultPrefixLength
+		if out.RoutingStrategy == PrefixAware && !p.FixedLengthKeys {
+			p.PrefixLength = DefaultAdaptivePrefixLength
+		}
 	}
 	if p.ConcurrencyThreshold == 0 {
 		p.ConcurrencyThreshold = DefaultConcurrencyThreshold
@@ -193,6 +217,7 @@ type Resolved struct {
 	PrefixLength         int
 	ConcurrencyThreshold int
 	HotKeyReplication    bool
+	FixedLengthKeys      bool
 	TenantCacheSalt      bool
 	// FirstByteTimeout is the endpoint's own; zero means the replica's
 	// default applies.
@@ -214,6 +239,7 @@ func (c RoutingConfig) Resolve() (Resolved, error) {
 		PrefixLength:         p.PrefixLength,
 		ConcurrencyThreshold: p.ConcurrencyThreshold,
 		HotKeyReplication:    p.HotKeyReplication,
+		FixedLengthKeys:      p.FixedLengthKeys,
 		TenantCacheSalt:      d.TenantCacheSalt,
 		FirstByteTimeout:     time.Duration(d.FirstByteTimeoutInMilliseconds) * time.Millisecond,
 		Variants:             d.ProductionVariants,
@@ -375,6 +401,10 @@ type Endpoint struct {
 	// Adapters is the adapter catalogue with its placement state, sorted
 	// by name.
 	Adapters []Adapter
+	// Popular are the endpoint's popular prefixes as its router replicas
+	// published them, merged (MergePopularity), sorted by key; nil when
+	// none were published (issue 21).
+	Popular []PopularKey
 }
 
 // Snapshot is an immutable view of the whole fleet. Build one with
@@ -426,7 +456,7 @@ func newSnapshot(endpoints []Endpoint, revision int64, replicas int, now time.Ti
 			// an invalid stored config); never route on an invalid one.
 			res, _ = RoutingConfig{}.Resolve()
 		}
-		s.Endpoints[ep.Name] = &Endpoint{Name: ep.Name, Config: ep.Config.WithDefaults(), Resolved: res, Instances: insts, Adapters: ads}
+		s.Endpoints[ep.Name] = &Endpoint{Name: ep.Name, Config: ep.Config.WithDefaults(), Resolved: res, Instances: insts, Adapters: ads, Popular: ep.Popular}
 	}
 	return s
 }

@@ -53,13 +53,18 @@ func TestRoutingConfigValidate(t *testing.T) {
 
 func TestRoutingConfigWithDefaults(t *testing.T) {
 	got, err := RoutingConfig{}.Resolve()
-	if err != nil || got.Strategy != PrefixAware || got.PrefixLength != DefaultPrefixLength || got.ConcurrencyThreshold != DefaultConcurrencyThreshold {
+	if err != nil || got.Strategy != PrefixAware || got.PrefixLength != DefaultAdaptivePrefixLength || got.FixedLengthKeys || got.ConcurrencyThreshold != DefaultConcurrencyThreshold {
 		t.Fatalf("zero config resolves to %+v, %v", got, err)
 	}
 	c := RoutingConfig{RoutingStrategy: Random, PrefixAwareRoutingConfig: &PrefixAwareConfig{ConcurrencyThreshold: 7}}
 	n, err := c.Resolve()
 	if err != nil || n.Strategy != Random || n.PrefixLength != DefaultPrefixLength || n.ConcurrencyThreshold != 7 {
 		t.Fatalf("partial config resolves to %+v, %v", n, err)
+	}
+	// SageMaker's exact keys keep SageMaker's default length.
+	f, err := RoutingConfig{PrefixAwareRoutingConfig: &PrefixAwareConfig{FixedLengthKeys: true}}.Resolve()
+	if err != nil || !f.FixedLengthKeys || f.PrefixLength != DefaultPrefixLength {
+		t.Fatalf("fixed-length config resolves to %+v, %v", f, err)
 	}
 	if c.WithDefaults(); c.PrefixAwareRoutingConfig.PrefixLength != 0 {
 		t.Fatal("WithDefaults modified its receiver's nested config")

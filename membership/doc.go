@@ -10,6 +10,7 @@
 //	<prefix>/endpoints/<endpoint>/adapters/<name>            fleet.Adapter JSON, no lease: the catalogue; adapter add/remove
 //	<prefix>/endpoints/<endpoint>/placement/<name>           Placement JSON, no lease: the adapter's set size; agents (SetPlacement)
 //	<prefix>/endpoints/<endpoint>/stale/<instance-id>        StaleMark JSON under its own short lease; routers (MarkStale), the agent deletes it
+//	<prefix>/endpoints/<endpoint>/popularity/<replica-id>    fleet.Popularity JSON under the replica's lease; routers (PutPopularity), merged into snapshots
 //	<prefix>/routers/<replica-id>                            lease-bound RouterInfo JSON; each router replica (serve)
 //
 // Endpoint, instance, replica and adapter names are fleet.ValidateName's:

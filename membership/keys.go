@@ -13,6 +13,7 @@ const DefaultPrefix = "/prefixrouter/v1"
 //	<prefix>/endpoints/<endpoint>/adapters/<name>            fleet.Adapter JSON: the catalogue
 //	<prefix>/endpoints/<endpoint>/placement/<name>           Placement JSON: an adapter's set size
 //	<prefix>/endpoints/<endpoint>/stale/<instance-id>        lease-bound StaleMark JSON
+//	<prefix>/endpoints/<endpoint>/popularity/<replica-id>    lease-bound fleet.Popularity JSON
 //	<prefix>/endpoints/<endpoint>/session-key                the base64 key of the endpoint's session ids (routers only)
 //	<prefix>/routers/<replica-id>                            lease-bound RouterInfo JSON
 type Layout struct {
@@ -92,6 +93,7 @@ const (
 	kindAdapter
 	kindPlacement
 	kindStale
+	kindPopularity
 	kindSessionKey
 )
 
@@ -122,6 +124,8 @@ func (l Layout) parseKey(key string) (kind keyKind, endpoint, id string) {
 		return kindPlacement, parts[0], parts[2]
 	case len(parts) == 3 && parts[1] == "stale" && parts[0] != "" && parts[2] != "":
 		return kindStale, parts[0], parts[2]
+	case len(parts) == 3 && parts[1] == "popularity" && parts[0] != "" && parts[2] != "":
+		return kindPopularity, parts[0], parts[2]
 	}
 	return kindOther, "", ""
 }

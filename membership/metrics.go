@@ -21,12 +21,13 @@ const (
 // Kinds of ignored records, the values of
 // prefixrouter_membership_invalid_records_total's kind label.
 const (
-	invalidInstance  = "instance"
-	invalidUpstream  = "upstream" // an instance whose address is outside --allowed-upstreams
-	invalidConfig    = "config"
-	invalidEndpoint  = "endpoint"
-	invalidAdapter   = "adapter"
-	invalidPlacement = "placement"
+	invalidInstance   = "instance"
+	invalidUpstream   = "upstream" // an instance whose address is outside --allowed-upstreams
+	invalidConfig     = "config"
+	invalidEndpoint   = "endpoint"
+	invalidAdapter    = "adapter"
+	invalidPlacement  = "placement"
+	invalidPopularity = "popularity"
 )
 
 // Metrics are the membership's Prometheus collectors. A nil *Metrics is

@@ -195,9 +195,10 @@ type state struct {
 	instances map[string]map[string]fleet.Instance // endpoint → id → record
 	configs   map[string]fleet.RoutingConfig       // endpoint → last valid config
 	routers   map[string]struct{}
-	adapters  map[string]map[string]fleet.Adapter // endpoint → name → catalogue record
-	placement map[string]map[string]Placement     // endpoint → name → placement state
-	keys      map[string][]byte                   // endpoint → session key
+	adapters  map[string]map[string]fleet.Adapter    // endpoint → name → catalogue record
+	placement map[string]map[string]Placement        // endpoint → name → placement state
+	popular   map[string]map[string]fleet.Popularity // endpoint → replica id → its publication
+	keys      map[string][]byte                      // endpoint → session key
 	rev       int64
 
 	// sorted is each endpoint's instance list as last published, sorted by
@@ -217,6 +218,7 @@ func newState() *state {
 		routers:   map[string]struct{}{},
 		adapters:  map[string]map[string]fleet.Adapter{},
 		placement: map[string]map[string]Placement{},
+		popular:   map[string]map[string]fleet.Popularity{},
 		keys:      map[string][]byte{},
 		sorted:    map[string][]fleet.Instance{},
 		changed:   map[string]map[string]struct{}{},
@@ -417,23 +419,14 @@ func (w *Watcher) applyPut(st, prev *state, key string, value []byte, modRev int
 	switch kind {
 	case kindAdapter:
 		a, err := ParseAdapter(id, value)
-		if err != nil {
-			w.metrics.invalidRecord(invalidAdapter)
-			w.log.Warn("membership: ignoring invalid adapter record", "key", key, "err", err)
-			deleteIn(st.adapters, ep, id)
-			return
-		}
-		putIn(st.adapters, ep, id, a)
+		putValid(w, st.adapters, invalidAdapter, key, ep, id, a, err)
 	case kindPlacement:
 		p, err := parsePlacement(value)
-		if err != nil {
-			w.metrics.invalidRecord(invalidPlacement)
-			w.log.Warn("membership: ignoring invalid placement record", "key", key, "err", err)
-			deleteIn(st.placement, ep, id)
-			return
-		}
 		p.revision = modRev
-		putIn(st.placement, ep, id, p)
+		putValid(w, st.placement, invalidPlacement, key, ep, id, p, err)
+	case kindPopularity:
+		p, err := ParsePopularity(value)
+		putValid(w, st.popular, invalidPopularity, key, ep, id, p, err)
 	case kindRouter:
 		st.routers[id] = struct{}{}
 	case kindSessionKey:
@@ -502,6 +495,8 @@ func applyDelete(st *state, l Layout, key string) {
 		deleteIn(st.adapters, ep, id)
 	case kindPlacement:
 		deleteIn(st.placement, ep, id)
+	case kindPopularity:
+		deleteIn(st.popular, ep, id)
 	case kindInstance:
 		st.instanceChanged(ep, id)
 		if m := st.instances[ep]; m != nil {
@@ -511,6 +506,19 @@ func applyDelete(st *state, l Layout, key string) {
 			}
 		}
 	}
+}
+
+// putValid records the parsed value v of one record under the endpoint,
+// or, when it did not parse (err), ignores it, logs and counts it, and
+// drops the record's previous value.
+func putValid[V any](w *Watcher, m map[string]map[string]V, kind, key, ep, id string, v V, err error) {
+	if err != nil {
+		w.metrics.invalidRecord(kind)
+		w.log.Warn("membership: ignoring invalid "+kind+" record", "key", key, "err", err)
+		deleteIn(m, ep, id)
+		return
+	}
+	putIn(m, ep, id, v)
 }
 
 func putIn[V any](m map[string]map[string]V, ep, name string, v V) {
@@ -585,7 +593,7 @@ func (w *Watcher) emit(st *state) {
 			st.placement[ep][name].apply(&a)
 			ads = append(ads, a)
 		}
-		eps = append(eps, fleet.Endpoint{Name: ep, Config: cfg, Instances: insts, Adapters: ads})
+		eps = append(eps, fleet.Endpoint{Name: ep, Config: cfg, Instances: insts, Adapters: ads, Popular: mergePopular(st.popular[ep])})
 	}
 	sort.Slice(eps, func(i, j int) bool { return eps[i].Name < eps[j].Name })
 	// The instance lists are st.sorted's, never modified: the snapshot keeps them.
@@ -599,6 +607,24 @@ func (w *Watcher) emit(st *state) {
 	if w.publish != nil {
 		w.publish(s)
 	}
+}
+
+// mergePopular merges the replicas' publications for one endpoint in
+// replica id order, so that every watcher computes the same view.
+func mergePopular(byReplica map[string]fleet.Popularity) []fleet.PopularKey {
+	if len(byReplica) == 0 {
+		return nil
+	}
+	ids := make([]string, 0, len(byReplica))
+	for id := range byReplica {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	ps := make([]fleet.Popularity, len(ids))
+	for i, id := range ids {
+		ps[i] = byReplica[id]
+	}
+	return fleet.MergePopularity(ps)
 }
 
 // vanishedInstance is an instance whose key was deleted while it served.

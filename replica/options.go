@@ -146,6 +146,13 @@ type Options struct {
 	// StartupTimeout bounds the wait for the first fleet snapshot from etcd
 	// (--startup-timeout); zero means DefaultStartupTimeout.
 	StartupTimeout time.Duration
+	// PopularityInterval is how often the replica publishes the prefixes
+	// it sees as popular on endpoints with adaptive keys
+	// (--popularity-interval, issue 21): with etcd under its own lease,
+	// where every replica's watcher merges them into the snapshot; with a
+	// static fleet into its own snapshot. Zero means
+	// DefaultPopularityInterval; it must be within [100 ms, 1 min].
+	PopularityInterval time.Duration
 	// DrainDelay is how long Shutdown (Run, on SIGTERM) keeps serving with
 	// /readyz answering 503 before it closes the listener (--drain-delay):
 	// at least one readiness-probe period of whatever sends traffic here,
@@ -189,6 +196,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.StartupTimeout == 0 {
 		o.StartupTimeout = DefaultStartupTimeout
+	}
+	if o.PopularityInterval == 0 {
+		o.PopularityInterval = DefaultPopularityInterval
 	}
 	o.Limits = o.Limits.withDefaults()
 	if o.ShutdownTimeout == 0 {
@@ -249,6 +259,9 @@ func (o Options) Validate() error {
 		wrap("replica id", fleet.ValidateName("replica id", o.ID))
 	}
 	wrap("routing config", o.Routing.Validate())
+	if i := o.PopularityInterval; i != 0 && (i < 100*time.Millisecond || i > time.Minute) {
+		bad("PopularityInterval (--popularity-interval) %v must be within [100ms, 1m]", i)
+	}
 	for _, f := range o.RoutingFlags {
 		if !validRoutingFlag(f) {
 			bad("RoutingFlags: %q is not a routing setting's flag", f)

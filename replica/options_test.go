@@ -84,6 +84,10 @@ var validateCases = []validateCase{
 		o.Routing.PrefixAwareRoutingConfig = &fleet.PrefixAwareConfig{HotKeyReplication: true}
 	}, ""},
 	{"Routing.PrefixAwareRoutingConfig.HotKeyReplication", validStatic, func(o *Options) { o.Routing.PrefixAwareRoutingConfig = &fleet.PrefixAwareConfig{} }, ""},
+	{"Routing.PrefixAwareRoutingConfig.FixedLengthKeys", validStatic, func(o *Options) {
+		o.Routing.PrefixAwareRoutingConfig = &fleet.PrefixAwareConfig{FixedLengthKeys: true}
+	}, ""},
+	{"Routing.PrefixAwareRoutingConfig.FixedLengthKeys", validStatic, func(o *Options) { o.Routing.PrefixAwareRoutingConfig = &fleet.PrefixAwareConfig{} }, ""},
 	{"Routing.TenantCacheSalt", validStatic, func(o *Options) { o.Routing.TenantCacheSalt = true }, ""},
 	{"Routing.TenantCacheSalt", validStatic, func(o *Options) { o.Routing.TenantCacheSalt = false }, ""},
 	{"Routing.ProductionVariants", validStatic, func(o *Options) {
@@ -223,6 +227,10 @@ var validateCases = []validateCase{
 	{"StartupTimeout", validStatic, func(o *Options) { o.StartupTimeout = time.Second }, ""},
 	{"StartupTimeout", validStatic, func(o *Options) { o.StartupTimeout = -time.Second }, "--startup-timeout"},
 	{"StartupTimeout", validStatic, func(o *Options) { o.StartupTimeout = 0 }, ""},
+	{"PopularityInterval", validStatic, func(o *Options) { o.PopularityInterval = time.Second }, ""},
+	{"PopularityInterval", validStatic, func(o *Options) { o.PopularityInterval = 10 * time.Millisecond }, "--popularity-interval"},
+	{"PopularityInterval", validStatic, func(o *Options) { o.PopularityInterval = time.Hour }, "--popularity-interval"},
+	{"PopularityInterval", validStatic, func(o *Options) { o.PopularityInterval = 0 }, ""},
 	{"VanishGrace", validEtcd, func(o *Options) { o.VanishGrace = time.Minute }, ""},
 	{"VanishGrace", validEtcd, func(o *Options) { o.VanishGrace = -time.Second }, "--vanish-grace"},
 	{"VanishGrace", validEtcd, func(o *Options) { o.VanishGrace = 0 }, ""},
@@ -361,6 +369,7 @@ var unranged = map[string]bool{
 	"Router.HideInstanceID":   true,
 	"Routing.TenantCacheSalt": true,
 	"Routing.PrefixAwareRoutingConfig.HotKeyReplication": true,
+	"Routing.PrefixAwareRoutingConfig.FixedLengthKeys":   true,
 	"Router.Breaker.ConsecutiveFailures":                 true, // uint32
 	"Router.Breaker.HalfOpenMaxRequests":                 true,
 }

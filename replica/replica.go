@@ -63,6 +63,8 @@ type Replica struct {
 	stale atomic.Pointer[staleMarker]
 	// static probes a static fleet's instances; nil with etcd.
 	static *staticProber
+	// popular publishes the router's popular prefixes (issue 21).
+	popular *popularityPublisher
 	// keys holds the endpoints' session keys from etcd; nil with a static
 	// fleet or --session-key-file.
 	keys *sessionKeyring
@@ -94,6 +96,7 @@ func (r *Replica) steps() []step {
 		{"listeners", r.listen},
 		{"fleet", r.startFleet},
 		{"registration", r.register},
+		{"popularity", r.startPopularity},
 		{"admin", r.startAdmin},
 		{"ext_proc", r.startExtProc},
 		{"data plane", r.serveData},
@@ -378,6 +381,25 @@ func (r *Replica) register(ctx context.Context) error {
 	return nil
 }
 
+// startPopularity starts publishing the router's popular prefixes: with
+// etcd under the registration's lease, with a static fleet into the
+// snapshots the static prober publishes.
+func (r *Replica) startPopularity(context.Context) error {
+	p := &popularityPublisher{rt: r.router, interval: r.opts.PopularityInterval, log: r.log}
+	if r.reg != nil {
+		p.cli, p.layout, p.id, p.lease = r.opts.Client, r.opts.Membership.Layout, r.opts.ID, r.reg.LeaseID
+	} else {
+		p.static = r.static
+	}
+	p.start()
+	r.popular = p
+	r.onStop("popularity", func(context.Context) error {
+		p.Close()
+		return nil
+	})
+	return nil
+}
+
 // deregister revokes the replica's lease once; later calls return nil.
 func (r *Replica) deregister(ctx context.Context) error {
 	if r.reg == nil {
@@ -617,6 +639,9 @@ func (r *Replica) Close(ctx context.Context) error {
 	r.router.Drain()
 	if r.epp != nil {
 		r.epp.Drain()
+	}
+	if r.popular != nil {
+		r.popular.Close() // before the lease goes: no write under a revoked one
 	}
 	return errors.Join(r.deregister(ctx), r.unwind(ctx))
 }

@@ -84,10 +84,11 @@ func modelLabel(ev *endpointView, model string) string {
 
 // routeRequest is what a request contributes to routing.
 type routeRequest struct {
-	tenant string
-	model  string
-	key    uint64
-	stream bool // an OpenAI body asking for a streamed answer ("stream": true)
+	tenant  string
+	model   string
+	key     uint64        // the fixed-length key: tenant, model, digests.last()
+	digests prefixDigests // the prefix at the ladder's depths (issue 21)
+	stream  bool          // an OpenAI body asking for a streamed answer ("stream": true)
 }
 
 // parseRoute extracts tenant, model and routing key from the body read so
@@ -106,7 +107,8 @@ func parseRoute(kind apiKind, h http.Header, body []byte, prefixLen int, head bo
 		if ic := h.Get(HeaderInferenceComponent); ic != "" {
 			rr.model = ic // the component's set, exactly like an adapter's
 		}
-		rr.key = routingKey(rr.tenant, rr.model, invokePrefix(body, prefixLen))
+		rr.digests = invokeDigests(body, prefixLen)
+		rr.key = routingKey(rr.tenant, rr.model, rr.digests.last())
 		return rr, nil
 	}
 	var o openAIRequest
@@ -122,7 +124,7 @@ func parseRoute(kind apiKind, h http.Header, body []byte, prefixLen int, head bo
 	if o.hasTenant && !validTenant(o.tenant) {
 		return rr, &routeError{http.StatusBadRequest, codeInvalidTenant, "prompt_cache_key must be 1 to 64 printable ASCII characters"}
 	}
-	rr.tenant, rr.model, rr.stream = o.tenant, o.model, o.stream
+	rr.tenant, rr.model, rr.digests, rr.stream = o.tenant, o.model, o.digests, o.stream
 	rr.key = routingKey(rr.tenant, rr.model, o.prefix)
 	return rr, nil
 }

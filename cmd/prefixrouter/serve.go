@@ -112,6 +112,7 @@ share the fleet, and keeps routing on its last good snapshot while etcd is unrea
 	f.DurationVar(&l.WriteIdleTimeout, "write-idle-timeout", replica.DefaultWriteIdleTimeout, "abort a response (and release its instance slot) when the client has read nothing for this long")
 	f.DurationVar(&l.MaxStreamDuration, "max-stream-duration", replica.DefaultMaxStreamDuration, "end any request, streamed or not, this long after it started")
 	f.DurationVar(&opts.StartupTimeout, "startup-timeout", replica.DefaultStartupTimeout, "how long to wait for the first fleet snapshot from etcd before giving up")
+	f.DurationVar(&opts.PopularityInterval, "popularity-interval", replica.DefaultPopularityInterval, "how often this replica publishes the prefixes it sees as popular (adaptive keys, the PREFIX_AWARE default): every replica routes on the merged view (100ms..1m)")
 	f.DurationVar(&opts.Membership.TTL, "ttl", membership.DefaultTTL, "lease TTL of this replica's registration")
 	f.DurationVar(&opts.VanishGrace, "vanish-grace", replica.DefaultVanishGrace, "when more than half of an endpoint's instances (at least two, none draining) vanish from etcd within one TTL (agents lost etcd, model servers likely fine), keep routing to them this long, health checks and breakers still judging them; prefixrouter_membership_vanish_guard_held_instances says so (0: off)")
 	f.DurationVar(&opts.DrainDelay, "drain-delay", replica.DefaultDrainDelay, "on SIGTERM, how long /readyz answers 503 while requests are still served before the listener closes (at least one readiness-probe period)")
