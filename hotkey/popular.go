@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"slices"
 	"sync/atomic"
+
+	"github.com/prefixrouter/prefixrouter/ring"
 )
 
 // Popular prefixes (issue 21). A request's prompt is keyed at a ladder of
@@ -65,7 +67,7 @@ func (s *Sketch) Seen() uint64 { return s.seen.Load() }
 // popular prefix is remembered for Popular.
 func (s *Sketch) Count(e, key, parent uint64, level int, model string, n int) (popular bool, k int) {
 	t := tag(key)
-	h := mix(t)
+	h := ring.Mix64(t)
 	var vs [depth + 1]uint64
 	for i := range depth {
 		vs[i] = s.counts[i][index(h, i)].add(e)
