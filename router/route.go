@@ -209,7 +209,9 @@ func (r *Router) stepVariant(rt *route, in *routeInput) *routeError {
 	if in.kind != kindInvoke {
 		return nil
 	}
-	if rt.variant = in.header.Get(HeaderTargetVariant); rt.variant != "" {
+	if rt.variant = in.header.Get(HeaderTargetVariant); rt.variant != "" || rt.session != nil {
+		// A named variant holds; a session's instance is its own
+		// variant (the weights split new traffic, not sessions).
 		return nil
 	}
 	rt.variant = rt.ev.weightedVariant(rt.key)
