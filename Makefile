@@ -5,7 +5,7 @@ BIN     ?= bin/prefixrouter
 # The full test run must stay under 15 minutes on a 2-core machine.
 TEST_TIMEOUT ?= 14m
 
-.PHONY: all build test test-short vet bench fuzz demo chaos chaos-long matrix proxybench llamacpp-kit test-llamacpp bench-llamacpp clean
+.PHONY: all build test test-short vet bench fuzz demo chaos chaos-long matrix proxybench swarm llamacpp-kit test-llamacpp bench-llamacpp clean
 
 all: build
 
@@ -56,6 +56,15 @@ chaos:
 
 chaos-long:
 	$(GO) run ./cmd/prefixrouter chaos --long
+
+# Membership at fleet scale (issue 22): one etcd in a child process, N
+# instances registered through membership.RegisterInstance, R router
+# replicas' watchers, joins, graceful leaves and crashes; a Markdown report
+# (docs/operations.md, "Fleet size limits"). About 2 minutes with the
+# defaults below on 2 cores; not part of make test.
+SWARM_FLAGS ?= -instances 10000 -replicas 100
+swarm:
+	$(GO) run ./internal/swarm/cmd/swarm $(SWARM_FLAGS)
 
 # The seed's 16 configurations (model/adapters × invoke/OpenAI × shared-8k/
 # sharegpt-like × streamed/not), PREFIX_AWARE against RANDOM: one table.

@@ -293,7 +293,7 @@ func TestGetRoutingConfig(t *testing.T) {
 		{name: "stored before any instance", store: &fakeStore{configs: map[string]fleet.RoutingConfig{"new": stored}}, endpoint: "new",
 			config: &adminpb.RoutingConfig{Strategy: "LEAST_OUTSTANDING_REQUESTS", PrefixLength: 4096, ConcurrencyThreshold: 7}, stored: true},
 		{name: "nothing stored: defaults", store: &fakeStore{}, endpoint: "batch",
-			config:  &adminpb.RoutingConfig{Strategy: "PREFIX_AWARE", PrefixLength: 4096, ConcurrencyThreshold: 10},
+			config:  &adminpb.RoutingConfig{Strategy: "PREFIX_AWARE", PrefixLength: fleet.DefaultAdaptivePrefixLength, ConcurrencyThreshold: 10},
 			applied: &adminpb.RoutingConfig{Strategy: "RANDOM", PrefixLength: 4096, ConcurrencyThreshold: 10}},
 		{name: "unknown endpoint", store: &fakeStore{}, endpoint: "nope", code: codes.NotFound, msg: `"nope"`},
 		{name: "static fleet", endpoint: "chat",
@@ -341,8 +341,8 @@ func sameConfig(a, b *adminpb.RoutingConfig) bool { return proto.Equal(a, b) }
 func storedAsPB(c fleet.RoutingConfig) *adminpb.RoutingConfig {
 	pc := &adminpb.RoutingConfig{
 		Strategy: string(c.RoutingStrategy), PrefixLength: int32(c.PrefixAwareRoutingConfig.PrefixLength), ConcurrencyThreshold: int32(c.PrefixAwareRoutingConfig.ConcurrencyThreshold),
-		HotKeyReplication: c.PrefixAwareRoutingConfig.HotKeyReplication, TenantCacheSalt: c.TenantCacheSalt,
-		FirstByteTimeoutInMilliseconds: int32(c.FirstByteTimeoutInMilliseconds),
+		HotKeyReplication: c.PrefixAwareRoutingConfig.HotKeyReplication, FixedLengthKeys: c.PrefixAwareRoutingConfig.FixedLengthKeys,
+		TenantCacheSalt: c.TenantCacheSalt, FirstByteTimeoutInMilliseconds: int32(c.FirstByteTimeoutInMilliseconds),
 	}
 	for _, v := range c.ProductionVariants {
 		pc.ProductionVariants = append(pc.ProductionVariants, &adminpb.ProductionVariant{VariantName: v.VariantName, InitialVariantWeight: v.InitialVariantWeight})
@@ -354,7 +354,7 @@ func storedAsPB(c fleet.RoutingConfig) *adminpb.RoutingConfig {
 func everyField() *adminpb.RoutingConfig {
 	return &adminpb.RoutingConfig{
 		Strategy: "PREFIX_AWARE", PrefixLength: 8192, ConcurrencyThreshold: 20,
-		HotKeyReplication: true, TenantCacheSalt: true,
+		HotKeyReplication: true, FixedLengthKeys: true, TenantCacheSalt: true,
 		ProductionVariants: []*adminpb.ProductionVariant{
 			{VariantName: "blue", InitialVariantWeight: 4}, {VariantName: "green", InitialVariantWeight: 0.5},
 		},
@@ -381,9 +381,9 @@ func TestSetRoutingConfig(t *testing.T) {
 		{name: "every field", req: &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Config: everyField()},
 			want: everyField()},
 		{name: "first byte timeout 1 ms", req: &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Config: &adminpb.RoutingConfig{FirstByteTimeoutInMilliseconds: 1}},
-			want: &adminpb.RoutingConfig{Strategy: "PREFIX_AWARE", PrefixLength: 4096, ConcurrencyThreshold: 10, FirstByteTimeoutInMilliseconds: 1}},
+			want: &adminpb.RoutingConfig{Strategy: "PREFIX_AWARE", PrefixLength: fleet.DefaultAdaptivePrefixLength, ConcurrencyThreshold: 10, FirstByteTimeoutInMilliseconds: 1}},
 		{name: "first byte timeout one hour", req: &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Config: &adminpb.RoutingConfig{FirstByteTimeoutInMilliseconds: fleet.MaxFirstByteTimeoutMillis}},
-			want: &adminpb.RoutingConfig{Strategy: "PREFIX_AWARE", PrefixLength: 4096, ConcurrencyThreshold: 10, FirstByteTimeoutInMilliseconds: fleet.MaxFirstByteTimeoutMillis}},
+			want: &adminpb.RoutingConfig{Strategy: "PREFIX_AWARE", PrefixLength: fleet.DefaultAdaptivePrefixLength, ConcurrencyThreshold: 10, FirstByteTimeoutInMilliseconds: fleet.MaxFirstByteTimeoutMillis}},
 		{name: "first byte timeout over one hour", req: &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Config: &adminpb.RoutingConfig{FirstByteTimeoutInMilliseconds: fleet.MaxFirstByteTimeoutMillis + 1}},
 			code: codes.InvalidArgument, msg: "FirstByteTimeoutInMilliseconds 3600001 is outside 1..3600000"},
 		{name: "negative first byte timeout", req: &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Config: &adminpb.RoutingConfig{FirstByteTimeoutInMilliseconds: -5}},

@@ -57,6 +57,6 @@ func ExampleNewServer() {
 	_, err = c.SetRoutingConfig(ctx, &adminpb.SetRoutingConfigRequest{Endpoint: "chat", Config: &adminpb.RoutingConfig{Strategy: "RANDOM"}})
 	fmt.Println(status.Code(err))
 	// Output:
-	// PREFIX_AWARE 4096 10 false
+	// PREFIX_AWARE 32768 10 false
 	// Unavailable
 }

@@ -112,6 +112,7 @@ func configToPB(c fleet.RoutingConfig) *adminpb.RoutingConfig {
 		PrefixLength:                   int32(c.PrefixAwareRoutingConfig.PrefixLength),
 		ConcurrencyThreshold:           int32(c.PrefixAwareRoutingConfig.ConcurrencyThreshold),
 		HotKeyReplication:              c.PrefixAwareRoutingConfig.HotKeyReplication,
+		FixedLengthKeys:                c.PrefixAwareRoutingConfig.FixedLengthKeys,
 		TenantCacheSalt:                c.TenantCacheSalt,
 		FirstByteTimeoutInMilliseconds: int32(c.FirstByteTimeoutInMilliseconds),
 	}
@@ -130,6 +131,7 @@ func configFromPB(pc *adminpb.RoutingConfig) fleet.RoutingConfig {
 			PrefixLength:         int(pc.GetPrefixLength()),
 			ConcurrencyThreshold: int(pc.GetConcurrencyThreshold()),
 			HotKeyReplication:    pc.GetHotKeyReplication(),
+			FixedLengthKeys:      pc.GetFixedLengthKeys(),
 		},
 		TenantCacheSalt:                pc.GetTenantCacheSalt(),
 		FirstByteTimeoutInMilliseconds: int(pc.GetFirstByteTimeoutInMilliseconds()),
@@ -197,7 +199,7 @@ func (s *service) SetRoutingConfig(ctx context.Context, req *adminpb.SetRoutingC
 	n := c.WithDefaults()
 	s.o.Logger.InfoContext(ctx, "admin: routing config set", "endpoint", req.GetEndpoint(),
 		"strategy", n.RoutingStrategy, "prefixLength", n.PrefixAwareRoutingConfig.PrefixLength, "concurrencyThreshold", n.PrefixAwareRoutingConfig.ConcurrencyThreshold,
-		"hotKeyReplication", n.PrefixAwareRoutingConfig.HotKeyReplication, "tenantCacheSalt", n.TenantCacheSalt, "productionVariants", len(n.ProductionVariants),
+		"hotKeyReplication", n.PrefixAwareRoutingConfig.HotKeyReplication, "fixedLengthKeys", n.PrefixAwareRoutingConfig.FixedLengthKeys, "tenantCacheSalt", n.TenantCacheSalt, "productionVariants", len(n.ProductionVariants),
 		"firstByteTimeoutMs", n.FirstByteTimeoutInMilliseconds, "peer", from)
 	return &adminpb.SetRoutingConfigResponse{Config: configToPB(n)}, nil
 }

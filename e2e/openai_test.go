@@ -200,10 +200,11 @@ func TestRouterHitRateMatchesSimulator(t *testing.T) {
 		t.Fatalf("router counters disagree with the simulators' by more than 1 %%")
 	}
 	for _, s := range m.Series("prefixrouter_cached_prompt_tokens_total") {
-		// The static fleet declares no model: the OpenAI runs' model reads
-		// "unlisted" (no client string becomes a label), the invoke runs
-		// name none.
-		if md := s.Labels["model"]; s.Labels["endpoint"] != ep || (md != "unlisted" && md != "") || s.Labels["instance"] == "" || s.Labels["decision"] == "" {
+		// The static fleet declares no model, but the replica asks each
+		// instance what it lists (issue 20): the OpenAI runs' model is the
+		// simulators' base model (no client string becomes a label), the
+		// invoke runs name none.
+		if md := s.Labels["model"]; s.Labels["endpoint"] != ep || (md != sim.DefaultBaseModel && md != "") || s.Labels["instance"] == "" || s.Labels["decision"] == "" {
 			t.Fatalf("series labels %v", s.Labels)
 		}
 	}

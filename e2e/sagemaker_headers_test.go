@@ -10,6 +10,7 @@ import (
 	smtypes "github.com/aws/aws-sdk-go-v2/service/sagemakerruntime/types"
 
 	"github.com/prefixrouter/prefixrouter/internal/sim"
+	"github.com/prefixrouter/prefixrouter/replica"
 	"github.com/prefixrouter/prefixrouter/router"
 )
 
@@ -74,7 +75,9 @@ func TestSageMakerSDKHeaders(t *testing.T) {
 // the router did not issue is a ValidationError.
 func TestSageMakerSDKSessions(t *testing.T) {
 	f := startSims(t, 3, sim.Options{})
-	reps := []string{startStatic(t, f.insts, nil).URL(), startStatic(t, f.insts, nil).URL()}
+	// Both replicas have the endpoint's session key (--session-key-file).
+	key := func(o *replica.Options) { o.Router.SessionKey = []byte("0123456789abcdef0123456789abcdef") }
+	reps := []string{startStatic(t, f.insts, key).URL(), startStatic(t, f.insts, key).URL()}
 	rec := newRecorder(t)
 	clients := []*sagemakerruntime.Client{newSageMaker(reps[0], rec.client()), newSageMaker(reps[1], rec.client())}
 	ctx := t.Context()

@@ -7,6 +7,9 @@ package extproc
 
 import (
 	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -19,8 +22,13 @@ import (
 	"github.com/jonboulle/clockwork"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
 
 	"github.com/prefixrouter/prefixrouter/router"
 )
@@ -65,6 +73,16 @@ type Options struct {
 	// the traceparent Envoy forwards) with the router's attributes; nil
 	// means off.
 	TracerProvider trace.TracerProvider
+	// Token, when set, is the secret a peer presents in the gRPC metadata
+	// "authorization: Bearer <token>" (Envoy's grpc_service
+	// initial_metadata) to be served (--ext-proc-token); a stream without
+	// it is refused, UNAUTHENTICATED. Empty means no token is asked for.
+	Token string
+	// TLS, when set, serves the listener over TLS (--ext-proc-tls-cert,
+	// --ext-proc-tls-key); with client certificates required and verified
+	// (--ext-proc-client-ca), a peer with one is authenticated. Nil means
+	// cleartext HTTP/2.
+	TLS *tls.Config
 	// Clock drives the readiness refresh; nil means the real clock.
 	Clock clockwork.Clock
 	// Logger; nil means slog.Default().
@@ -115,9 +133,7 @@ func Start(ln net.Listener, opts Options) (*Server, error) {
 	}
 	s := &Server{
 		opts: opts, log: opts.Logger, ln: ln, stop: make(chan struct{}),
-		// WaitForHandlers: Stop returns only once every Process call has
-		// returned, so every in-flight slot is released by then.
-		grpc:   grpc.NewServer(grpc.WaitForHandlers(true)),
+		grpc:   grpc.NewServer(serverOptions(opts)...),
 		health: health.NewServer(),
 	}
 	if opts.TracerProvider != nil {
@@ -201,11 +217,64 @@ func (s *Server) refreshReady() {
 	}
 }
 
+// serverOptions are the gRPC server's: WaitForHandlers, so that Stop
+// returns only once every Process call has returned (every in-flight slot
+// is released by then), and TLS when set.
+func serverOptions(opts Options) []grpc.ServerOption {
+	o := []grpc.ServerOption{grpc.WaitForHandlers(true)}
+	if opts.TLS != nil {
+		tc := opts.TLS.Clone()
+		tc.NextProtos = []string{"h2"}
+		o = append(o, grpc.Creds(credentials.NewTLS(tc)))
+	}
+	return o
+}
+
+// Peers and their outcome reports (issue 19: the ext_proc port had no
+// authentication, and 17 forged "served with :status 500" reports opened
+// every breaker). A stream's response status and served-endpoint report
+// move the instance's breaker and in-flight slot only when its peer is
+// authenticated: by a verified client certificate (mTLS) or the token.
+// When a token or client certificates are required, other peers are
+// refused; when neither is configured, every peer is served but none is
+// authenticated: picks work, outcomes release the slot without judging the
+// instance (its health checks and the HTTP data plane still do).
+
+// authRequired reports whether unauthenticated peers are refused.
+func (s *Server) authRequired() bool {
+	return s.opts.Token != "" || (s.opts.TLS != nil && s.opts.TLS.ClientAuth == tls.RequireAndVerifyClientCert)
+}
+
+// authenticated reports whether the peer of ctx presented a verified client
+// certificate or the token.
+func (s *Server) authenticated(ctx context.Context) bool {
+	if p, ok := peer.FromContext(ctx); ok {
+		if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(ti.State.VerifiedChains) > 0 {
+			return true
+		}
+	}
+	if s.opts.Token == "" {
+		return false
+	}
+	want := sha256.Sum256([]byte("Bearer " + s.opts.Token))
+	for _, v := range metadata.ValueFromIncomingContext(ctx, "authorization") {
+		got := sha256.Sum256([]byte(v))
+		if subtle.ConstantTimeCompare(got[:], want[:]) == 1 {
+			return true
+		}
+	}
+	return false
+}
+
 // processor adapts the Server to the generated service interface.
 type processor struct{ s *Server }
 
 func (p processor) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
-	st := &stream{s: p.s, srv: srv, header: http.Header{}}
+	trusted := p.s.authenticated(srv.Context())
+	if !trusted && p.s.authRequired() {
+		return status.Error(codes.Unauthenticated, "extproc: this endpoint picker requires a client certificate or the token (authorization: Bearer)")
+	}
+	st := &stream{s: p.s, srv: srv, header: http.Header{}, trusted: trusted}
 	defer st.finish()
 	return st.run()
 }

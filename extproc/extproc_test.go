@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/prefixrouter/prefixrouter/extproc"
@@ -48,6 +49,7 @@ type cluster struct {
 	conn   *grpc.ClientConn
 	ids    map[string]string // host:port → instance id
 	addrs  map[string]string // instance id → host:port
+	token  string            // sent by open when set
 }
 
 // fleetOf starts n model servers answering 200 with their id.
@@ -81,7 +83,7 @@ func startClusterWith(t *testing.T, insts []fleet.Instance, ro router.Options, o
 	}
 	cfg := fleet.RoutingConfig{RoutingStrategy: fleet.PrefixAware, PrefixAwareRoutingConfig: &fleet.PrefixAwareConfig{PrefixLength: fleet.MinPrefixLength, ConcurrencyThreshold: 4}}
 	r.Update(fleet.NewSnapshot([]fleet.Endpoint{{Name: endpoint, Config: cfg, Instances: insts}}, 0, 1, time.Now()))
-	c := &cluster{router: r, http: httptest.NewServer(r), ids: map[string]string{}, addrs: map[string]string{}}
+	c := &cluster{router: r, http: httptest.NewServer(r), ids: map[string]string{}, addrs: map[string]string{}, token: opts.Token}
 	for _, in := range insts {
 		u, _ := url.Parse(in.Addr)
 		c.ids[u.Host] = in.ID
@@ -145,6 +147,9 @@ type envoy struct {
 func (c *cluster) open(t *testing.T) *envoy {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	if c.token != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+c.token)
+	}
 	s, err := c.client.Process(ctx)
 	if err != nil {
 		cancel()
@@ -461,7 +466,7 @@ func TestReleaseOnCancel(t *testing.T) {
 // TestServedElsewhere: when the proxy reports that a fallback served, the
 // slot moves there and is released at the end.
 func TestServedElsewhere(t *testing.T) {
-	c := startCluster(t, fleetOf(t, 4), extproc.Options{})
+	c := startCluster(t, fleetOf(t, 4), extproc.Options{Token: "envoy-token"})
 	e := c.open(t)
 	e.headers("/invocations", nil, nil, true) // no body: headers end the stream
 	dest := e.pickAnswer()

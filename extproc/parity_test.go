@@ -164,6 +164,22 @@ func TestFrontEndsAgree(t *testing.T) {
 		b, _ := json.Marshal(m)
 		return b
 	}
+	// A prompt whose weighted variant is not the session's: the weights
+	// split new traffic, a session stays on its instance whatever its key.
+	sessionVariant := "A"
+	if sessionOn >= "i3" {
+		sessionVariant = "B"
+	}
+	var otherVariant []byte
+	for i := 0; otherVariant == nil && i < 200; i++ {
+		p := prompt(fmt.Sprintf("session-%d", i))
+		if ex, err := c.router.Explain(context.Background(), router.PickRequest{Path: "/invocations", Body: p}); err == nil && ex.Variant != sessionVariant {
+			otherVariant = p
+		}
+	}
+	if otherVariant == nil {
+		t.Fatal("no prompt of 200 weighted to the other variant")
+	}
 	sessionSet := []string{sessionOn}
 	var sessionClass error
 	if sessionOn != "i3" && sessionOn != "i4" {
@@ -174,6 +190,7 @@ func TestFrontEndsAgree(t *testing.T) {
 		{name: "invoke tenant", path: "/invocations", header: map[string]string{"X-Amzn-SageMaker-Prefix-Aware-Id": "tenant-1"}, body: prompt("alpha"), in: ids},
 		{name: "invoke bad tenant", path: "/invocations", header: map[string]string{"X-Amzn-SageMaker-Prefix-Aware-Id": strings.Repeat("t", 65)}, body: prompt("a"), class: router.ErrInvalidRequest},
 		{name: "session", path: "/invocations", header: map[string]string{"X-Amzn-SageMaker-Session-Id": sessionID}, body: prompt("beta"), in: []string{sessionOn}, session: true},
+		{name: "session, key weighted to another variant", path: "/invocations", header: map[string]string{"X-Amzn-SageMaker-Session-Id": sessionID}, body: otherVariant, in: []string{sessionOn}, session: true},
 		{name: "session not issued", path: "/invocations", header: map[string]string{"X-Amzn-SageMaker-Session-Id": "not-a-session"}, body: prompt("beta"), class: router.ErrInvalidRequest},
 		{name: "session and inference component", path: "/invocations", header: map[string]string{"X-Amzn-SageMaker-Session-Id": sessionID, "X-Amzn-SageMaker-Inference-Component": "ic-1"}, body: prompt("beta"),
 			in: sessionSet, class: sessionClass, session: sessionClass == nil},

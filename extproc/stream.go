@@ -64,8 +64,12 @@ type stream struct {
 	span   trace.Span // nil unless tracing
 	status int        // response status; 0 until the response headers
 
-	bodySeen bool // a request body chunk arrived before the pick
-	answered bool // request headers answered (picked or rejected)
+	// trusted: the peer is authenticated, so its response status and
+	// served-endpoint report count (extproc.go).
+	trusted     bool
+	headersSeen bool // the request headers arrived
+	bodySeen    bool // a request body chunk arrived before the pick
+	answered    bool // request headers answered (picked or rejected)
 	// respBodyStreamed: Envoy announced (protocol_config, first message) a
 	// response body mode other than FULL_DUPLEX_STREAMED, in which it
 	// forwards the chunks itself. Unannounced means FULL_DUPLEX_STREAMED,
@@ -99,14 +103,23 @@ func (st *stream) run() error {
 func (st *stream) handle(req *extprocv3.ProcessingRequest) (done bool, err error) {
 	switch m := req.Request.(type) {
 	case *extprocv3.ProcessingRequest_RequestHeaders:
+		st.headersSeen = true
 		st.requestHeaders(req, m.RequestHeaders)
 		if m.RequestHeaders.GetEndOfStream() {
 			return st.tryPick(true, false)
 		}
 		return false, nil
 	case *extprocv3.ProcessingRequest_RequestBody:
+		if !st.headersSeen {
+			// Issue 19: such a stream was picked as an invoke request on
+			// the default endpoint. Envoy always sends headers first.
+			return true, status.Error(codes.InvalidArgument, "extproc: a request body before the request headers")
+		}
 		return st.requestBody(m.RequestBody)
 	case *extprocv3.ProcessingRequest_RequestTrailers:
+		if !st.headersSeen {
+			return true, status.Error(codes.InvalidArgument, "extproc: request trailers before the request headers")
+		}
 		if !st.answered {
 			// The body ended with trailers: it is complete now.
 			if done, err := st.tryPick(true, false); done || err != nil {
@@ -300,7 +313,7 @@ func (st *stream) responseHeaders(req *extprocv3.ProcessingRequest, h *extprocv3
 	}
 	var set []*corev3.HeaderValueOption
 	if p := st.picked; p != nil {
-		if v, ok := st.servedFrom(req); ok {
+		if v, ok := st.servedFrom(req); ok && st.trusted {
 			p.Served(v)
 		}
 		// The router's response headers, as its HTTP data plane sets
@@ -347,7 +360,11 @@ func (st *stream) responseBody(b *extprocv3.HttpBody) error {
 // release ends the pick: the response is over.
 func (st *stream) release() {
 	if st.picked != nil {
-		st.picked.Done(st.status)
+		if st.trusted {
+			st.picked.Done(st.status)
+		} else {
+			st.picked.Release(st.status)
+		}
 		st.picked = nil
 	}
 	if st.span != nil {

@@ -6,7 +6,9 @@ package fleet
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/prefixrouter/prefixrouter/engine"
@@ -39,6 +41,14 @@ const (
 	MaxConcurrencyThreshold     = 1024
 	DefaultPrefixLength         = 4096
 	DefaultConcurrencyThreshold = 10
+	// DefaultAdaptivePrefixLength is PrefixLength's default when keys
+	// follow the prompt's tree (FixedLengthKeys off, issue 21): the deepest
+	// prefix the router looks at. A request routes on the shallowest
+	// depth that is not hot, so a long limit costs no affinity on cold
+	// prefixes; it lets a hot prefix longer than 4,096 units (a 10 KB
+	// agent tool prompt, a 16 KB RAG document) be told apart by what
+	// follows it. docs/balance.md gives the measurements behind the value.
+	DefaultAdaptivePrefixLength = 32768
 )
 
 // ErrInvalid is wrapped by every validation error of a value a user gave: a
@@ -61,7 +71,11 @@ var ErrInvalidConfig = fmt.Errorf("fleet: %w routing config", ErrInvalid)
 type PrefixAwareConfig struct {
 	// PrefixLength is how much of a prompt forms the routing key: bytes of
 	// the raw body on invoke paths, Unicode code points of message text on
-	// OpenAI paths. Zero means DefaultPrefixLength.
+	// OpenAI paths. With adaptive keys (the default) it is the deepest
+	// prefix the router looks at. Zero means DefaultAdaptivePrefixLength
+	// for PREFIX_AWARE with adaptive keys, DefaultPrefixLength otherwise
+	// (the other strategies use the key only to split variants, and read
+	// no more of a body than that needs before the pick).
 	PrefixLength int `json:"PrefixLength,omitempty"`
 	// ConcurrencyThreshold is the number of in-flight requests an instance
 	// takes before new requests spill to the next candidate. Zero means
@@ -72,6 +86,13 @@ type PrefixAwareConfig struct {
 	// instance gets the first k of its ring order, chosen by load
 	// (docs/balance.md). False (the default) keeps one instance per key.
 	HotKeyReplication bool `json:"HotKeyReplication,omitempty"`
+	// FixedLengthKeys (prefixrouter's) keeps SageMaker's exact keys: the
+	// first PrefixLength units of every prompt, one depth, no popularity
+	// unless HotKeyReplication. False (the default) makes keys follow the
+	// prompt's tree: a request routes on the shallowest prefix that is not
+	// hot, and popular prefixes are placed by the replicas' agreed
+	// popularity (issue 21, docs/balance.md).
+	FixedLengthKeys bool `json:"FixedLengthKeys,omitempty"`
 }
 
 // RoutingConfig is one endpoint's routing configuration, in the JSON shape of
@@ -117,7 +138,7 @@ func DefaultRoutingConfig() RoutingConfig {
 	return RoutingConfig{
 		RoutingStrategy: PrefixAware,
 		PrefixAwareRoutingConfig: &PrefixAwareConfig{
-			PrefixLength:         DefaultPrefixLength,
+			PrefixLength:         DefaultAdaptivePrefixLength,
 			ConcurrencyThreshold: DefaultConcurrencyThreshold,
 		},
 	}
@@ -168,12 +189,17 @@ func (c RoutingConfig) WithDefaults() RoutingConfig {
 	if out.RoutingStrategy == "" {
 		out.RoutingStrategy = def.RoutingStrategy
 	}
-	p := *def.PrefixAwareRoutingConfig
+	// A missing nested config takes the defaults below, not
+	// DefaultRoutingConfig's: its PrefixLength is PREFIX_AWARE's.
+	var p PrefixAwareConfig
 	if c.PrefixAwareRoutingConfig != nil {
 		p = *c.PrefixAwareRoutingConfig
 	}
 	if p.PrefixLength == 0 {
 		p.PrefixLength = DefaultPrefixLength
+		if out.RoutingStrategy == PrefixAware && !p.FixedLengthKeys {
+			p.PrefixLength = DefaultAdaptivePrefixLength
+		}
 	}
 	if p.ConcurrencyThreshold == 0 {
 		p.ConcurrencyThreshold = DefaultConcurrencyThreshold
@@ -191,6 +217,7 @@ type Resolved struct {
 	PrefixLength         int
 	ConcurrencyThreshold int
 	HotKeyReplication    bool
+	FixedLengthKeys      bool
 	TenantCacheSalt      bool
 	// FirstByteTimeout is the endpoint's own; zero means the replica's
 	// default applies.
@@ -212,6 +239,7 @@ func (c RoutingConfig) Resolve() (Resolved, error) {
 		PrefixLength:         p.PrefixLength,
 		ConcurrencyThreshold: p.ConcurrencyThreshold,
 		HotKeyReplication:    p.HotKeyReplication,
+		FixedLengthKeys:      p.FixedLengthKeys,
 		TenantCacheSalt:      d.TenantCacheSalt,
 		FirstByteTimeout:     time.Duration(d.FirstByteTimeoutInMilliseconds) * time.Millisecond,
 		Variants:             d.ProductionVariants,
@@ -270,6 +298,22 @@ type Instance struct {
 // equals ring.MaxWeight; a ratio of 100 to 1 covers any real fleet.
 const MaxWeight = 100
 
+// Bounds of what one instance record may list (issue 19: a record with
+// 50,000 labels was accepted, and every replica holds every record). A
+// record beyond them is refused whole, like any invalid record.
+const (
+	// MaxLabels bounds an instance's labels; MaxLabelKeyLength and
+	// MaxLabelValueLength their keys and values, in bytes.
+	MaxLabels           = 64
+	MaxLabelKeyLength   = 128
+	MaxLabelValueLength = 512
+	// MaxAdapterNames bounds each of an instance's adapter lists (loaded,
+	// busy, active); MaxAdapterNameLength each name, in bytes. vLLM keeps
+	// at most --max-cpu-loras adapters loaded, typically tens to hundreds.
+	MaxAdapterNames      = 4096
+	MaxAdapterNameLength = 512
+)
+
 // EffectiveWeight returns the weight used for hashing: at least 1.
 func (in Instance) EffectiveWeight() int {
 	if in.Weight < 1 {
@@ -298,6 +342,27 @@ func (in Instance) Validate() error {
 	}
 	if in.Weight < 0 || in.Weight > MaxWeight {
 		return fmt.Errorf("fleet: %w instance: %q has weight %d, outside 0..%d", ErrInvalid, in.ID, in.Weight, MaxWeight)
+	}
+	if len(in.Labels) > MaxLabels {
+		return fmt.Errorf("fleet: %w instance: %q has %d labels, more than %d", ErrInvalid, in.ID, len(in.Labels), MaxLabels)
+	}
+	for k, v := range in.Labels {
+		if k == "" || len(k) > MaxLabelKeyLength || len(v) > MaxLabelValueLength {
+			return fmt.Errorf("fleet: %w instance: %q has a label key of %d bytes (1..%d) or value of %d bytes (at most %d)", ErrInvalid, in.ID, len(k), MaxLabelKeyLength, len(v), MaxLabelValueLength)
+		}
+	}
+	for _, list := range []struct {
+		name  string
+		names []string
+	}{{"adapters", in.Adapters}, {"busyAdapters", in.BusyAdapters}, {"activeAdapters", in.ActiveAdapters}} {
+		if len(list.names) > MaxAdapterNames {
+			return fmt.Errorf("fleet: %w instance: %q lists %d %s, more than %d", ErrInvalid, in.ID, len(list.names), list.name, MaxAdapterNames)
+		}
+		for _, a := range list.names {
+			if len(a) > MaxAdapterNameLength {
+				return fmt.Errorf("fleet: %w instance: %q lists %s with a name of %d bytes, more than %d", ErrInvalid, in.ID, list.name, len(a), MaxAdapterNameLength)
+			}
+		}
 	}
 	if err := engine.ValidateName(in.Engine); err != nil {
 		return fmt.Errorf("fleet: %w instance: %q: %w", ErrInvalid, in.ID, err)
@@ -336,6 +401,10 @@ type Endpoint struct {
 	// Adapters is the adapter catalogue with its placement state, sorted
 	// by name.
 	Adapters []Adapter
+	// Popular are the endpoint's popular prefixes as its router replicas
+	// published them, merged (MergePopularity), sorted by key; nil when
+	// none were published (issue 21).
+	Popular []PopularKey
 }
 
 // Snapshot is an immutable view of the whole fleet. Build one with
@@ -359,13 +428,31 @@ type Snapshot struct {
 // NewSnapshot builds a snapshot, copying and sorting the given endpoints'
 // instances by id so that every replica sees the same order.
 func NewSnapshot(endpoints []Endpoint, revision int64, replicas int, now time.Time) *Snapshot {
+	return newSnapshot(endpoints, revision, replicas, now, false)
+}
+
+// NewSnapshotOwning is NewSnapshot for a caller that hands its endpoints'
+// Instances slices over: a slice already sorted by id becomes the
+// snapshot's as it is, uncopied, so the caller must never modify it again
+// (an unsorted one is copied and sorted as NewSnapshot does). The
+// membership watcher builds one per change of a fleet of thousands, where
+// the copy cost as much as the rest of the snapshot (issue 22).
+func NewSnapshotOwning(endpoints []Endpoint, revision int64, replicas int, now time.Time) *Snapshot {
+	return newSnapshot(endpoints, revision, replicas, now, true)
+}
+
+func newSnapshot(endpoints []Endpoint, revision int64, replicas int, now time.Time, owning bool) *Snapshot {
 	if replicas < 1 {
 		replicas = 1
 	}
 	s := &Snapshot{Endpoints: make(map[string]*Endpoint, len(endpoints)), Revision: revision, Replicas: replicas, BuiltAt: now}
+	byID := func(a, b Instance) int { return strings.Compare(a.ID, b.ID) }
 	for _, ep := range endpoints {
-		insts := append([]Instance(nil), ep.Instances...)
-		sort.Slice(insts, func(i, j int) bool { return insts[i].ID < insts[j].ID })
+		insts := ep.Instances
+		if !owning || !slices.IsSortedFunc(insts, byID) {
+			insts = slices.Clone(insts)
+			slices.SortFunc(insts, byID)
+		}
 		ads := append([]Adapter(nil), ep.Adapters...)
 		sort.Slice(ads, func(i, j int) bool { return ads[i].Name < ads[j].Name })
 		res, err := ep.Config.Resolve()
@@ -374,7 +461,7 @@ func NewSnapshot(endpoints []Endpoint, revision int64, replicas int, now time.Ti
 			// an invalid stored config); never route on an invalid one.
 			res, _ = RoutingConfig{}.Resolve()
 		}
-		s.Endpoints[ep.Name] = &Endpoint{Name: ep.Name, Config: ep.Config.WithDefaults(), Resolved: res, Instances: insts, Adapters: ads}
+		s.Endpoints[ep.Name] = &Endpoint{Name: ep.Name, Config: ep.Config.WithDefaults(), Resolved: res, Instances: insts, Adapters: ads, Popular: ep.Popular}
 	}
 	return s
 }

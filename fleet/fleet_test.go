@@ -3,6 +3,7 @@ package fleet
 import (
 	"errors"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -52,13 +53,18 @@ func TestRoutingConfigValidate(t *testing.T) {
 
 func TestRoutingConfigWithDefaults(t *testing.T) {
 	got, err := RoutingConfig{}.Resolve()
-	if err != nil || got.Strategy != PrefixAware || got.PrefixLength != DefaultPrefixLength || got.ConcurrencyThreshold != DefaultConcurrencyThreshold {
+	if err != nil || got.Strategy != PrefixAware || got.PrefixLength != DefaultAdaptivePrefixLength || got.FixedLengthKeys || got.ConcurrencyThreshold != DefaultConcurrencyThreshold {
 		t.Fatalf("zero config resolves to %+v, %v", got, err)
 	}
 	c := RoutingConfig{RoutingStrategy: Random, PrefixAwareRoutingConfig: &PrefixAwareConfig{ConcurrencyThreshold: 7}}
 	n, err := c.Resolve()
 	if err != nil || n.Strategy != Random || n.PrefixLength != DefaultPrefixLength || n.ConcurrencyThreshold != 7 {
 		t.Fatalf("partial config resolves to %+v, %v", n, err)
+	}
+	// SageMaker's exact keys keep SageMaker's default length.
+	f, err := RoutingConfig{PrefixAwareRoutingConfig: &PrefixAwareConfig{FixedLengthKeys: true}}.Resolve()
+	if err != nil || !f.FixedLengthKeys || f.PrefixLength != DefaultPrefixLength {
+		t.Fatalf("fixed-length config resolves to %+v, %v", f, err)
 	}
 	if c.WithDefaults(); c.PrefixAwareRoutingConfig.PrefixLength != 0 {
 		t.Fatal("WithDefaults modified its receiver's nested config")
@@ -166,6 +172,22 @@ func copyPath(dst, src reflect.Value, path []string) {
 	copyPath(dst.FieldByName(path[0]), src.FieldByName(path[0]), path[1:])
 }
 
+func labels(n int) map[string]string {
+	m := make(map[string]string, n)
+	for i := range n {
+		m["k"+strconv.Itoa(i)] = "v"
+	}
+	return m
+}
+
+func names(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = "lora-" + strconv.Itoa(i)
+	}
+	return out
+}
+
 func TestInstanceValidate(t *testing.T) {
 	ok := Instance{ID: "vllm-0", Addr: "http://127.0.0.1:8000"}
 	tests := []struct {
@@ -184,6 +206,18 @@ func TestInstanceValidate(t *testing.T) {
 		{"weight above max", Instance{ID: "a", Addr: ok.Addr, Weight: MaxWeight + 1}, false},
 		{"weight 1e9", Instance{ID: "a", Addr: ok.Addr, Weight: 1e9}, false},
 		{"weight 2^31", Instance{ID: "a", Addr: ok.Addr, Weight: 1 << 31}, false},
+		// Issue 19: a record with 50,000 labels was accepted.
+		{"max labels", Instance{ID: "a", Addr: ok.Addr, Labels: labels(MaxLabels)}, true},
+		{"50,000 labels", Instance{ID: "a", Addr: ok.Addr, Labels: labels(50000)}, false},
+		{"one label over", Instance{ID: "a", Addr: ok.Addr, Labels: labels(MaxLabels + 1)}, false},
+		{"label value too long", Instance{ID: "a", Addr: ok.Addr, Labels: map[string]string{"k": strings.Repeat("v", MaxLabelValueLength+1)}}, false},
+		{"label key too long", Instance{ID: "a", Addr: ok.Addr, Labels: map[string]string{strings.Repeat("k", MaxLabelKeyLength+1): "v"}}, false},
+		{"empty label key", Instance{ID: "a", Addr: ok.Addr, Labels: map[string]string{"": "v"}}, false},
+		{"max adapters", Instance{ID: "a", Addr: ok.Addr, Adapters: names(MaxAdapterNames)}, true},
+		{"adapters over", Instance{ID: "a", Addr: ok.Addr, Adapters: names(MaxAdapterNames + 1)}, false},
+		{"busy adapters over", Instance{ID: "a", Addr: ok.Addr, BusyAdapters: names(MaxAdapterNames + 1)}, false},
+		{"active adapters over", Instance{ID: "a", Addr: ok.Addr, ActiveAdapters: names(MaxAdapterNames + 1)}, false},
+		{"adapter name too long", Instance{ID: "a", Addr: ok.Addr, Adapters: []string{strings.Repeat("a", MaxAdapterNameLength+1)}}, false},
 		{"engine", Instance{ID: "a", Addr: ok.Addr, Engine: "llamacpp"}, true},
 		{"unknown engine", Instance{ID: "a", Addr: ok.Addr, Engine: "tgi-next"}, true},
 		{"engine uppercase", Instance{ID: "a", Addr: ok.Addr, Engine: "vLLM"}, false},
@@ -230,5 +264,24 @@ func TestNewSnapshotSortsAndCopies(t *testing.T) {
 	var nilSnap *Snapshot
 	if nilSnap.Endpoint("ep") != nil || nilSnap.InstanceCount() != 0 {
 		t.Fatal("nil snapshot accessors")
+	}
+}
+
+// NewSnapshotOwning keeps a sorted slice as it is (the watcher's list of
+// thousands, issue 22) and copies and sorts an unsorted one, as NewSnapshot
+// does, without touching the caller's.
+func TestNewSnapshotOwning(t *testing.T) {
+	sorted := []Instance{{ID: "a", Addr: "x"}, {ID: "b", Addr: "x"}}
+	s := NewSnapshotOwning([]Endpoint{{Name: "ep", Instances: sorted}}, 1, 1, time.Unix(1, 0))
+	if got := s.Endpoint("ep").Instances; &got[0] != &sorted[0] {
+		t.Fatal("a sorted slice was copied")
+	}
+	if got := NewSnapshot([]Endpoint{{Name: "ep", Instances: sorted}}, 1, 1, time.Unix(1, 0)).Endpoint("ep").Instances; &got[0] == &sorted[0] {
+		t.Fatal("NewSnapshot kept the caller's slice")
+	}
+	unsorted := []Instance{{ID: "b", Addr: "x"}, {ID: "a", Addr: "x"}}
+	got := NewSnapshotOwning([]Endpoint{{Name: "ep", Instances: unsorted}}, 1, 1, time.Unix(1, 0)).Endpoint("ep").Instances
+	if got[0].ID != "a" || unsorted[0].ID != "b" {
+		t.Fatalf("unsorted: snapshot %v, caller's %v; want a copy sorted, the caller's untouched", got, unsorted)
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net/netip"
 	"net/url"
+	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -14,8 +16,35 @@ var ErrUpstreamNotAllowed = fmt.Errorf("fleet: %w upstream", ErrInvalid)
 // DefaultUpstreams is what an empty allow list means: loopback and the
 // private ranges (RFC 1918, RFC 4193), plus the name localhost. Link-local
 // (169.254.0.0/16 and fe80::/10, where cloud metadata services answer) and
-// public addresses are outside it.
+// public addresses are outside it, and so are the Reserved addresses inside
+// it (fd00:ec2::254 lies in fc00::/7).
 var DefaultUpstreams = []string{"127.0.0.0/8", "::1/128", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7", "localhost"}
+
+// Reserved are the ranges where link-local services and cloud metadata
+// answer (credentials for the host's role among them). An address in one
+// is refused unless the allow list names that range or a part of it
+// itself: a broader entry (0.0.0.0/0, fc00::/7, the default list) does not
+// let it through (issue 19: fd00:ec2::254, AWS's IPv6 metadata address, was
+// allowed by the default fc00::/7). IPv4 addresses are also found inside
+// IPv4-mapped (::ffff:a.b.c.d) and NAT64 (64:ff9b::a.b.c.d) IPv6 forms.
+var Reserved = []string{
+	"169.254.0.0/16",     // IPv4 link-local: AWS, GCP, Azure, OCI metadata at 169.254.169.254, ECS task metadata
+	"fe80::/10",          // IPv6 link-local
+	"fd00:ec2::254/128",  // AWS instance metadata over IPv6
+	"100.100.100.200/32", // Alibaba Cloud metadata (inside 100.64.0.0/10)
+}
+
+var reserved = func() []netip.Prefix {
+	out := make([]netip.Prefix, len(Reserved))
+	for i, s := range Reserved {
+		out[i] = netip.MustParsePrefix(s)
+	}
+	return out
+}()
+
+// nat64 is the well-known NAT64 prefix (RFC 6052): an address in it
+// reaches the IPv4 address in its last 32 bits through a NAT64 gateway.
+var nat64 = netip.MustParsePrefix("64:ff9b::/96")
 
 // Upstreams is the set of addresses instance records may point at
 // (--allowed-upstreams). Any writer of instances/ in etcd can otherwise send
@@ -25,6 +54,14 @@ type Upstreams struct {
 	prefixes []netip.Prefix
 	hosts    map[string]bool // lower-case names; ".example.com" matches subdomains
 	suffixes []string
+	self     []Listener // the router's own listeners (WithSelf)
+}
+
+// Listener is one of the router's own listening sockets as records may
+// name it: a port on the addresses of Prefix.
+type Listener struct {
+	Prefix netip.Prefix
+	Port   uint16
 }
 
 // ParseUpstreams parses CIDRs (10.0.0.0/8), single IPs, host names
@@ -95,19 +132,30 @@ func (u Upstreams) Check(addr string) error {
 		return fmt.Errorf("%w: %q has no host", ErrUpstreamNotAllowed, addr)
 	}
 	host := p.Hostname()
+	port := p.Port()
+	if port == "" {
+		port = "80"
+		if p.Scheme == "https" {
+			port = "443"
+		}
+	}
 	if a, err := netip.ParseAddr(host); err == nil {
 		a = a.Unmap()
 		if a.Zone() != "" {
 			return fmt.Errorf("%w: %q: zoned addresses are not allowed", ErrUpstreamNotAllowed, addr)
 		}
-		for _, pre := range u.prefixes {
-			if pre.Contains(a) {
-				return nil
-			}
+		if err := u.checkSelf(addr, []netip.Addr{a}, port); err != nil {
+			return err
 		}
-		return fmt.Errorf("%w: %s is outside the allowed upstreams", ErrUpstreamNotAllowed, a)
+		return u.checkAddr(a)
 	}
 	name := strings.ToLower(strings.TrimSuffix(host, "."))
+	if name == "localhost" || strings.HasSuffix(name, ".localhost") {
+		// RFC 6761: such names are loopback.
+		if err := u.checkSelf(addr, []netip.Addr{netip.AddrFrom4([4]byte{127, 0, 0, 1}), netip.IPv6Loopback()}, port); err != nil {
+			return err
+		}
+	}
 	if u.hosts[name] {
 		return nil
 	}
@@ -117,4 +165,67 @@ func (u Upstreams) Check(addr string) error {
 		}
 	}
 	return fmt.Errorf("%w: host %q is not an allowed upstream", ErrUpstreamNotAllowed, host)
+}
+
+// checkAddr allows an IP inside a listed prefix, unless it is Reserved and
+// the listed prefix is broader than the reserved range holding it.
+func (u Upstreams) checkAddr(a netip.Addr) error {
+	res, isReserved := reservedRange(a)
+	for _, pre := range u.prefixes {
+		if !pre.Contains(a) {
+			continue
+		}
+		if isReserved && !(pre.Bits() >= res.Bits() && res.Contains(pre.Addr())) {
+			return fmt.Errorf("%w: %s is link-local or a cloud metadata address (%s): list it, or a part of %s, to allow it", ErrUpstreamNotAllowed, a, res, res)
+		}
+		return nil
+	}
+	return fmt.Errorf("%w: %s is outside the allowed upstreams", ErrUpstreamNotAllowed, a)
+}
+
+// reservedRange returns the Reserved range that holds a, or the IPv4
+// address a NAT64 address embeds.
+func reservedRange(a netip.Addr) (netip.Prefix, bool) {
+	for _, r := range reserved {
+		if r.Contains(a) {
+			return r, true
+		}
+	}
+	if nat64.Contains(a) {
+		b := a.As16()
+		v4 := netip.AddrFrom4([4]byte(b[12:]))
+		for _, r := range reserved {
+			if r.Contains(v4) {
+				return r, true
+			}
+		}
+	}
+	return netip.Prefix{}, false
+}
+
+// WithSelf returns u refusing, besides, every address among self: the
+// router's own listeners (data plane, admin, ext_proc). A record pointing
+// at one would make the router send requests to itself (issue 19: 30
+// requests became 180). Host names other than localhost are not resolved,
+// so a name that leads back to the router is not caught here.
+func (u Upstreams) WithSelf(self []Listener) Upstreams {
+	if u.hosts == nil {
+		u, _ = ParseUpstreams(nil)
+	}
+	u.self = append(slices.Clip(u.self), self...)
+	return u
+}
+
+func (u Upstreams) checkSelf(addr string, as []netip.Addr, port string) error {
+	for _, l := range u.self {
+		if strconv.Itoa(int(l.Port)) != port {
+			continue
+		}
+		for _, a := range as {
+			if l.Prefix.Contains(a) {
+				return fmt.Errorf("%w: %q points at this router's own listener on port %d", ErrUpstreamNotAllowed, addr, l.Port)
+			}
+		}
+	}
+	return nil
 }

@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"errors"
+	"net/netip"
 	"testing"
 )
 
@@ -11,6 +12,14 @@ func TestUpstreamsCheck(t *testing.T) {
 		t.Fatal(err)
 	}
 	custom, err := ParseUpstreams([]string{"203.0.113.0/24", "198.51.100.7", "vllm-0.internal", ".svc.cluster.local"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wide, err := ParseUpstreams([]string{"0.0.0.0/0", "::/0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	explicit, err := ParseUpstreams([]string{"169.254.169.254", "fe80::/10", "fd00:ec2::254"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,6 +55,19 @@ func TestUpstreamsCheck(t *testing.T) {
 		{"custom name", custom, "http://VLLM-0.internal:8000", true},
 		{"custom suffix", custom, "http://vllm-1.ns.svc.cluster.local:8000", true},
 		{"custom replaces default", custom, "http://127.0.0.1:8000", false},
+		// Issue 19: reserved addresses stay out even inside a listed range.
+		{"AWS IPv6 metadata inside fc00::/7", def, "http://[fd00:ec2::254]/latest/meta-data", false},
+		{"AWS IPv6 metadata, v4-mapped form of the IPv4 one", def, "http://[::ffff:a9fe:a9fe]/", false},
+		{"metadata through NAT64", wide, "http://[64:ff9b::a9fe:a9fe]/", false},
+		{"other ULA stays allowed", def, "http://[fd00:ec2::253]:8000", true},
+		{"IPv4 metadata inside 0.0.0.0/0", wide, "http://169.254.169.254/", false},
+		{"IPv6 link-local inside ::/0", wide, "http://[fe80::1]/", false},
+		{"Alibaba metadata inside 100.64/10", wide, "http://100.100.100.200/", false},
+		{"public inside 0.0.0.0/0", wide, "http://203.0.113.9/", true},
+		{"metadata listed exactly", explicit, "http://169.254.169.254/", true},
+		{"link-local listed as its range", explicit, "http://[fe80::7]:80/", true},
+		{"IPv6 metadata listed exactly", explicit, "http://[fd00:ec2::254]/", true},
+		{"listed as a range it is part of", explicit, "http://169.254.170.2/", false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -61,6 +83,47 @@ func TestUpstreamsCheck(t *testing.T) {
 	for _, bad := range [][]string{{""}, {"10.0.0.0/33"}, {"a b"}, {"user@host"}, {"."}} {
 		if _, err := ParseUpstreams(bad); !errors.Is(err, ErrInvalid) {
 			t.Errorf("ParseUpstreams(%q) = %v, want ErrInvalid", bad, err)
+		}
+	}
+}
+
+// TestUpstreamsRefuseOwnListeners: records that point at one of the
+// router's own listeners are refused (issue 19: a record at the data port
+// turned 30 requests into 180), in every spelling of the address.
+func TestUpstreamsRefuseOwnListeners(t *testing.T) {
+	self := []Listener{
+		{Prefix: netip.MustParsePrefix("127.0.0.1/32"), Port: 8080},   // data, bound to loopback
+		{Prefix: netip.MustParsePrefix("0.0.0.0/32"), Port: 8080},     // 0.0.0.0 reaches local listeners
+		{Prefix: netip.MustParsePrefix("10.0.0.5/32"), Port: 9090},    // admin, one interface
+		{Prefix: netip.MustParsePrefix("127.0.0.0/8"), Port: 9002},    // ext_proc on a wildcard
+		{Prefix: netip.MustParsePrefix("::1/128"), Port: 9002},        // ... IPv6 loopback
+		{Prefix: netip.MustParsePrefix("192.168.1.9/32"), Port: 9002}, // ... an interface
+	}
+	u := Upstreams{}.WithSelf(self)
+	tests := []struct {
+		addr string
+		ok   bool
+	}{
+		{"http://127.0.0.1:8080", false},
+		{"http://localhost:8080/v1", false},
+		{"http://api.localhost:8080", false},
+		{"http://[::ffff:127.0.0.1]:8080", false},
+		{"http://10.0.0.5:9090", false},
+		{"http://127.9.9.9:9002", false},
+		{"http://[::1]:9002", false},
+		{"http://192.168.1.9:9002", false},
+		{"http://127.0.0.1:8000", true},   // another port: a model server beside the router
+		{"http://10.0.0.6:9090", true},    // another host
+		{"http://192.168.1.9:8080", true}, // the data port is bound to loopback only
+		{"http://localhost:8000", true},
+	}
+	for _, tt := range tests {
+		err := u.Check(tt.addr)
+		if (err == nil) != tt.ok {
+			t.Errorf("Check(%q) = %v, want ok=%v", tt.addr, err, tt.ok)
+		}
+		if err != nil && !errors.Is(err, ErrUpstreamNotAllowed) {
+			t.Errorf("Check(%q) = %v, does not wrap ErrUpstreamNotAllowed", tt.addr, err)
 		}
 	}
 }

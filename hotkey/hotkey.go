@@ -1,7 +1,8 @@
 // Package hotkey estimates which routing keys are hot and how many
 // instances each should warm: a decayed count-min sketch of request counts
-// per key and a small table of replication factors with hysteresis, both of
-// fixed size and updated with atomics only.
+// per key, a small table of replication factors with hysteresis and one of
+// popular prefixes for a replica to publish (popular.go), all of fixed size
+// and updated with atomics only.
 //
 // A key whose share of the requests is s, in a set of n instances, asks for
 // x = s × n / Threshold instances' worth of capacity. Its replication
@@ -23,6 +24,8 @@ import (
 	"fmt"
 	"math"
 	"sync/atomic"
+
+	"github.com/prefixrouter/prefixrouter/ring"
 )
 
 // Defaults of Options, used where a field is zero.
@@ -158,6 +161,17 @@ type Options struct {
 	// enough for shares to be measured within a percent or so, at most
 	// what a counter's integer bits hold.
 	HalfLife int
+	// WarmShare is the multiple of one instance's fair share above which
+	// a prefix is popular (Count, Popular); zero means DefaultWarmShare.
+	// It must be in (0, 1].
+	WarmShare float64
+	// Evidence is how many standard errors a share's estimate must clear
+	// before k moves (see bounds); zero means DefaultEvidence. It must be
+	// in (0, 5]. Replicas that decide k each from their own half of a
+	// stream need the default; replicas that route on an agreed view
+	// (adaptive keys, issue 21) need only enough to keep k from flapping
+	// on noise, and react sooner with less.
+	Evidence float64
 }
 
 // Validate checks the ranges; its errors wrap ErrInvalid.
@@ -167,6 +181,12 @@ func (o Options) Validate() error {
 	}
 	if !(o.Hysteresis >= 0 && o.Hysteresis <= 0.5) {
 		return fmt.Errorf("%w: hysteresis %v outside [0, 0.5]", ErrInvalid, o.Hysteresis)
+	}
+	if !(o.Evidence >= 0 && o.Evidence <= 5) {
+		return fmt.Errorf("%w: evidence %v outside (0, 5]", ErrInvalid, o.Evidence)
+	}
+	if !(o.WarmShare >= 0 && o.WarmShare <= 1) {
+		return fmt.Errorf("%w: warm share %v outside (0, 1]", ErrInvalid, o.WarmShare)
 	}
 	if o.HalfLife != 0 && (o.HalfLife < minHalfLife || o.HalfLife > maxHalfLife) {
 		return fmt.Errorf("%w: half-life %d outside [%d, %d] observations", ErrInvalid, o.HalfLife, minHalfLife, maxHalfLife)
@@ -184,6 +204,12 @@ func (o Options) withDefaults() Options {
 	if o.HalfLife == 0 {
 		o.HalfLife = DefaultHalfLife
 	}
+	if o.WarmShare == 0 {
+		o.WarmShare = DefaultWarmShare
+	}
+	if o.Evidence == 0 {
+		o.Evidence = DefaultEvidence
+	}
 	return o
 }
 
@@ -193,6 +219,8 @@ func (o Options) withDefaults() Options {
 // same observations made one at a time (TestConcurrentAccuracy).
 type Sketch struct {
 	threshold, hysteresis float64
+	warm                  float64 // WarmShare
+	evidence              float64
 	halfLife              uint64
 
 	counts [depth][width]counter
@@ -204,6 +232,8 @@ type Sketch struct {
 	// table holds the hot keys: tag (the key's high 56 bits) | k (low 8
 	// bits); 0 is an empty slot.
 	table [tableSize]atomic.Uint64
+	// pop holds the popular prefixes (popular.go).
+	pop popTable
 }
 
 // New returns an empty sketch; o must be valid (see Options.Validate).
@@ -212,7 +242,7 @@ func New(o Options) (*Sketch, error) {
 		return nil, err
 	}
 	o = o.withDefaults()
-	return &Sketch{threshold: o.Threshold, hysteresis: o.Hysteresis, halfLife: uint64(o.HalfLife)}, nil
+	return &Sketch{threshold: o.Threshold, hysteresis: o.Hysteresis, warm: o.WarmShare, evidence: o.Evidence, halfLife: uint64(o.HalfLife)}, nil
 }
 
 // tag is what the sketch knows of a key: its high 56 bits (never 0). The
@@ -226,19 +256,10 @@ func tag(key uint64) uint64 {
 	return t
 }
 
-// mix scrambles a tag (splitmix64's finalizer), so that counters and table
-// slots depend on every bit of it: keys that differ only in a few bits
-// (tests, or a weak hash upstream) must not share all their counters.
-func mix(t uint64) uint64 {
-	t ^= t >> 30
-	t *= 0xbf58476d1ce4e5b9
-	t ^= t >> 27
-	t *= 0x94d049bb133111eb
-	return t ^ t>>31
-}
-
 // index is the counter of row i for a mixed tag h (double hashing over its
-// two halves).
+// two halves). Tags are mixed (ring.Mix64) so that counters and table slots
+// depend on every bit of them: keys that differ only in a few bits (tests,
+// or a weak hash upstream) must not share all their counters.
 func index(h uint64, i int) uint32 {
 	lo, hi := uint32(h), uint32(h>>32)|1
 	return (lo + uint32(i)*hi) % width
@@ -255,7 +276,7 @@ func (s *Sketch) epoch(seen uint64) uint64 { return seen / s.halfLife & epochMas
 func (s *Sketch) Observe(key uint64, n int) int {
 	e := s.epoch(s.seen.Add(1))
 	t := tag(key)
-	h := mix(t)
+	h := ring.Mix64(t)
 	var vs [depth + 1]uint64
 	for i := range depth {
 		vs[i] = s.counts[i][index(h, i)].add(e)
@@ -278,7 +299,7 @@ func (s *Sketch) K(key uint64, n int) int {
 // a later one a concurrent observer already brought a counter to.
 func (s *Sketch) read(t uint64) (est, mass uint64) {
 	e := s.epoch(s.seen.Load())
-	h := mix(t)
+	h := ring.Mix64(t)
 	var vs [depth + 1]uint64
 	for i := range depth {
 		vs[i] = s.counts[i][index(h, i)].v.Load()
@@ -328,13 +349,13 @@ func (s *Sketch) want(share float64, n int, perInstance float64) int {
 	return max(1, min(k, n, maxK))
 }
 
-// evidence is how many standard errors a share estimate must clear before
-// k moves: k rises only if the share's lower bound asks for more instances
-// and falls only if its upper bound asks for fewer. Replicas that each see
+// DefaultEvidence is how many standard errors a share estimate must clear
+// before k moves: k rises only if the share's lower bound asks for more
+// instances and falls only if its upper bound does. Replicas that each see
 // half of a stream then move k only on what both can see, not on their own
 // sampling noise (which, early on or at large k where adjacent k are close,
 // left two replicas at different k of one key and split its requests).
-const evidence = 3
+const DefaultEvidence = 3
 
 // bounds returns the share estimate's confidence band: the Wilson score
 // interval at evidence standard errors over mass observations (the decayed
@@ -342,13 +363,14 @@ const evidence = 3
 // times it, so the band is conservative). Unlike est ± z·σ it stays honest
 // on few observations: a key seen in all of 64 requests has a lower bound
 // of 0.88, not 1. Below minMass no key has a share.
-func bounds(est, mass float64) (lo, hi float64) {
+func (s *Sketch) bounds(est, mass float64) (lo, hi float64) {
 	if mass < minMass*one {
 		return 0, 0
 	}
-	p, m, z2 := est/mass, mass/one, float64(evidence*evidence)
+	p, m, z := est/mass, mass/one, s.evidence
+	z2 := z * z
 	center := p + z2/(2*m)
-	half := evidence * math.Sqrt(p*(1-p)/m+z2/(4*m*m))
+	half := z * math.Sqrt(p*(1-p)/m+z2/(4*m*m))
 	d := 1 + z2/m
 	return max(0, (center-half)/d), min(1, (center+half)/d)
 }
@@ -356,14 +378,14 @@ func bounds(est, mass float64) (lo, hi float64) {
 // decide returns t's k, moving it (when update is set) as the estimate asks
 // with hysteresis (see the package comment) and evidence.
 func (s *Sketch) decide(t uint64, est, mass float64, n int, update bool) int {
-	start := slot(mix(t))
+	start := slot(ring.Mix64(t))
 	for p := range probe {
 		slot := &s.table[(start+p)%tableSize]
 		v := slot.Load()
 		if v&^maxK != t {
 			continue
 		}
-		lo, hi := bounds(est, mass)
+		lo, hi := s.bounds(est, mass)
 		cur := int(v & maxK)
 		next := cur
 		switch up, down := s.want(lo, n, 1+s.hysteresis), s.want(hi, n, 1-s.hysteresis); {
@@ -385,7 +407,7 @@ func (s *Sketch) decide(t uint64, est, mass float64, n int, update bool) int {
 	if !update || mass < minMass*one || est/mass*float64(n) <= (1+s.hysteresis)*s.threshold {
 		return 1
 	}
-	lo, _ := bounds(est, mass)
+	lo, _ := s.bounds(est, mass)
 	up := s.want(lo, n, 1+s.hysteresis)
 	if up <= 1 || !s.insert(t, start, up, n) {
 		return 1
@@ -409,7 +431,7 @@ func (s *Sketch) insert(t uint64, start, k, n int) bool {
 		free := v == 0 || v&maxK <= 1
 		if !free {
 			est, mass := s.read(v &^ maxK)
-			_, hi := bounds(float64(est), float64(mass))
+			_, hi := s.bounds(float64(est), float64(mass))
 			free = s.want(hi, n, 1-s.hysteresis) <= 1
 		}
 		if free && slot.CompareAndSwap(v, t|uint64(k)) {

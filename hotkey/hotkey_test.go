@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"unsafe"
+
+	"github.com/prefixrouter/prefixrouter/ring"
 )
 
 // zipfStream returns n keys drawn from docs keys with Zipf(s) popularity
@@ -168,7 +170,7 @@ func TestTableChurn(t *testing.T) {
 	// Keys whose probe windows start at the same slot, distinct tags.
 	var keys []uint64
 	for k := uint64(1); len(keys) < 4*probe; k++ {
-		if key := k << 8; slot(mix(tag(key))) == 77 {
+		if key := k << 8; slot(ring.Mix64(tag(key))) == 77 {
 			keys = append(keys, key)
 		}
 	}
@@ -324,4 +326,64 @@ func BenchmarkObserveDistinct(b *testing.B) {
 		s.Observe(key, 7)
 	}
 	b.ReportMetric(float64(unsafe.Sizeof(*s)), "sketch-bytes")
+}
+
+// TestCountChain: a request counts once in the mass however many of its
+// depths are counted, so a prompt that half the requests share shows half
+// at each of its depths, with its parents; the others' single depth is
+// counted and stays unlisted, and past the first requests (where any key
+// has a large share of a small mass, and deeper depths are counted from
+// the start) a key seen once is not popular: its deeper depths are not
+// counted.
+func TestCountChain(t *testing.T) {
+	s, err := New(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(5, 5))
+	chain := []uint64{0x1111_0000_0000_0000, 0x2222_0000_0000_0000, 0x3333_0000_0000_0000}
+	const n = 7
+	for i := range 3000 {
+		e := s.Begin()
+		if rng.IntN(2) == 0 {
+			var parent uint64
+			for lvl, key := range chain {
+				popular, _ := s.Count(e, key, parent, lvl, "m", n)
+				if !popular {
+					t.Fatalf("level %d of a prompt with half the requests is not popular", lvl)
+				}
+				parent = key
+			}
+			continue
+		}
+		if popular, _ := s.Count(e, rng.Uint64(), 0, 0, "m", n); popular && i >= minMass {
+			t.Fatalf("request %d: a key seen once is popular", i)
+		}
+	}
+	got := s.Popular(100)
+	if len(got) != len(chain) {
+		t.Fatalf("popular %+v, want the chain's %d depths", got, len(chain))
+	}
+	for _, e := range got {
+		lvl := -1
+		for i, k := range chain {
+			if e.Key == k {
+				lvl = i
+			}
+		}
+		var parent uint64
+		if lvl > 0 {
+			parent = chain[lvl-1]
+		}
+		if lvl < 0 || e.Level != lvl || e.Parent != parent || e.Model != "m" || e.N != n {
+			t.Fatalf("entry %+v: not the chain's depth %d", e, lvl)
+		}
+		// Half the requests, at one standard error of the decayed sample.
+		if math.Abs(e.Share-0.5) > 0.03 || e.K < 5 {
+			t.Errorf("depth %d: share %.3f, k %d; want 0.5 ± 0.03 and k ≥ 5 (x = 0.5 × 7 / 0.5 = 7)", lvl, e.Share, e.K)
+		}
+	}
+	if s.Seen() != 3000 {
+		t.Errorf("seen %d requests, want 3000", s.Seen())
+	}
 }

@@ -2,13 +2,13 @@ package lora
 
 import (
 	"slices"
-	"sort"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/prefixrouter/prefixrouter/engine"
 	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/ring"
 )
 
 // runtimeLoading reports whether in's engine loads adapters at run time.
@@ -27,9 +27,12 @@ type Placement struct {
 }
 
 // Place computes the target sets of ep's catalogue. An adapter's set is the
-// first Target() instances of its rendezvous order (highest
-// rendezvousScore(adapter, id) first) among the non-draining instances that
-// still have a free adapter slot:
+// first Target() instances of its rendezvous order among the non-draining
+// instances that still have a free adapter slot. The order is the ring's
+// (package ring) spill order of the key xxhash(adapter name) over the
+// non-draining instances with their weights, so an instance of weight w
+// comes early in about w times as many adapters' orders as one of weight 1,
+// as it owns w times the keys.
 //
 //   - Slots: an instance's MaxAdapters (0: unlimited), minus the adapters it
 //     reports that are not in the catalogue (loaded by hand or --adapters:
@@ -59,7 +62,8 @@ func Place(ep *fleet.Endpoint) *Placement {
 		id   string
 		free int // -1: unlimited
 	}
-	var insts []*slot
+	var members []ring.Member
+	byID := map[string]*slot{}
 	for _, in := range ep.Instances {
 		if in.Draining || !runtimeLoading(in) {
 			continue
@@ -74,33 +78,45 @@ func Place(ep *fleet.Endpoint) *Placement {
 			}
 			s.free = max(s.free, 0)
 		}
-		insts = append(insts, s)
+		members = append(members, ring.Member{ID: in.ID, Weight: in.EffectiveWeight()})
+		byID[in.ID] = s
 	}
-	order := make([]*slot, len(insts))
-	place := func(a fleet.Adapter, n int) {
-		copy(order, insts)
-		sort.Slice(order, func(i, j int) bool {
-			si, sj := rendezvousScore(a.Name, order[i].id), rendezvousScore(a.Name, order[j].id)
-			if si != sj {
-				return si > sj
-			}
-			return order[i].id < order[j].id
-		})
-		set := p.sets[a.Name]
-		for _, s := range order {
-			if n == 0 {
-				break
-			}
-			if s.free == 0 || slices.Contains(set, s.id) {
-				continue
-			}
-			if s.free > 0 {
-				s.free--
-			}
-			set = append(set, s.id)
-			p.assigned[s.id] = append(p.assigned[s.id], a.Name)
-			n--
+	r, err := ring.New(members)
+	if err != nil {
+		// A weight beyond ring.MaxWeight: records are validated
+		// (fleet.MaxWeight), so only a snapshot built by hand gets here.
+		// Placing by equal weights beats placing nothing.
+		for i := range members {
+			members[i].Weight = 1
 		}
+		r, _ = ring.New(members)
+	}
+	slots := make([]*slot, r.Len()) // by ring member index
+	for i, m := range r.Members() {
+		slots[i] = byID[m.ID]
+	}
+	var buf []int
+	place := func(a fleet.Adapter, n int) {
+		key := xxhash.Sum64String(a.Name)
+		set := p.sets[a.Name]
+		// The first candidates nearly always have room; the whole order
+		// only when they do not.
+		order := r.Candidates(key, min(r.Len(), n+placeLookahead), buf[:0])
+		for j := 0; j < len(order) && n > 0; j++ {
+			s := slots[order[j]]
+			if s.free != 0 && !slices.Contains(set, s.id) {
+				if s.free > 0 {
+					s.free--
+				}
+				set = append(set, s.id)
+				p.assigned[s.id] = append(p.assigned[s.id], a.Name)
+				n--
+			}
+			if j == len(order)-1 && n > 0 && len(order) < r.Len() {
+				order = r.Candidates(key, r.Len(), order[:0])
+			}
+		}
+		buf = order
 		p.sets[a.Name] = set
 	}
 	for _, a := range ep.Adapters { // sorted by name (fleet.NewSnapshot)
@@ -117,15 +133,10 @@ func Place(ep *fleet.Endpoint) *Placement {
 	return p
 }
 
-// rendezvousScore is the weight of instance id for adapter in the
-// adapter's rendezvous order.
-func rendezvousScore(adapter, id string) uint64 {
-	d := xxhash.New()
-	_, _ = d.WriteString(adapter)
-	_, _ = d.Write([]byte{0})
-	_, _ = d.WriteString(id)
-	return d.Sum64()
-}
+// placeLookahead is how many candidates beyond the wanted number Place ranks
+// before it ranks the whole order: full instances and the set's own members
+// are skipped.
+const placeLookahead = 8
 
 // Set returns the target set of a catalogued adapter (instance ids, in its
 // rendezvous order; possibly shorter than its target when slots ran out),

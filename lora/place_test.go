@@ -257,6 +257,31 @@ func TestTableCataloguedNotLoaded(t *testing.T) {
 	}
 }
 
+// An instance of weight 4 among seven of weight 1 owns 4/11 of the keys, and
+// comes first in about 4/11 of the adapters' orders: binomial(400, 4/11),
+// 145 ± 10 sets, where ignoring weights gives 400/8 = 50 ± 7.
+func TestPlaceHonoursWeights(t *testing.T) {
+	ep := placeFleet(8, 0, catalogue(400, 1, 1)...)
+	ep.Instances[0].Weight = 4
+	p := Place(ep)
+	if got := len(p.Assigned("i-0")); got < 110 || got > 180 {
+		t.Errorf("weight-4 i-0 holds %d of 400 adapters, want about 145 (4/11)", got)
+	}
+}
+
+// Records are validated, but a snapshot built by hand may carry a weight
+// beyond ring.MaxWeight: the catalogue is still placed, by equal weights.
+func TestPlaceUnvalidatedWeight(t *testing.T) {
+	ep := placeFleet(4, 0, catalogue(8, 1, 1)...)
+	ep.Instances[2].Weight = 1_000_000
+	p := Place(ep)
+	for _, a := range ep.Adapters {
+		if len(p.Set(a.Name)) != 1 {
+			t.Fatalf("%s: set %v, want one instance", a.Name, p.Set(a.Name))
+		}
+	}
+}
+
 // TestPlaceSkipsStartOnlyEngines: llama-server loads adapters only at
 // start, so placement never assigns it a catalogued adapter (it would wait
 // for a load that cannot happen); SGLang and unknown engines load at run

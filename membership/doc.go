@@ -10,6 +10,7 @@
 //	<prefix>/endpoints/<endpoint>/adapters/<name>            fleet.Adapter JSON, no lease: the catalogue; adapter add/remove
 //	<prefix>/endpoints/<endpoint>/placement/<name>           Placement JSON, no lease: the adapter's set size; agents (SetPlacement)
 //	<prefix>/endpoints/<endpoint>/stale/<instance-id>        StaleMark JSON under its own short lease; routers (MarkStale), the agent deletes it
+//	<prefix>/endpoints/<endpoint>/popularity/<replica-id>    fleet.Popularity JSON under the replica's lease; routers (PutPopularity), merged into snapshots
 //	<prefix>/routers/<replica-id>                            lease-bound RouterInfo JSON; each router replica (serve)
 //
 // Endpoint, instance, replica and adapter names are fleet.ValidateName's:
@@ -40,8 +41,9 @@
 // Registrations hold their key under a lease (DefaultTTL 5 s) and always
 // drain the keepalive channel; when the lease is lost (it expired while etcd
 // was unreachable, or someone revoked it) they grant a new one and put the
-// latest record again. The watcher lists the prefix at revision R, watches
-// from R+1 (WithRequireLeader, progress notifications) and lists again on
+// latest record again, retrying with jittered backoff. The watcher lists the
+// prefix at revision R (in pages of 1,000 keys, all at R), watches from R+1
+// (WithRequireLeader, progress notifications) and lists again on
 // ErrCompacted or a closed watch. One goroutine owns the state and publishes
 // a full snapshot after each list and each watch response that carried
 // events. Records that do not parse or validate are skipped and counted; an

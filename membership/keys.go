@@ -13,6 +13,8 @@ const DefaultPrefix = "/prefixrouter/v1"
 //	<prefix>/endpoints/<endpoint>/adapters/<name>            fleet.Adapter JSON: the catalogue
 //	<prefix>/endpoints/<endpoint>/placement/<name>           Placement JSON: an adapter's set size
 //	<prefix>/endpoints/<endpoint>/stale/<instance-id>        lease-bound StaleMark JSON
+//	<prefix>/endpoints/<endpoint>/popularity/<replica-id>    lease-bound fleet.Popularity JSON
+//	<prefix>/endpoints/<endpoint>/session-key                the base64 key of the endpoint's session ids (routers only)
 //	<prefix>/routers/<replica-id>                            lease-bound RouterInfo JSON
 type Layout struct {
 	// Prefix is the root; a trailing slash is ignored. Empty (or "/")
@@ -66,6 +68,14 @@ func (l Layout) StaleKey(endpoint, id string) string {
 	return l.EndpointsPrefix() + endpoint + "/stale/" + id
 }
 
+// SessionKeyKey returns the key of an endpoint's session key: the secret
+// every router replica of the endpoint seals its session ids with. Only
+// router roles may read it (docs/security.md); it is never part of an
+// instance record or a snapshot.
+func (l Layout) SessionKeyKey(endpoint string) string {
+	return l.EndpointsPrefix() + endpoint + "/session-key"
+}
+
 // RoutersPrefix returns the prefix of router replica keys.
 func (l Layout) RoutersPrefix() string { return l.root() + "/routers/" }
 
@@ -83,6 +93,8 @@ const (
 	kindAdapter
 	kindPlacement
 	kindStale
+	kindPopularity
+	kindSessionKey
 )
 
 // parseKey splits a key into its kind and names. Keys that do not fit the
@@ -102,6 +114,8 @@ func (l Layout) parseKey(key string) (kind keyKind, endpoint, id string) {
 	switch {
 	case len(parts) == 2 && parts[1] == "config" && parts[0] != "":
 		return kindConfig, parts[0], ""
+	case len(parts) == 2 && parts[1] == "session-key" && parts[0] != "":
+		return kindSessionKey, parts[0], ""
 	case len(parts) == 3 && parts[1] == "instances" && parts[0] != "" && parts[2] != "":
 		return kindInstance, parts[0], parts[2]
 	case len(parts) == 3 && parts[1] == "adapters" && parts[0] != "" && parts[2] != "":
@@ -110,6 +124,8 @@ func (l Layout) parseKey(key string) (kind keyKind, endpoint, id string) {
 		return kindPlacement, parts[0], parts[2]
 	case len(parts) == 3 && parts[1] == "stale" && parts[0] != "" && parts[2] != "":
 		return kindStale, parts[0], parts[2]
+	case len(parts) == 3 && parts[1] == "popularity" && parts[0] != "" && parts[2] != "":
+		return kindPopularity, parts[0], parts[2]
 	}
 	return kindOther, "", ""
 }

@@ -80,6 +80,16 @@ func startWatcherWith(t *testing.T, cli *clientv3.Client, opts WatcherOptions, r
 	return w
 }
 
+// watched starts etcd, a client and a watcher with fresh metrics: the
+// setup of the tests that write records and read them back in snapshots.
+func watched(t *testing.T) (*clientv3.Client, context.Context, *Metrics, *Watcher) {
+	t.Helper()
+	e := startEtcd(t)
+	cli := newClient(t, e.ClientURL())
+	m := NewMetrics(nil)
+	return cli, testsupport.Context(t, 20*time.Second), m, startWatcher(t, cli, m, nil)
+}
+
 func has(w *Watcher, ep, id string) func() bool {
 	return func() bool { _, ok := instanceOf(w.Snapshot(), ep, id); return ok }
 }
@@ -227,7 +237,7 @@ func TestRoutingConfig(t *testing.T) {
 		t.Fatalf("PutConfig(invalid) = %v, want ErrInvalidConfig", err)
 	}
 	c, set, err := GetConfig(ctx, cli, l, "ep1")
-	if err != nil || set || c.RoutingStrategy != fleet.PrefixAware || resolved(c).PrefixLength != fleet.DefaultPrefixLength {
+	if err != nil || set || c.RoutingStrategy != fleet.PrefixAware || resolved(c).PrefixLength != fleet.DefaultAdaptivePrefixLength {
 		t.Fatalf("GetConfig of unset = %+v %v %v", c, set, err)
 	}
 

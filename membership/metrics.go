@@ -21,12 +21,14 @@ const (
 // Kinds of ignored records, the values of
 // prefixrouter_membership_invalid_records_total's kind label.
 const (
-	invalidInstance  = "instance"
-	invalidUpstream  = "upstream" // an instance whose address is outside --allowed-upstreams
-	invalidConfig    = "config"
-	invalidEndpoint  = "endpoint"
-	invalidAdapter   = "adapter"
-	invalidPlacement = "placement"
+	invalidInstance   = "instance"
+	invalidUpstream   = "upstream" // an instance whose address is outside --allowed-upstreams
+	invalidConfig     = "config"
+	invalidEndpoint   = "endpoint"
+	invalidAdapter    = "adapter"
+	invalidPlacement  = "placement"
+	invalidPopularity = "popularity"
+	invalidRouter     = "router" // a router record whose rate does not parse (it still counts as a replica)
 )
 
 // Metrics are the membership's Prometheus collectors. A nil *Metrics is
@@ -36,6 +38,7 @@ type Metrics struct {
 	invalid    *prometheus.CounterVec
 	relists    *prometheus.CounterVec
 	published  prometheus.Counter
+	build      prometheus.Histogram
 	regrants   prometheus.Counter
 	held       *prometheus.GaugeVec
 	lastSyncNs atomic.Int64 // unix nanoseconds of the last sync; 0 = never
@@ -45,9 +48,10 @@ type Metrics struct {
 // NewMetrics creates the collectors and registers them with reg (nil means
 // do not register: useful in tests):
 //
-//	prefixrouter_membership_invalid_records_total{kind="instance|upstream|config|endpoint|adapter|placement|router"}
+//	prefixrouter_membership_invalid_records_total{kind="instance|upstream|config|endpoint|adapter|placement|popularity|session-key|router"}
 //	prefixrouter_membership_relists_total{reason="start|compacted|watch_closed|watch_error|revision_regressed"}
 //	prefixrouter_membership_snapshots_published_total
+//	prefixrouter_membership_snapshot_build_seconds (histogram)
 //	prefixrouter_membership_lease_regrants_total
 //	prefixrouter_membership_vanish_guard_held_instances{endpoint}
 //	prefixrouter_membership_last_sync_timestamp_seconds
@@ -69,6 +73,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		published: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "prefixrouter_membership_snapshots_published_total",
 			Help: "Fleet snapshots published to the data plane.",
+		}),
+		build: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "prefixrouter_membership_snapshot_build_seconds",
+			Help:    "Time to build and publish one fleet snapshot after a list or a watch response: O(instances) copying per change.",
+			Buckets: prometheus.ExponentialBuckets(50e-6, 2, 16), // 50 µs .. 1.6 s
 		}),
 		regrants: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "prefixrouter_membership_lease_regrants_total",
@@ -97,14 +106,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}
 		return m.now().Sub(time.Unix(0, ns)).Seconds()
 	})
-	for _, k := range []string{invalidInstance, invalidUpstream, invalidConfig, invalidEndpoint, invalidAdapter, invalidPlacement} {
+	for _, k := range []string{invalidInstance, invalidUpstream, invalidConfig, invalidEndpoint, invalidAdapter, invalidPlacement, invalidRouter} {
 		m.invalid.WithLabelValues(k)
 	}
 	for _, r := range []string{relistStart, relistCompacted, relistWatchClosed, relistWatchError, relistRevisionRegressed} {
 		m.relists.WithLabelValues(r)
 	}
 	if reg != nil {
-		reg.MustRegister(m.invalid, m.relists, m.published, m.regrants, m.held, lastSync, age)
+		reg.MustRegister(m.invalid, m.relists, m.published, m.build, m.regrants, m.held, lastSync, age)
 	}
 	return m
 }
@@ -121,9 +130,10 @@ func (m *Metrics) relist(reason string) {
 	}
 }
 
-func (m *Metrics) snapshotPublished() {
+func (m *Metrics) snapshotPublished(build time.Duration) {
 	if m != nil {
 		m.published.Inc()
+		m.build.Observe(build.Seconds())
 	}
 }
 

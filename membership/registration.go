@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -101,7 +102,12 @@ type Registration struct {
 
 	ctx    context.Context
 	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	wg     sync.WaitGroup // the owner (run)
+	// watchWG is the delete watch's goroutine: Close revokes before it
+	// waits for it, since a watch on a shared client's stream may take
+	// hundreds of milliseconds to end (issue 22: a graceful leave of one
+	// of 100 registrations on a busy client waited for it).
+	watchWG sync.WaitGroup
 
 	closeOnce sync.Once
 	closeErr  error
@@ -322,8 +328,9 @@ func (r *Registration) Close(ctx context.Context) error {
 		r.stop(ErrClosed)
 		r.cancel()
 		// Every etcd call of the owner runs under r.ctx, so it returns
-		// promptly now.
+		// promptly now; once it has, nothing writes the key any more.
 		r.wg.Wait()
+		defer r.watchWG.Wait()
 		if id := r.LeaseID(); id != 0 && r.cli.Ctx().Err() != nil {
 			// Revoking on a closed client only spins in its retries.
 			r.closeErr = fmt.Errorf("membership: etcd client closed before the registration; %s expires with its lease", r.key)
@@ -431,7 +438,7 @@ func (r *Registration) run(lease activeLease, rev int64) {
 	// Deletions of the key by anyone but us (etcdctl del, a cleanup
 	// script) are written back at once, not left until the lease is lost.
 	deleted := make(chan struct{}, 1)
-	r.wg.Add(1)
+	r.watchWG.Add(1)
 	go r.watchDeletes(rev, deleted)
 	defer func() {
 		if lease.stop != nil {
@@ -501,7 +508,7 @@ func (r *Registration) run(lease activeLease, rev int64) {
 // When a watch ends (compaction, a cut stream) it signals once, in case a
 // deletion fell in the gap, and watches again from the current revision.
 func (r *Registration) watchDeletes(rev int64, deleted chan<- struct{}) {
-	defer r.wg.Done()
+	defer r.watchWG.Done()
 	signal := func() {
 		select {
 		case deleted <- struct{}{}:
@@ -574,7 +581,9 @@ func (r *Registration) step(lease *activeLease, lost *clientv3.LeaseID, value []
 	return nil
 }
 
-// retryBackoff doubles from min to max.
+// retryBackoff doubles from min to max, each wait drawn between half and
+// all of the current step: thousands of registrations (or a hundred
+// watchers) that failed together must not retry together (issue 22).
 type retryBackoff struct {
 	min, max, cur time.Duration
 }
@@ -585,7 +594,7 @@ func (b *retryBackoff) next() time.Duration {
 	} else {
 		b.cur = min(2*b.cur, b.max)
 	}
-	return b.cur
+	return b.cur/2 + rand.N(b.cur/2+1)
 }
 
 func (b *retryBackoff) reset() { b.cur = 0 }

@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,8 +29,16 @@ import (
 // etcd is healthy and grows while it is not.
 const DefaultProgressInterval = 2 * time.Second
 
-// listTimeout bounds one full list of the prefix.
+// listTimeout bounds one page of a list of the prefix.
 const listTimeout = 5 * time.Second
+
+// listPage is how many keys one request of a list reads. A fleet of 10,000
+// instances is about 2.5 MB of records: read whole by 100 replicas starting
+// at once, no list finished within listTimeout on a loaded 2-core machine,
+// every replica retried, and the lease keepalives waited behind them (issue
+// 22, docs/operations.md "Fleet size limits"). Pages of 1,000 keys (about
+// 250 KB) each finish quickly, and the list keeps what it has read.
+const listPage = 1000
 
 // WatcherOptions configure a Watcher. The zero value is usable.
 type WatcherOptions struct {
@@ -58,6 +68,15 @@ type WatcherOptions struct {
 	// not set (serve's --strategy, --prefix-length, --concurrency-threshold).
 	// The zero value means fleet.DefaultRoutingConfig(). It must be valid.
 	DefaultConfig fleet.RoutingConfig
+	// OnSessionKeys, if set, is given the endpoints' session keys (by
+	// endpoint; a key that does not parse is left out and counted,
+	// kind="session-key") with every snapshot but those that change router
+	// records alone, on the watcher's goroutine: it must not block. The
+	// keys are never part of a snapshot.
+	OnSessionKeys func(map[string][]byte)
+
+	// page is the keys per list request; zero means listPage (tests set it).
+	page int64
 }
 
 // Watcher lists the layout's prefix at a revision, watches from the next
@@ -76,12 +95,14 @@ type Watcher struct {
 	log      *slog.Logger
 	metrics  *Metrics
 	publish  func(*fleet.Snapshot)
+	onKeys   func(map[string][]byte)
 	progress time.Duration
 	clock    clockwork.Clock
 	defCfg   fleet.RoutingConfig
 	allowed  fleet.Upstreams
 	grace    time.Duration // 0: the vanish guard is off
 	window   time.Duration // one TTL
+	page     int64         // keys per list request
 
 	// Owned by the run goroutine: instances whose keys were deleted while
 	// serving, and until when each endpoint's vanish guard holds them.
@@ -109,12 +130,14 @@ func StartWatcher(cli *clientv3.Client, opts WatcherOptions, onSnapshot func(*fl
 		log:      opts.logger(),
 		metrics:  opts.Metrics,
 		publish:  onSnapshot,
+		onKeys:   opts.OnSessionKeys,
 		progress: opts.ProgressInterval,
 		clock:    opts.Clock,
 		defCfg:   opts.DefaultConfig.WithDefaults(),
 		allowed:  opts.Upstreams,
 		grace:    opts.VanishGrace,
 		window:   opts.ttl(),
+		page:     opts.page,
 
 		vanished:   map[string]map[string]vanishedInstance{},
 		guardUntil: map[string]time.Time{},
@@ -124,6 +147,9 @@ func StartWatcher(cli *clientv3.Client, opts WatcherOptions, onSnapshot func(*fl
 	}
 	if w.progress <= 0 {
 		w.progress = DefaultProgressInterval
+	}
+	if w.page <= 0 {
+		w.page = listPage
 	}
 
 	if w.clock == nil {
@@ -167,12 +193,23 @@ func (w *Watcher) markSynced() {
 
 // state is the owner goroutine's view of the prefix.
 type state struct {
-	instances map[string]map[string]fleet.Instance // endpoint → id → record
-	configs   map[string]fleet.RoutingConfig       // endpoint → last valid config
-	routers   map[string]float64                   // replica id → published rate, -1 for none
-	adapters  map[string]map[string]fleet.Adapter  // endpoint → name → catalogue record
-	placement map[string]map[string]Placement      // endpoint → name → placement state
+	instances map[string]map[string]fleet.Instance   // endpoint → id → record
+	configs   map[string]fleet.RoutingConfig         // endpoint → last valid config
+	routers   map[string]float64                     // replica id → published rate, -1 for none
+	adapters  map[string]map[string]fleet.Adapter    // endpoint → name → catalogue record
+	placement map[string]map[string]Placement        // endpoint → name → placement state
+	popular   map[string]map[string]fleet.Popularity // endpoint → replica id → its publication
+	keys      map[string][]byte                      // endpoint → session key
 	rev       int64
+
+	// sorted is each endpoint's instance list as last published, sorted by
+	// id and never modified; changed holds the ids put or deleted since.
+	// The next snapshot merges the two (O(N) copying, no sort), so that a
+	// change in a fleet of 10,000 costs a copy rather than a sort and a
+	// clone of every record (issue 22). An endpoint missing from sorted is
+	// built from instances and sorted (after a list).
+	sorted  map[string][]fleet.Instance
+	changed map[string]map[string]struct{}
 }
 
 func newState() *state {
@@ -182,7 +219,60 @@ func newState() *state {
 		routers:   map[string]float64{},
 		adapters:  map[string]map[string]fleet.Adapter{},
 		placement: map[string]map[string]Placement{},
+		popular:   map[string]map[string]fleet.Popularity{},
+		keys:      map[string][]byte{},
+		sorted:    map[string][]fleet.Instance{},
+		changed:   map[string]map[string]struct{}{},
 	}
+}
+
+// instanceChanged notes that ep's record id was put or deleted.
+func (st *state) instanceChanged(ep, id string) {
+	putIn(st.changed, ep, id, struct{}{})
+}
+
+// sortedInstances returns ep's instances sorted by id: the last published
+// list with the changed ids merged in, or a full sort after a list. The
+// records are shared with the state, whose records are replaced, never
+// modified, and with the snapshots, which are immutable. Owner goroutine
+// only.
+func (st *state) sortedInstances(ep string) []fleet.Instance {
+	m := st.instances[ep]
+	old, built := st.sorted[ep]
+	changed := st.changed[ep]
+	if built && len(changed) == 0 {
+		return old
+	}
+	out := make([]fleet.Instance, 0, len(m))
+	if !built {
+		for _, in := range m {
+			out = append(out, in)
+		}
+		slices.SortFunc(out, func(a, b fleet.Instance) int { return strings.Compare(a.ID, b.ID) })
+	} else {
+		ids := make([]string, 0, len(changed))
+		for id := range changed {
+			ids = append(ids, id)
+		}
+		slices.Sort(ids)
+		i := 0
+		for _, id := range ids {
+			// The records before id are unchanged: one copy for the run.
+			j := i + sort.Search(len(old)-i, func(k int) bool { return old[i+k].ID >= id })
+			out = append(out, old[i:j]...)
+			i = j
+			if i < len(old) && old[i].ID == id {
+				i++ // replaced or deleted: the state has the current record
+			}
+			if in, ok := m[id]; ok {
+				out = append(out, in)
+			}
+		}
+		out = append(out, old[i:]...)
+	}
+	st.sorted[ep] = out
+	delete(st.changed, ep)
+	return out
 }
 
 func (w *Watcher) run() {
@@ -216,20 +306,36 @@ func (w *Watcher) run() {
 }
 
 // list reads the whole prefix and builds a new state. Configs that do not
-// validate keep the endpoint's config from prev.
+// validate keep the endpoint's config from prev. It reads in pages of
+// w.page keys, every page at the first page's revision, so the state is
+// the prefix at one revision however long the list takes (a compaction of
+// that revision meanwhile fails the list, which is then retried).
 func (w *Watcher) list(prev *state, reason string) (*state, error) {
 	w.metrics.relist(reason)
-	ctx, cancel := context.WithTimeout(w.ctx, listTimeout)
-	defer cancel()
-	resp, err := w.cli.Get(ctx, w.layout.Root(), clientv3.WithPrefix())
-	if err != nil {
-		return nil, fmt.Errorf("membership: list %s: %w", w.layout.Root(), err)
-	}
 	st := newState()
-	for _, kv := range resp.Kvs {
-		w.applyPut(st, prev, string(kv.Key), kv.Value, kv.ModRevision)
+	key, end := w.layout.Root(), clientv3.GetPrefixRangeEnd(w.layout.Root())
+	for {
+		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(w.page)}
+		if st.rev != 0 {
+			opts = append(opts, clientv3.WithRev(st.rev))
+		}
+		ctx, cancel := context.WithTimeout(w.ctx, listTimeout)
+		resp, err := w.cli.Get(ctx, key, opts...)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("membership: list %s: %w", w.layout.Root(), err)
+		}
+		if st.rev == 0 {
+			st.rev = resp.Header.Revision
+		}
+		for _, kv := range resp.Kvs {
+			w.applyPut(st, prev, string(kv.Key), kv.Value, kv.ModRevision)
+		}
+		if !resp.More || len(resp.Kvs) == 0 {
+			break
+		}
+		key = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00" // the next key after the last
 	}
-	st.rev = resp.Header.Revision
 	w.markSynced()
 	return st, nil
 }
@@ -322,34 +428,34 @@ func (w *Watcher) applyPut(st, prev *state, key string, value []byte, modRev int
 	switch kind {
 	case kindAdapter:
 		a, err := ParseAdapter(id, value)
-		if err != nil {
-			w.metrics.invalidRecord(invalidAdapter)
-			w.log.Warn("membership: ignoring invalid adapter record", "key", key, "err", err)
-			deleteIn(st.adapters, ep, id)
-			return
-		}
-		putIn(st.adapters, ep, id, a)
+		putValid(w, st.adapters, invalidAdapter, key, ep, id, a, err)
 	case kindPlacement:
 		p, err := parsePlacement(value)
-		if err != nil {
-			w.metrics.invalidRecord(invalidPlacement)
-			w.log.Warn("membership: ignoring invalid placement record", "key", key, "err", err)
-			deleteIn(st.placement, ep, id)
-			return
-		}
 		p.revision = modRev
-		putIn(st.placement, ep, id, p)
+		putValid(w, st.placement, invalidPlacement, key, ep, id, p, err)
+	case kindPopularity:
+		p, err := ParsePopularity(value)
+		putValid(w, st.popular, invalidPopularity, key, ep, id, p, err)
 	case kindRouter:
 		// A record that does not parse still counts as a replica (its
 		// lease says it runs), with no rate.
 		rate := -1.0
 		if ri, err := ParseRouterInfo(value); err != nil {
-			w.metrics.invalidRecord("router")
+			w.metrics.invalidRecord(invalidRouter)
 			w.log.Warn("membership: router record without a usable rate", "key", key, "err", err)
 		} else if ri.Rate != nil {
 			rate = *ri.Rate
 		}
 		st.routers[id] = rate
+	case kindSessionKey:
+		k, err := ParseSessionKey(value)
+		if err != nil {
+			w.metrics.invalidRecord("session-key")
+			w.log.Warn("membership: ignoring an invalid session key", "key", key, "err", err)
+			delete(st.keys, ep)
+			return
+		}
+		st.keys[ep] = k
 	case kindConfig:
 		c, err := ParseRoutingConfig(value)
 		if err != nil {
@@ -371,6 +477,7 @@ func (w *Watcher) applyPut(st, prev *state, key string, value []byte, modRev int
 				kind = invalidUpstream
 			}
 		}
+		st.instanceChanged(ep, id)
 		if err != nil {
 			w.metrics.invalidRecord(kind)
 			w.log.Warn("membership: ignoring invalid instance record", "key", key, "err", err)
@@ -398,13 +505,18 @@ func applyDelete(st *state, l Layout, key string) {
 	switch kind {
 	case kindRouter:
 		delete(st.routers, id)
+	case kindSessionKey:
+		delete(st.keys, ep)
 	case kindConfig:
 		delete(st.configs, ep)
 	case kindAdapter:
 		deleteIn(st.adapters, ep, id)
 	case kindPlacement:
 		deleteIn(st.placement, ep, id)
+	case kindPopularity:
+		deleteIn(st.popular, ep, id)
 	case kindInstance:
+		st.instanceChanged(ep, id)
 		if m := st.instances[ep]; m != nil {
 			delete(m, id)
 			if len(m) == 0 {
@@ -412,6 +524,19 @@ func applyDelete(st *state, l Layout, key string) {
 			}
 		}
 	}
+}
+
+// putValid records the parsed value v of one record under the endpoint,
+// or, when it did not parse (err), ignores it, logs and counts it, and
+// drops the record's previous value.
+func putValid[V any](w *Watcher, m map[string]map[string]V, kind, key, ep, id string, v V, err error) {
+	if err != nil {
+		w.metrics.invalidRecord(kind)
+		w.log.Warn("membership: ignoring invalid "+kind+" record", "key", key, "err", err)
+		deleteIn(m, ep, id)
+		return
+	}
+	putIn(m, ep, id, v)
 }
 
 func putIn[V any](m map[string]map[string]V, ep, name string, v V) {
@@ -452,6 +577,7 @@ func parseInstance(id string, value []byte) (fleet.Instance, error) {
 // emit builds a snapshot of st and publishes it. An endpoint exists when it
 // has instances, a config or an adapter catalogue.
 func (w *Watcher) emit(st *state) {
+	start := time.Now() // real time: the clock may be a test's fake
 	names := map[string]struct{}{}
 	for ep, m := range st.instances {
 		if len(m) > 0 {
@@ -473,13 +599,11 @@ func (w *Watcher) emit(st *state) {
 		if !ok {
 			cfg = w.defCfg
 		}
-		insts := make([]fleet.Instance, 0, len(st.instances[ep]))
-		for _, in := range st.instances[ep] {
-			insts = append(insts, cloneInstance(in))
-		}
+		insts := st.sortedInstances(ep)
 		held := w.held(st, ep)
-		for _, in := range held {
-			insts = append(insts, cloneInstance(in))
+		if len(held) > 0 {
+			// Rare (the vanish guard holds): NewSnapshot sorts them in.
+			insts = append(slices.Clone(insts), held...)
 		}
 		w.metrics.vanishHeld(ep, len(held))
 		ads := make([]fleet.Adapter, 0, len(st.adapters[ep]))
@@ -487,12 +611,16 @@ func (w *Watcher) emit(st *state) {
 			st.placement[ep][name].apply(&a)
 			ads = append(ads, a)
 		}
-		eps = append(eps, fleet.Endpoint{Name: ep, Config: cfg, Instances: insts, Adapters: ads})
+		eps = append(eps, fleet.Endpoint{Name: ep, Config: cfg, Instances: insts, Adapters: ads, Popular: mergePopular(st.popular[ep])})
 	}
 	sort.Slice(eps, func(i, j int) bool { return eps[i].Name < eps[j].Name })
-	s := fleet.NewSnapshot(eps, st.rev, len(st.routers), w.clock.Now())
+	// The instance lists are st.sorted's, never modified: the snapshot keeps them.
+	s := fleet.NewSnapshotOwning(eps, st.rev, len(st.routers), w.clock.Now())
 	s.ReplicaRates = maps.Clone(st.routers)
-	w.store(s)
+	if w.onKeys != nil {
+		w.onKeys(maps.Clone(st.keys))
+	}
+	w.store(s, start)
 }
 
 // emitReplicas publishes a snapshot after a change of router records
@@ -506,17 +634,36 @@ func (w *Watcher) emitReplicas(st *state) {
 		w.emit(st)
 		return
 	}
-	w.store(prev.WithReplicas(st.rev, maps.Clone(st.routers), w.clock.Now()))
+	start := time.Now()
+	w.store(prev.WithReplicas(st.rev, maps.Clone(st.routers), w.clock.Now()), start)
 }
 
-// store publishes s.
-func (w *Watcher) store(s *fleet.Snapshot) {
+// store publishes s, built since start.
+func (w *Watcher) store(s *fleet.Snapshot, start time.Time) {
 	w.snap.Store(s)
 	w.syncOnce.Do(func() { close(w.synced) })
-	w.metrics.snapshotPublished()
+	w.metrics.snapshotPublished(time.Since(start))
 	if w.publish != nil {
 		w.publish(s)
 	}
+}
+
+// mergePopular merges the replicas' publications for one endpoint in
+// replica id order, so that every watcher computes the same view.
+func mergePopular(byReplica map[string]fleet.Popularity) []fleet.PopularKey {
+	if len(byReplica) == 0 {
+		return nil
+	}
+	ids := make([]string, 0, len(byReplica))
+	for id := range byReplica {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	ps := make([]fleet.Popularity, len(ids))
+	for i, id := range ids {
+		ps[i] = byReplica[id]
+	}
+	return fleet.MergePopularity(ps)
 }
 
 // vanishedInstance is an instance whose key was deleted while it served.

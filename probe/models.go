@@ -23,15 +23,27 @@ type Models struct {
 	Server string
 }
 
+// MaxModelsBytes bounds the model list FetchModels reads.
+const MaxModelsBytes = 8 << 20
+
 // FetchModels GETs url (a /v1/models) and parses it with ParseModels; any
-// status but 2xx is an error.
+// status but 2xx is an error, and so is a list longer than MaxModelsBytes.
 func FetchModels(ctx context.Context, c *http.Client, url string) (Models, error) {
+	return FetchModelsUpTo(ctx, c, url, MaxModelsBytes)
+}
+
+// FetchModelsUpTo is FetchModels with a list of at most limit bytes.
+func FetchModelsUpTo(ctx context.Context, c *http.Client, url string, limit int64) (Models, error) {
 	resp, err := getResponse(ctx, c, url, "application/json", func(code int) bool { return code/100 == 2 })
 	if err != nil {
 		return Models{}, err
 	}
 	defer resp.Body.Close()
-	m, err := ParseModels(io.LimitReader(resp.Body, 8<<20))
+	lr := &io.LimitedReader{R: resp.Body, N: limit + 1}
+	m, err := ParseModels(lr)
+	if lr.N == 0 {
+		return Models{}, fmt.Errorf("probe: GET %s: the model list exceeds %d bytes", url, limit)
+	}
 	m.Server = resp.Header.Get("Server")
 	return m, err
 }

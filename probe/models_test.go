@@ -53,6 +53,13 @@ func TestFetchModels(t *testing.T) {
 	if _, err := FetchModels(context.Background(), srv.Client(), srv.URL+"/models"); err == nil || !strings.Contains(err.Error(), "404") {
 		t.Fatalf("404: err = %v", err)
 	}
+	// The list is 70 bytes: a bound of 70 reads it, 69 refuses it.
+	if _, err := FetchModelsUpTo(context.Background(), srv.Client(), srv.URL+"/v1/models", 70); err != nil {
+		t.Fatalf("a list at the bound: %v", err)
+	}
+	if _, err := FetchModelsUpTo(context.Background(), srv.Client(), srv.URL+"/v1/models", 69); err == nil || !strings.Contains(err.Error(), "exceeds 69 bytes") {
+		t.Fatalf("a list over the bound: err = %v", err)
+	}
 }
 
 // FuzzParseModels: an instance's /v1/models answer never panics the agent,

@@ -2,8 +2,11 @@ package replica
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -11,10 +14,15 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	"github.com/prefixrouter/prefixrouter/extproc"
+	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 	"github.com/prefixrouter/prefixrouter/router"
 )
 
@@ -84,5 +92,64 @@ func TestExtProcListener(t *testing.T) {
 	_ = stream.CloseSend()
 	if err := rep.Close(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestExtProcPeersAuthenticated: with --ext-proc-token and mTLS flags the
+// replica's picker refuses a peer without the token, and one without a
+// client certificate fails the handshake; the token gets a pick.
+func TestExtProcPeersAuthenticated(t *testing.T) {
+	pki := testsupport.NewPKI(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rep, err := Start(ctx, Options{
+		Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", ExtProcListen: "127.0.0.1:0",
+		ExtProc: ExtProcSecurity{Token: "envoy-token", TLSCert: pki.ServerCert, TLSKey: pki.ServerKey},
+		Router:  router.Options{DefaultEndpoint: "chat"}, Static: backends(t, 2), Logger: quiet,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rep.Close(context.Background())
+	caPEM, err := os.ReadFile(pki.CACert)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(caPEM)
+	conn, err := grpc.NewClient(rep.ExtProcAddr(), grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: roots, ServerName: "127.0.0.1"})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	pick := func(ctx context.Context) error {
+		stream, err := extprocv3.NewExternalProcessorClient(conn).Process(ctx)
+		if err != nil {
+			return err
+		}
+		if err := stream.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+			Headers:     &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":path", RawValue: []byte("/invocations")}}},
+			EndOfStream: true,
+		}}}); err != nil {
+			return err
+		}
+		_, err = stream.Recv()
+		_ = stream.CloseSend()
+		return err
+	}
+	if err := pick(ctx); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("without the token: %v, want UNAUTHENTICATED", err)
+	}
+	if err := pick(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer envoy-token")); err != nil {
+		t.Fatalf("with the token: %v", err)
+	}
+	// Cleartext to a TLS listener fails.
+	plain, err := grpc.NewClient(rep.ExtProcAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	if _, err := healthpb.NewHealthClient(plain).Check(ctx, &healthpb.HealthCheckRequest{}); err == nil {
+		t.Fatal("a cleartext client reached the TLS listener")
 	}
 }

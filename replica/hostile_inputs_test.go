@@ -39,6 +39,15 @@ func rawRequest(t *testing.T, addr, raw string) int {
 	return resp.StatusCode
 }
 
+// manyHeaders returns n distinct header lines.
+func manyHeaders(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("X-H%d: v", i)
+	}
+	return out
+}
+
 // post builds a POST with a correct Content-Length.
 func rawPost(path, body string, headers ...string) string {
 	h := ""
@@ -98,10 +107,14 @@ func TestHostileInputs(t *testing.T) {
 		{"chunked body over the limit", "POST /invocations HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\n", 65<<10, strings.Repeat("y", 65<<10)), 413},
 		{"header block over MaxHeaderBytes", "GET /ping HTTP/1.1\r\nHost: x\r\nX-Big: " + strings.Repeat("a", 16<<10) + "\r\n\r\n", 431},
 		{"request line over MaxHeaderBytes", "GET /" + strings.Repeat("a", 16<<10) + " HTTP/1.1\r\nHost: x\r\n\r\n", 431},
-		// RFC 9112 6.3: Transfer-Encoding wins and Go drops the length; the
-		// router re-frames the upstream request from the bytes it read, so
-		// nothing can be smuggled past it.
-		{"Content-Length and Transfer-Encoding (smuggling)", "POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 200},
+		// RFC 9112 6.1: refused as Envoy and HAProxy refuse them, and the
+		// connection closes (TestSmugglingRefused: the hidden request is
+		// never served).
+		{"Content-Length and Transfer-Encoding (smuggling)", "POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400},
+		{"Transfer-Encoding on HTTP/1.0", "POST /invocations HTTP/1.0\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400},
+		{"101 header fields", rawPost("/invocations", "x", manyHeaders(98)...), 431},
+		{"raw newline inside a JSON string", chat("{\"model\":\"base\",\"messages\":[{\"role\":\"user\",\"content\":\"a\nb\"}]}"), 400},
+		{"U+0001 inside the model name", chat("{\"model\":\"ba\x01se\"," + msg + "}"), 400},
 		{"two different Content-Lengths", "POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd", 400},
 		{"non-numeric Content-Length", "POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n", 400},
 		{"HTTP/1.1 without Host", "GET /ping HTTP/1.1\r\n\r\n", 400},

@@ -23,6 +23,7 @@ const (
 	DefaultBodyReadTimeout   = 60 * time.Second
 	DefaultIdleTimeout       = 120 * time.Second
 	DefaultMaxHeaderBytes    = 64 << 10
+	DefaultMaxHeaderCount    = 100
 	DefaultMaxConns          = 8192
 	DefaultWriteIdleTimeout  = 60 * time.Second
 	DefaultMaxStreamDuration = 30 * time.Minute
@@ -44,6 +45,11 @@ type Limits struct {
 	IdleTimeout time.Duration
 	// MaxHeaderBytes bounds a request's header block (--max-header-bytes).
 	MaxHeaderBytes int
+	// MaxHeaderCount bounds a request's header fields (--max-header-count):
+	// one more is answered 431 (issue 19: 10,006 fields were accepted and
+	// forwarded). The default is Envoy's max_headers_count, 100; HAProxy's
+	// is 101.
+	MaxHeaderCount int
 	// MaxConns caps the open connections of a listener (--max-connections);
 	// beyond it new connections wait in the kernel's accept queue.
 	MaxConns int
@@ -70,6 +76,9 @@ func (l Limits) withDefaults() Limits {
 	if l.MaxHeaderBytes == 0 {
 		l.MaxHeaderBytes = DefaultMaxHeaderBytes
 	}
+	if l.MaxHeaderCount == 0 {
+		l.MaxHeaderCount = DefaultMaxHeaderCount
+	}
 	if l.MaxConns == 0 {
 		l.MaxConns = DefaultMaxConns
 	}
@@ -88,17 +97,33 @@ func (l Limits) validate(bad func(format string, args ...any)) {
 	if l.MaxHeaderBytes < 0 {
 		bad("Limits.MaxHeaderBytes (--max-header-bytes) %d is negative", l.MaxHeaderBytes)
 	}
+	if l.MaxHeaderCount < 0 {
+		bad("Limits.MaxHeaderCount (--max-header-count) %d is negative", l.MaxHeaderCount)
+	}
 	if l.MaxConns < 0 {
 		bad("Limits.MaxConns (--max-connections) %d is negative", l.MaxConns)
 	}
 }
 
-// guard applies the per-request limits around next: the body deadline, the
-// stream's end, and the write-idle deadline.
+// guard applies the per-request limits around next: the header count, the
+// body deadline, the stream's end, and the write-idle deadline.
 func (l Limits) guard(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if n := headerCount(req.Header); n > l.MaxHeaderCount {
+			w.Header().Set("Connection", "close")
+			refuse(w, http.StatusRequestHeaderFieldsTooLarge, "too_many_headers", fmt.Sprintf("the request has %d header fields, more than the limit of %d", n, l.MaxHeaderCount))
+			return
+		}
 		rc := http.NewResponseController(w)
 		now := time.Now()
+		ctx, cancel := context.WithDeadline(req.Context(), now.Add(l.MaxStreamDuration))
+		defer cancel()
+		// A copy: net/http judges the request it read (its body's type
+		// among others) after the handler. With its own body replaced,
+		// it read up to 256 KiB of a body the handler had refused, so a
+		// declared 50 MB that never came got its 413 only at the body
+		// deadline (issue 19).
+		req = req.WithContext(ctx)
 		if req.Body != nil && req.Body != http.NoBody {
 			// Errors mean the writer cannot set deadlines (HTTP/2 over
 			// h2c streams can); then the server's own timeouts apply.
@@ -106,12 +131,20 @@ func (l Limits) guard(next http.Handler) http.Handler {
 				req.Body = &deadlineBody{ReadCloser: req.Body, rc: rc}
 			}
 		}
-		ctx, cancel := context.WithDeadline(req.Context(), now.Add(l.MaxStreamDuration))
-		defer cancel()
 		gw := &guardWriter{ResponseWriter: w, rc: rc, idle: l.WriteIdleTimeout}
 		gw.extend(now)
-		next.ServeHTTP(gw, req.WithContext(ctx))
+		next.ServeHTTP(gw, req)
 	})
+}
+
+// headerCount counts a request's header fields (a repeated name counts each
+// time; Host is not among them).
+func headerCount(h http.Header) int {
+	n := 0
+	for _, vs := range h {
+		n += len(vs)
+	}
+	return n
 }
 
 // deadlineBody lifts the read deadline once the body is read to its end, so
@@ -213,25 +246,61 @@ func (a AdminSecurity) validate(bad func(format string, args ...any)) {
 
 // tlsConfig loads the admin port's TLS configuration, nil without TLS.
 func (a AdminSecurity) tlsConfig() (*tls.Config, error) {
-	if a.TLSCert == "" {
+	return serverTLS("admin", a.TLSCert, a.TLSKey, a.ClientCA, "h2", "http/1.1")
+}
+
+// serverTLS loads a listener's TLS configuration from PEM files, nil
+// without a certificate; with clientCA, client certificates from it are
+// required and verified (mTLS).
+func serverTLS(what, cert, key, clientCA string, protos ...string) (*tls.Config, error) {
+	if cert == "" {
 		return nil, nil
 	}
-	pair, err := tls.LoadX509KeyPair(a.TLSCert, a.TLSKey)
+	pair, err := tls.LoadX509KeyPair(cert, key)
 	if err != nil {
-		return nil, fmt.Errorf("replica: admin TLS certificate %s / key %s: %w", a.TLSCert, a.TLSKey, err)
+		return nil, fmt.Errorf("replica: %s TLS certificate %s / key %s: %w", what, cert, key, err)
 	}
-	tc := &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{pair}, NextProtos: []string{"h2", "http/1.1"}}
-	if a.ClientCA != "" {
-		pem, err := os.ReadFile(a.ClientCA)
+	tc := &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{pair}, NextProtos: protos}
+	if clientCA != "" {
+		pem, err := os.ReadFile(clientCA)
 		if err != nil {
-			return nil, fmt.Errorf("replica: admin client CA: %w", err)
+			return nil, fmt.Errorf("replica: %s client CA: %w", what, err)
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("replica: admin client CA %s holds no PEM certificate", a.ClientCA)
+			return nil, fmt.Errorf("replica: %s client CA %s holds no PEM certificate", what, clientCA)
 		}
 		tc.ClientCAs = pool
 		tc.ClientAuth = tls.RequireAndVerifyClientCert
 	}
 	return tc, nil
+}
+
+// ExtProcSecurity authenticates the ext_proc listener's peers (issue 19):
+// only an authenticated peer's outcome reports (response status, the
+// endpoint that served) reach the instances' breakers and slots. With a
+// token or client certificates required, other peers are refused; with
+// neither (the zero value), every peer is served picks but none is
+// authenticated, so no report counts.
+type ExtProcSecurity struct {
+	// Token is the secret a peer sends as gRPC metadata "authorization:
+	// Bearer <token>" (--ext-proc-token; prefer
+	// $PREFIXROUTER_EXT_PROC_TOKEN to a flag). Empty means none.
+	Token string
+	// TLSCert and TLSKey are the PEM certificate and key the listener
+	// serves TLS with (--ext-proc-tls-cert, --ext-proc-tls-key); both or
+	// neither.
+	TLSCert, TLSKey string
+	// ClientCA, with TLS, requires client certificates that chain to it
+	// (--ext-proc-client-ca): mTLS.
+	ClientCA string
+}
+
+func (e ExtProcSecurity) validate(bad func(format string, args ...any)) {
+	if (e.TLSCert == "") != (e.TLSKey == "") {
+		bad("ExtProc.TLSCert (--ext-proc-tls-cert) and ExtProc.TLSKey (--ext-proc-tls-key) must be given together")
+	}
+	if e.ClientCA != "" && e.TLSCert == "" {
+		bad("ExtProc.ClientCA (--ext-proc-client-ca) needs --ext-proc-tls-cert and --ext-proc-tls-key")
+	}
 }

@@ -67,6 +67,9 @@ type Options struct {
 	// as a Gateway API Inference Extension endpoint picker, with gRPC
 	// health (--ext-proc-listen; see docs/envoy.md). Empty means off.
 	ExtProcListen string
+	// ExtProc authenticates the ext_proc listener's peers (--ext-proc-token,
+	// --ext-proc-tls-*; see ExtProcSecurity).
+	ExtProc ExtProcSecurity
 	// OTLPEndpoint, when set, turns tracing on: spans go to this OTLP/gRPC
 	// collector (--otlp-endpoint; a URL, http:// meaning no TLS, or
 	// host:port). Empty means the standard OTEL_EXPORTER_OTLP_ENDPOINT
@@ -150,6 +153,13 @@ type Options struct {
 	// StartupTimeout bounds the wait for the first fleet snapshot from etcd
 	// (--startup-timeout); zero means DefaultStartupTimeout.
 	StartupTimeout time.Duration
+	// PopularityInterval is how often the replica publishes the prefixes
+	// it sees as popular on endpoints with adaptive keys
+	// (--popularity-interval, issue 21): with etcd under its own lease,
+	// where every replica's watcher merges them into the snapshot; with a
+	// static fleet into its own snapshot. Zero means
+	// DefaultPopularityInterval; it must be within [100 ms, 1 min].
+	PopularityInterval time.Duration
 	// DrainDelay is how long Shutdown (Run, on SIGTERM) keeps serving with
 	// /readyz answering 503 before it closes the listener (--drain-delay):
 	// at least one readiness-probe period of whatever sends traffic here,
@@ -193,6 +203,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.StartupTimeout == 0 {
 		o.StartupTimeout = DefaultStartupTimeout
+	}
+	if o.PopularityInterval == 0 {
+		o.PopularityInterval = DefaultPopularityInterval
 	}
 	o.Limits = o.Limits.withDefaults()
 	if o.ShutdownTimeout == 0 {
@@ -260,6 +273,9 @@ func (o Options) Validate() error {
 		wrap("replica id", fleet.ValidateName("replica id", o.ID))
 	}
 	wrap("routing config", o.Routing.Validate())
+	if i := o.PopularityInterval; i != 0 && (i < 100*time.Millisecond || i > time.Minute) {
+		bad("PopularityInterval (--popularity-interval) %v must be within [100ms, 1m]", i)
+	}
 	for _, f := range o.RoutingFlags {
 		if !validRoutingFlag(f) {
 			bad("RoutingFlags: %q is not a routing setting's flag", f)
@@ -332,6 +348,10 @@ func (o Options) Validate() error {
 	}
 	o.Limits.validate(bad)
 	o.Admin.validate(bad)
+	o.ExtProc.validate(bad)
+	if o.ExtProc != (ExtProcSecurity{}) && o.ExtProcListen == "" {
+		bad("ExtProc (--ext-proc-token, --ext-proc-tls-*) needs --ext-proc-listen")
+	}
 	if err := o.Router.Validate(); err != nil {
 		errs = append(errs, err)
 	}

@@ -84,6 +84,10 @@ var validateCases = []validateCase{
 		o.Routing.PrefixAwareRoutingConfig = &fleet.PrefixAwareConfig{HotKeyReplication: true}
 	}, ""},
 	{"Routing.PrefixAwareRoutingConfig.HotKeyReplication", validStatic, func(o *Options) { o.Routing.PrefixAwareRoutingConfig = &fleet.PrefixAwareConfig{} }, ""},
+	{"Routing.PrefixAwareRoutingConfig.FixedLengthKeys", validStatic, func(o *Options) {
+		o.Routing.PrefixAwareRoutingConfig = &fleet.PrefixAwareConfig{FixedLengthKeys: true}
+	}, ""},
+	{"Routing.PrefixAwareRoutingConfig.FixedLengthKeys", validStatic, func(o *Options) { o.Routing.PrefixAwareRoutingConfig = &fleet.PrefixAwareConfig{} }, ""},
 	{"Routing.TenantCacheSalt", validStatic, func(o *Options) { o.Routing.TenantCacheSalt = true }, ""},
 	{"Routing.TenantCacheSalt", validStatic, func(o *Options) { o.Routing.TenantCacheSalt = false }, ""},
 	{"Routing.ProductionVariants", validStatic, func(o *Options) {
@@ -160,6 +164,9 @@ var validateCases = []validateCase{
 	{"Limits.MaxHeaderBytes", validStatic, func(o *Options) { o.Limits.MaxHeaderBytes = 1 << 14 }, ""},
 	{"Limits.MaxHeaderBytes", validStatic, func(o *Options) { o.Limits.MaxHeaderBytes = -1 }, "--max-header-bytes"},
 	{"Limits.MaxHeaderBytes", validStatic, func(o *Options) { o.Limits.MaxHeaderBytes = 0 }, ""},
+	{"Limits.MaxHeaderCount", validStatic, func(o *Options) { o.Limits.MaxHeaderCount = 200 }, ""},
+	{"Limits.MaxHeaderCount", validStatic, func(o *Options) { o.Limits.MaxHeaderCount = -1 }, "--max-header-count"},
+	{"Limits.MaxHeaderCount", validStatic, func(o *Options) { o.Limits.MaxHeaderCount = 0 }, ""},
 	{"Limits.MaxConns", validStatic, func(o *Options) { o.Limits.MaxConns = 100 }, ""},
 	{"Limits.MaxConns", validStatic, func(o *Options) { o.Limits.MaxConns = -1 }, "--max-connections"},
 	{"Limits.MaxConns", validStatic, func(o *Options) { o.Limits.MaxConns = 0 }, ""},
@@ -174,6 +181,34 @@ var validateCases = []validateCase{
 	{"Admin.OpenReads", validStatic, func(o *Options) { o.Admin.Token, o.Admin.OpenReads = "t", true }, ""},
 	{"Admin.OpenReads", validStatic, func(o *Options) { o.Admin.OpenReads = true }, "--admin-open-reads"},
 	{"Admin.OpenReads", validStatic, func(o *Options) { o.Admin.OpenReads = false }, ""},
+	{"ExtProc.Token", validStatic, func(o *Options) { o.ExtProcListen, o.ExtProc.Token = "127.0.0.1:0", "t" }, ""},
+	{"ExtProc.Token", validStatic, func(o *Options) { o.ExtProc.Token = "t" }, "--ext-proc-listen"},
+	{"ExtProc.Token", validStatic, func(o *Options) { o.ExtProc.Token = "" }, ""},
+	{"ExtProc.TLSCert", validStatic, func(o *Options) {
+		o.ExtProcListen, o.ExtProc.TLSCert, o.ExtProc.TLSKey = "127.0.0.1:0", "c.pem", "k.pem"
+	}, ""},
+	{"ExtProc.TLSCert", validStatic, func(o *Options) { o.ExtProcListen, o.ExtProc.TLSCert = "127.0.0.1:0", "c.pem" }, "--ext-proc-tls-key"},
+	{"ExtProc.TLSCert", validStatic, func(o *Options) { o.ExtProc.TLSCert = "" }, ""},
+	{"ExtProc.TLSKey", validStatic, func(o *Options) { o.ExtProcListen, o.ExtProc.TLSKey = "127.0.0.1:0", "k.pem" }, "--ext-proc-tls-cert"},
+	{"ExtProc.TLSKey", validStatic, func(o *Options) {
+		o.ExtProcListen, o.ExtProc.TLSCert, o.ExtProc.TLSKey = "127.0.0.1:0", "c.pem", "k.pem"
+	}, ""},
+	{"ExtProc.TLSKey", validStatic, func(o *Options) { o.ExtProc.TLSKey = "" }, ""},
+	{"ExtProc.ClientCA", validStatic, func(o *Options) { o.ExtProcListen, o.ExtProc.ClientCA = "127.0.0.1:0", "ca.pem" }, "--ext-proc-client-ca"},
+	{"ExtProc.ClientCA", validStatic, func(o *Options) {
+		o.ExtProcListen, o.ExtProc.TLSCert, o.ExtProc.TLSKey, o.ExtProc.ClientCA = "127.0.0.1:0", "c.pem", "k.pem", "ca.pem"
+	}, ""},
+	{"ExtProc.ClientCA", validStatic, func(o *Options) { o.ExtProc.ClientCA = "" }, ""},
+	{"Router.BodyBufferBytes", validStatic, func(o *Options) { o.Router.BodyBufferBytes = 64 << 20 }, ""},
+	{"Router.BodyBufferBytes", validStatic, func(o *Options) { o.Router.BodyBufferBytes = router.DefaultMaxBodyBytes }, "--body-buffer-bytes"},
+	{"Router.BodyBufferBytes", validStatic, func(o *Options) { o.Router.MaxBodyBytes, o.Router.BodyBufferBytes = 1<<20, 2<<20 }, ""},
+	{"Router.BodyBufferBytes", validStatic, func(o *Options) { o.Router.BodyBufferBytes = 0 }, ""},
+	{"Router.UpstreamIdleTimeout", validStatic, func(o *Options) { o.Router.UpstreamIdleTimeout = time.Minute }, ""},
+	{"Router.UpstreamIdleTimeout", validStatic, func(o *Options) { o.Router.UpstreamIdleTimeout = -1 }, "--upstream-idle-timeout"},
+	{"Router.UpstreamIdleTimeout", validStatic, func(o *Options) { o.Router.UpstreamIdleTimeout = 0 }, ""},
+	{"Router.SessionKey", validStatic, func(o *Options) { o.Router.SessionKey = []byte("0123456789abcdef0123456789abcdef") }, ""},
+	{"Router.SessionKey", validStatic, func(o *Options) { o.Router.SessionKey = []byte("short") }, "--session-key-file"},
+	{"Router.SessionKey", validStatic, func(o *Options) { o.Router.SessionKey = nil }, ""},
 	{"Admin.TLSCert", validStatic, func(o *Options) { o.Admin.TLSCert, o.Admin.TLSKey = "c.pem", "k.pem" }, ""},
 	{"Admin.TLSCert", validStatic, func(o *Options) { o.Admin.TLSCert = "c.pem" }, "--admin-tls-key"},
 	{"Admin.TLSCert", validStatic, func(o *Options) { o.Admin.TLSCert = "" }, ""},
@@ -192,6 +227,10 @@ var validateCases = []validateCase{
 	{"StartupTimeout", validStatic, func(o *Options) { o.StartupTimeout = time.Second }, ""},
 	{"StartupTimeout", validStatic, func(o *Options) { o.StartupTimeout = -time.Second }, "--startup-timeout"},
 	{"StartupTimeout", validStatic, func(o *Options) { o.StartupTimeout = 0 }, ""},
+	{"PopularityInterval", validStatic, func(o *Options) { o.PopularityInterval = time.Second }, ""},
+	{"PopularityInterval", validStatic, func(o *Options) { o.PopularityInterval = 10 * time.Millisecond }, "--popularity-interval"},
+	{"PopularityInterval", validStatic, func(o *Options) { o.PopularityInterval = time.Hour }, "--popularity-interval"},
+	{"PopularityInterval", validStatic, func(o *Options) { o.PopularityInterval = 0 }, ""},
 	{"VanishGrace", validEtcd, func(o *Options) { o.VanishGrace = time.Minute }, ""},
 	{"VanishGrace", validEtcd, func(o *Options) { o.VanishGrace = -time.Second }, "--vanish-grace"},
 	{"VanishGrace", validEtcd, func(o *Options) { o.VanishGrace = 0 }, ""},
@@ -314,7 +353,7 @@ func settings(t reflect.Type, prefix string) []string {
 		}
 		switch f.Type {
 		case reflect.TypeFor[router.Options](), reflect.TypeFor[overload.BreakerOptions](), reflect.TypeFor[Limits](),
-			reflect.TypeFor[AdminSecurity](), reflect.TypeFor[fleet.RoutingConfig]():
+			reflect.TypeFor[AdminSecurity](), reflect.TypeFor[ExtProcSecurity](), reflect.TypeFor[fleet.RoutingConfig]():
 			out = append(out, settings(f.Type, path+".")...)
 		case reflect.TypeFor[membership.Options]():
 			out = append(out, path+".Layout", path+".TTL")
@@ -333,11 +372,13 @@ var unranged = map[string]bool{
 	"AdminListen":             true,
 	"Membership.Layout":       true,
 	"Admin.Token":             true,
+	"ExtProc.Token":           true,
 	"Pprof":                   true,
 	"Router.HideInstanceID":   true,
 	"Router.ReplicaID":        true, // replica.Start sets it to ID, the checked one
 	"Routing.TenantCacheSalt": true,
 	"Routing.PrefixAwareRoutingConfig.HotKeyReplication": true,
+	"Routing.PrefixAwareRoutingConfig.FixedLengthKeys":   true,
 	"Router.Breaker.ConsecutiveFailures":                 true, // uint32
 	"Router.Breaker.HalfOpenMaxRequests":                 true,
 }

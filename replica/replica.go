@@ -64,6 +64,11 @@ type Replica struct {
 	stale atomic.Pointer[staleMarker]
 	// static probes a static fleet's instances; nil with etcd.
 	static *staticProber
+	// popular publishes the router's popular prefixes (issue 21).
+	popular *popularityPublisher
+	// keys holds the endpoints' session keys from etcd; nil with a static
+	// fleet or --session-key-file.
+	keys *sessionKeyring
 }
 
 // step is one part of Start. run starts the part and, for everything it
@@ -92,6 +97,7 @@ func (r *Replica) steps() []step {
 		{"listeners", r.listen},
 		{"fleet", r.startFleet},
 		{"registration", r.register},
+		{"popularity", r.startPopularity},
 		{"admin", r.startAdmin},
 		{"ext_proc", r.startExtProc},
 		{"data plane", r.serveData},
@@ -241,6 +247,15 @@ func (r *Replica) startRouter(context.Context) error {
 			}
 		}
 	}
+	if r.opts.usesEtcd() && len(opts.SessionKey) == 0 && opts.SessionKeys == nil {
+		k := startSessionKeyring(r.opts.Client, r.opts.Membership.Layout, r.log)
+		r.onStop("session keyring", func(context.Context) error {
+			k.Close()
+			return nil
+		})
+		r.keys = k
+		opts.SessionKeys = k.key
+	}
 	var err error
 	if r.router, err = router.New(*opts); err != nil {
 		return err
@@ -272,10 +287,24 @@ func (r *Replica) listen(context.Context) error {
 }
 
 // startFleet gives the router its fleet: the static one at once, or etcd's
-// through a watcher, waiting for its first snapshot.
+// through a watcher, waiting for its first snapshot. Instances at one of the
+// replica's own listeners are refused (issue 19): a static one fails start,
+// a record is ignored and counted.
 func (r *Replica) startFleet(ctx context.Context) error {
 	opts := r.opts
+	// Validate parsed the list already.
+	allowed, _ := fleet.ParseUpstreams(opts.AllowedUpstreams)
+	self, err := selfListeners(r.dataLn, r.adminLn, r.eppLn)
+	if err != nil {
+		return err
+	}
+	allowed = allowed.WithSelf(self)
 	if !opts.usesEtcd() {
+		for i, in := range opts.Static {
+			if err := allowed.Check(in.Addr); err != nil {
+				return fmt.Errorf("replica: %w: static instance %d: %w", fleet.ErrInvalid, i, err)
+			}
+		}
 		ep := fleet.Endpoint{Name: opts.Router.DefaultEndpoint, Config: opts.Routing, Instances: opts.Static}
 		r.router.Update(fleet.NewSnapshot([]fleet.Endpoint{ep}, 0, 1, time.Now()))
 		tr := opts.Router.Transport
@@ -285,7 +314,6 @@ func (r *Replica) startFleet(ctx context.Context) error {
 			own.DisableKeepAlives = true
 			tr = own
 		}
-		var err error
 		if r.static, err = startStaticProber(ep, tr, opts.Clock, r.log, r.router.Update); err != nil {
 			return err
 		}
@@ -305,24 +333,36 @@ func (r *Replica) startFleet(ctx context.Context) error {
 		r.opts.Membership.Metrics = membership.NewMetrics(opts.Registry)
 	}
 	// Routing is the default of endpoints with no config key in etcd.
-	// Validate parsed the list already.
-	allowed, _ := fleet.ParseUpstreams(opts.AllowedUpstreams)
-	r.watcher = membership.StartWatcher(opts.Client, membership.WatcherOptions{Options: r.opts.Membership, DefaultConfig: opts.Routing, Upstreams: allowed, VanishGrace: opts.VanishGrace, Clock: opts.Clock}, r.publishTo(newOverrideLog(opts, r.log)))
+	wopts := membership.WatcherOptions{Options: r.opts.Membership, DefaultConfig: opts.Routing, Upstreams: allowed, VanishGrace: opts.VanishGrace, Clock: opts.Clock}
+	if r.keys != nil {
+		wopts.OnSessionKeys = r.keys.setWatched
+	}
+	r.watcher = membership.StartWatcher(opts.Client, wopts, r.publishTo(newOverrideLog(opts, r.log)))
 	r.onStop("watcher", closeQuietly(r.watcher))
 	select {
 	case <-r.watcher.Synced():
-		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("replica: no fleet snapshot from etcd %v within the startup timeout %v (is etcd reachable?): %w", opts.Etcd.Endpoints, opts.StartupTimeout, ctx.Err())
 	}
+	if r.keys != nil {
+		// The first snapshot's endpoints get their session keys before
+		// the replica serves: a session opened meanwhile would be sealed
+		// with a key the other replicas do not have.
+		r.keys.ensure(ctx, r.watcher.Snapshot(), map[string]bool{})
+	}
+	return nil
 }
 
 // publishTo is the watcher's snapshot callback: the router routes with
-// each snapshot, and ol reports the operator settings it overrides.
+// each snapshot, ol reports the operator settings it overrides, and the
+// session keyring creates the keys of new endpoints.
 func (r *Replica) publishTo(ol *overrideLog) func(*fleet.Snapshot) {
 	return func(s *fleet.Snapshot) {
 		r.router.Update(s)
 		ol.snapshot(s)
+		if r.keys != nil {
+			r.keys.check(s)
+		}
 	}
 }
 
@@ -344,6 +384,25 @@ func (r *Replica) register(ctx context.Context) error {
 	// Close deregisters early, while requests still drain; this stop is
 	// then a no-op (Registration.Close runs once).
 	r.onStop("registration", func(ctx context.Context) error { return r.deregister(ctx) })
+	return nil
+}
+
+// startPopularity starts publishing the router's popular prefixes: with
+// etcd under the registration's lease, with a static fleet into the
+// snapshots the static prober publishes.
+func (r *Replica) startPopularity(context.Context) error {
+	p := &popularityPublisher{rt: r.router, interval: r.opts.PopularityInterval, log: r.log}
+	if r.reg != nil {
+		p.cli, p.layout, p.id, p.lease = r.opts.Client, r.opts.Membership.Layout, r.opts.ID, r.reg.LeaseID
+	} else {
+		p.static = r.static
+	}
+	p.start()
+	r.popular = p
+	r.onStop("popularity", func(context.Context) error {
+		p.Close()
+		return nil
+	})
 	return nil
 }
 
@@ -442,12 +501,19 @@ func (r *Replica) startExtProc(context.Context) error {
 	if r.eppLn == nil {
 		return nil
 	}
-	var err error
-	r.epp, err = extproc.Start(r.eppLn, extproc.Options{Picker: r.router, Ready: r.router.Ready, TracerProvider: r.opts.Router.TracerProvider, Logger: r.opts.Logger})
+	sec := r.opts.ExtProc
+	tc, err := serverTLS("ext_proc", sec.TLSCert, sec.TLSKey, sec.ClientCA, "h2")
+	if err != nil {
+		return err
+	}
+	r.epp, err = extproc.Start(r.eppLn, extproc.Options{Picker: r.router, Ready: r.router.Ready, TracerProvider: r.opts.Router.TracerProvider, Logger: r.opts.Logger, Token: sec.Token, TLS: tc})
 	if err != nil {
 		return err
 	}
 	r.onStop("ext_proc", r.epp.Close)
+	if sec.Token == "" && sec.ClientCA == "" {
+		r.log.Warn("the ext_proc listener authenticates no peer (no --ext-proc-token or --ext-proc-client-ca): it serves picks, but its peers' outcome reports do not reach the circuit breakers", "ext_proc", r.eppLn.Addr().String())
+	}
 	return nil
 }
 
@@ -456,13 +522,17 @@ func (r *Replica) startExtProc(context.Context) error {
 func (r *Replica) serveData(context.Context) error {
 	lim := r.opts.Limits
 	r.data = &http.Server{
-		Handler:           lim.guard(r.router),
-		ReadHeaderTimeout: lim.ReadHeaderTimeout,
-		IdleTimeout:       lim.IdleTimeout,
-		MaxHeaderBytes:    lim.MaxHeaderBytes,
-		ErrorLog:          slog.NewLogLogger(r.opts.Logger.Handler(), slog.LevelWarn),
+		Handler:     lim.guard(framed(r.router)),
+		ConnContext: framingContext,
+		// "OPTIONS *" goes to the router like every request.
+		DisableGeneralOptionsHandler: true,
+		ReadHeaderTimeout:            lim.ReadHeaderTimeout,
+		IdleTimeout:                  lim.IdleTimeout,
+		MaxHeaderBytes:               lim.MaxHeaderBytes,
+		ErrorLog:                     slog.NewLogLogger(r.opts.Logger.Handler(), slog.LevelWarn),
 	}
-	stopped := r.serve(r.data, netutil.LimitListener(r.dataLn, lim.MaxConns))
+	// Go accepts a head of MaxHeaderBytes plus 4 KiB.
+	stopped := r.serve(r.data, framingListener{Listener: netutil.LimitListener(r.dataLn, lim.MaxConns), maxHead: lim.MaxHeaderBytes + 8<<10})
 	r.onStop("data plane", func(ctx context.Context) error {
 		var err error
 		if err = r.data.Shutdown(ctx); err != nil {
@@ -580,6 +650,9 @@ func (r *Replica) Close(ctx context.Context) error {
 	r.router.Drain()
 	if r.epp != nil {
 		r.epp.Drain()
+	}
+	if r.popular != nil {
+		r.popular.Close() // before the lease goes: no write under a revoked one
 	}
 	return errors.Join(r.deregister(ctx), r.unwind(ctx))
 }

@@ -172,3 +172,42 @@ func TestUpstreamHeaderTimeout(t *testing.T) {
 		t.Fatal("a negative timeout must be refused")
 	}
 }
+
+// TestPopularityStatic: a replica of a static fleet publishes its popular
+// prefixes into its own snapshot every interval: a prompt every request
+// repeats becomes hot there, and requests held on it then spread.
+func TestPopularityStatic(t *testing.T) {
+	rep, err := Start(context.Background(), Options{
+		Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", Static: backends(t, 3), Logger: quiet,
+		Router: router.Options{DefaultEndpoint: "chat"}, PopularityInterval: 100 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rep.Close(context.Background()) })
+	body := fmt.Sprintf(`{"inputs":%q}`, strings.Repeat("one prompt for all. ", 300))
+	client := &http.Client{Timeout: 10 * time.Second}
+	for range 200 {
+		resp, err := client.Post(rep.URL()+"/invocations", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	testsupport.Eventually(t, 10*time.Second, "the prompt hot in the replica's snapshot", func() bool {
+		for _, k := range rep.Router().Snapshot().Endpoint("chat").Popular {
+			if k.K == 3 {
+				return true
+			}
+		}
+		return false
+	})
+	ex, err := rep.Router().Explain(context.Background(), router.PickRequest{Path: "/invocations", Body: []byte(body)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ex.HotReplicas != 3 {
+		t.Fatalf("explained with k = %d, want 3", ex.HotReplicas)
+	}
+}

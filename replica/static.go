@@ -37,9 +37,10 @@ type staticProber struct {
 	client *http.Client
 	log    *slog.Logger
 
-	mu    sync.Mutex                // guards found
-	found map[string]fleet.Instance // instance id → its record as last published
-	p     *probe.Prober
+	mu      sync.Mutex                // guards found and popular
+	found   map[string]fleet.Instance // instance id → its record as last published
+	popular []fleet.PopularKey        // the replica's popular prefixes (issue 21)
+	p       *probe.Prober
 }
 
 // startStaticProber probes every instance of ep at once and then every
@@ -139,10 +140,24 @@ func (s *staticProber) observe(in fleet.Instance, next fleet.Instance, err error
 	}
 	s.found[in.ID] = next
 	s.log.Info("replica: static instance probed", "instance", in.ID, "engine", next.Engine, "models", next.Listed)
+	s.publishLocked()
+}
+
+// setPopular publishes the replica's popular prefixes with the records.
+func (s *staticProber) setPopular(keys []fleet.PopularKey) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.popular = keys
+	s.publishLocked()
+}
+
+// publishLocked publishes a snapshot of the records and popular prefixes.
+func (s *staticProber) publishLocked() {
 	ep := s.ep
 	ep.Instances = make([]fleet.Instance, 0, len(s.base))
 	for _, b := range s.base {
 		ep.Instances = append(ep.Instances, s.found[b.ID])
 	}
+	ep.Popular = s.popular
 	s.update(fleet.NewSnapshot([]fleet.Endpoint{ep}, 0, 1, time.Now()))
 }

@@ -167,3 +167,7 @@ func mustNew(members []Member, opts ...Option) *Ring {
 	}
 	return r
 }
+
+// withLimit moves RendezvousLimit: 0 makes every ring multi-probe,
+// math.MaxInt every ring rendezvous (the ring before issue 22).
+func withLimit(n int) Option { return func(o *options) { o.limit = n } }

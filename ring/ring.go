@@ -1,11 +1,13 @@
-// Package ring implements deterministic weighted consistent hashing (rendezvous hashing) over instance ids.
+// Package ring implements deterministic weighted consistent hashing over instance ids: rendezvous hashing, and multi-probe hashing for sets beyond RendezvousLimit.
 package ring
 
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
+	"strings"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -30,7 +32,8 @@ type Member struct {
 type Option func(*options)
 
 type options struct {
-	hash func(string) uint64
+	hash  func(string) uint64
+	limit int // RendezvousLimit; tests and benchmarks move it
 }
 
 // WithHash replaces the function that hashes member ids (default
@@ -46,11 +49,13 @@ func WithHash(h func(string) uint64) Option {
 
 // Ring is an immutable rendezvous-hash (highest random weight) structure over
 // weighted members. A key's owner is the member with the highest score
-// mix(key ^ seed); a member of weight w has w virtual seeds and scores the
+// Score(key, seed); a member of weight w has w virtual seeds and scores the
 // best of them, so it owns about w/W of the keys. Scores depend only on the
 // key and the member's own id, which is why removing a member moves only its
-// keys and adding one moves keys only to it. Build one with New and share it:
-// its methods are safe for concurrent use and never allocate.
+// keys and adding one moves keys only to it. Beyond RendezvousLimit seeds the
+// score is a multi-probe distance (probe.go), which keeps those properties
+// and makes a lookup cost the same at any size. Build one with New and share
+// it: its methods are safe for concurrent use.
 type Ring struct {
 	members []Member // sorted by ID, unique; weights normalized to >= 1
 	// seeds[off[i]:off[i+1]] are member i's virtual seeds. When every
@@ -59,6 +64,9 @@ type Ring struct {
 	seeds []uint64
 	off   []int32
 	owner []int32 // owner[j] is the member of seeds[j]; nil when off is nil
+	// probes is the multi-probe circle of a set of more than
+	// RendezvousLimit seeds; nil below, where keys are scored.
+	probes *probeTable
 }
 
 // New builds a ring from members. It copies them and sorts them by ID, so the
@@ -74,7 +82,7 @@ func New(members []Member, opts ...Option) (*Ring, error) {
 			return nil, fmt.Errorf("%w: member %q has weight %d, above %d", ErrWeight, m.ID, m.Weight, MaxWeight)
 		}
 	}
-	o := options{hash: xxhash.Sum64String}
+	o := options{hash: xxhash.Sum64String, limit: RendezvousLimit}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -82,7 +90,10 @@ func New(members []Member, opts ...Option) (*Ring, error) {
 	copy(ms, members)
 	// A stable sort keeps input order among equal ids, so "keep first"
 	// below means first as given.
-	sort.SliceStable(ms, func(i, j int) bool { return ms[i].ID < ms[j].ID })
+	byID := func(a, b Member) int { return strings.Compare(a.ID, b.ID) }
+	if !slices.IsSortedFunc(ms, byID) { // snapshots list instances sorted already
+		slices.SortStableFunc(ms, byID)
+	}
 	uniq := ms[:0]
 	for _, m := range ms {
 		if len(uniq) > 0 && uniq[len(uniq)-1].ID == m.ID {
@@ -136,7 +147,18 @@ func New(members []Member, opts ...Option) (*Ring, error) {
 			}
 		}
 	}
+	if len(r.seeds) > o.limit {
+		r.probes = newProbeTable(r.seeds, r.seedOwner)
+	}
 	return r, nil
+}
+
+// seedOwner is the member of seeds[j].
+func (r *Ring) seedOwner(j int) int32 {
+	if r.owner == nil {
+		return int32(j)
+	}
+	return r.owner[j]
 }
 
 // Len returns the number of members.
@@ -162,12 +184,15 @@ func (r *Ring) Primary(key uint64) int {
 	if len(r.seeds) == 0 {
 		return -1
 	}
+	if r.probes != nil {
+		return r.probes.primary(key)
+	}
 	// A member's score is the best of its seeds, so the best seed overall
 	// belongs to the best member. Seeds are laid out in member order and
 	// ties keep the first, so ties go to the lowest member index.
-	best, bestScore := 0, mix(key^r.seeds[0])
+	best, bestScore := 0, Score(key, r.seeds[0])
 	for i := 1; i < len(r.seeds); i++ {
-		if sc := mix(key ^ r.seeds[i]); sc > bestScore {
+		if sc := Score(key, r.seeds[i]); sc > bestScore {
 			best, bestScore = i, sc
 		}
 	}
@@ -185,7 +210,8 @@ const topStack = 16
 // order: the primary first, then the member with the next highest score, and
 // so on. The order depends only on the key and the members, so replicas with
 // the same members agree; removing a member only deletes it from every order,
-// adding one only inserts it. It does not allocate when dst has room.
+// adding one only inserts it. It does not allocate when dst has room (a list
+// longer than 16 of a multi-probe set borrows its scratch from a pool).
 func (r *Ring) Candidates(key uint64, max int, dst []int) []int {
 	n := len(r.members)
 	if max > n {
@@ -197,6 +223,12 @@ func (r *Ring) Candidates(key uint64, max int, dst []int) []int {
 	if max == 1 {
 		return append(dst, r.Primary(key))
 	}
+	if r.probes != nil {
+		if max > topStack {
+			return r.probes.fullOrder(key, n, max, dst)
+		}
+		return r.probes.candidates(key, max, dst)
+	}
 	if max > topStack {
 		return r.candidatesSelect(key, max, dst)
 	}
@@ -207,7 +239,7 @@ func (r *Ring) Candidates(key uint64, max int, dst []int) []int {
 	for i := 0; i < n; i++ {
 		var sc uint64
 		if r.off == nil {
-			sc = mix(key ^ r.seeds[i])
+			sc = Score(key, r.seeds[i])
 		} else {
 			sc = r.scoreWeighted(key, i)
 		}
@@ -260,7 +292,7 @@ func (r *Ring) candidatesSelect(key uint64, max int, dst []int) []int {
 // score is member i's score for key.
 func (r *Ring) score(key uint64, i int) uint64 {
 	if r.off == nil {
-		return mix(key ^ r.seeds[i])
+		return Score(key, r.seeds[i])
 	}
 	return r.scoreWeighted(key, i)
 }
@@ -268,16 +300,19 @@ func (r *Ring) score(key uint64, i int) uint64 {
 func (r *Ring) scoreWeighted(key uint64, i int) uint64 {
 	var best uint64
 	for _, s := range r.seeds[r.off[i]:r.off[i+1]] {
-		if sc := mix(key ^ s); sc > best {
+		if sc := Score(key, s); sc > best {
 			best = sc
 		}
 	}
 	return best
 }
 
-// mix is the 64-bit finalizer of MurmurHash3 (fmix64): a bijection with full
-// avalanche, so scores of different members for one key are independent.
-func mix(h uint64) uint64 {
+// Mix64 is the 64-bit finalizer of MurmurHash3 (fmix64): a bijection with
+// full avalanche, so values that differ in one bit map to unrelated ones.
+// It is the one mixer of the code base: rendezvous scores here and in
+// lora's placement, the router's hot-key spread and sample keys, and the
+// hot-key sketch's counters all use it.
+func Mix64(h uint64) uint64 {
 	h ^= h >> 33
 	h *= 0xff51afd7ed558ccd
 	h ^= h >> 33
@@ -285,6 +320,13 @@ func mix(h uint64) uint64 {
 	h ^= h >> 33
 	return h
 }
+
+// Score is the rendezvous score of a seed for key: Mix64(key ^ seed). Among
+// seeds derived from distinct ids, ranking by Score for one key is a random
+// order that depends only on the key and each id, which is what makes
+// rendezvous hashing stable: a seed's score does not change when others
+// come or go. A Ring's member scores the best of its weight's seeds.
+func Score(key, seed uint64) uint64 { return Mix64(key ^ seed) }
 
 func gcd(a, b int) int {
 	for b != 0 {

@@ -54,18 +54,21 @@ func TestNewNormalizes(t *testing.T) {
 }
 
 // Ties (equal scores) must resolve the same way everywhere: lowest member
-// index first. A constant id hash makes every score equal.
+// index first. A constant id hash makes every score (and every multi-probe
+// distance) equal.
 func TestTiesGoToLowestIndex(t *testing.T) {
-	r := mustNew(equalMembers(vllmIDs(20)), WithHash(func(string) uint64 { return 12345 }))
-	for _, key := range testKeys()[:100] {
-		if p := r.Primary(key); p != 0 {
-			t.Fatalf("Primary = %d, want 0 on all-equal scores", p)
-		}
-		for _, max := range []int{3, 20} { // stack path and selection path
-			got := r.Candidates(key, max, nil)
-			for i := range got {
-				if got[i] != i {
-					t.Fatalf("Candidates(max %d) = %v, want 0,1,2,...", max, got)
+	for _, limit := range []int{RendezvousLimit, 0} {
+		r := mustNew(equalMembers(vllmIDs(20)), WithHash(func(string) uint64 { return 12345 }), withLimit(limit))
+		for _, key := range testKeys()[:100] {
+			if p := r.Primary(key); p != 0 {
+				t.Fatalf("limit %d: Primary = %d, want 0 on all-equal scores", limit, p)
+			}
+			for _, max := range []int{3, 20} { // stack or merge path, and the long-list path
+				got := r.Candidates(key, max, nil)
+				for i := range got {
+					if got[i] != i {
+						t.Fatalf("limit %d: Candidates(max %d) = %v, want 0,1,2,...", limit, max, got)
+					}
 				}
 			}
 		}
@@ -74,13 +77,13 @@ func TestTiesGoToLowestIndex(t *testing.T) {
 
 func TestWithHashIsUsed(t *testing.T) {
 	// With injected seeds the owner is computable by hand: the member whose
-	// seed maximizes mix(key ^ seed).
+	// seed maximizes Score(key, seed).
 	seeds := map[string]uint64{"a": 1, "b": 2, "c": 3}
 	r := mustNew(equalMembers([]string{"c", "a", "b"}), WithHash(func(id string) uint64 { return seeds[id] }))
 	for _, key := range testKeys()[:1000] {
 		want, best := "", uint64(0)
 		for _, id := range []string{"a", "b", "c"} {
-			if s := mix(key ^ seeds[id]); want == "" || s > best {
+			if s := Score(key, seeds[id]); want == "" || s > best {
 				want, best = id, s
 			}
 		}
@@ -90,45 +93,62 @@ func TestWithHashIsUsed(t *testing.T) {
 	}
 }
 
+// The contract of Candidates, for rendezvous rings and (limit 0) multi-probe
+// rings of the same members.
 func TestCandidatesContract(t *testing.T) {
-	for _, n := range []int{1, 2, 7, 20, 64} {
-		for _, weighted := range []bool{false, true} {
-			ms := equalMembers(vllmIDs(n))
-			if weighted {
-				for i := range ms {
-					ms[i].Weight = 1 + i%3
+	for _, limit := range []int{RendezvousLimit, 0} {
+		for _, n := range []int{1, 2, 7, 20, 64} {
+			for _, weighted := range []bool{false, true} {
+				ms := equalMembers(vllmIDs(n))
+				if weighted {
+					for i := range ms {
+						ms[i].Weight = 1 + i%3
+					}
 				}
+				checkCandidates(t, mustNew(ms, withLimit(limit)))
 			}
-			r := mustNew(ms)
-			for _, key := range testKeys()[:500] {
-				for _, max := range []int{0, 1, 3, n, n + 5} {
-					dst := r.Candidates(key, max, []int{-7})
-					if dst[0] != -7 {
-						t.Fatalf("Candidates overwrote dst's existing element")
-					}
-					got := dst[1:]
-					if want := min(max, n); len(got) != want {
-						t.Fatalf("n=%d max=%d: %d candidates, want %d", n, max, len(got), want)
-					}
-					seen := map[int]bool{}
-					for _, i := range got {
-						if i < 0 || i >= n || seen[i] {
-							t.Fatalf("n=%d max=%d: candidates %v not distinct member indexes", n, max, got)
-						}
-						seen[i] = true
-					}
-					if len(got) > 0 && got[0] != r.Primary(key) {
-						t.Fatalf("first candidate %d != Primary %d", got[0], r.Primary(key))
-					}
-					// A shorter list is a prefix of a longer one.
-					if full := r.Candidates(key, n, nil); !slices.Equal(full[:len(got)], got) {
-						t.Fatalf("n=%d max=%d: %v is not a prefix of %v", n, max, got, full)
-					}
-					// Both ranking paths (stack and selection) agree.
-					if sel := r.candidatesSelect(key, len(got), nil); len(got) > 0 && !slices.Equal(sel, got) {
-						t.Fatalf("selection %v != stack ranking %v", sel, got)
-					}
+		}
+	}
+}
+
+func checkCandidates(t *testing.T, r *Ring) {
+	t.Helper()
+	n := r.Len()
+	for _, key := range testKeys()[:500] {
+		full := r.Candidates(key, n, nil)
+		for _, max := range []int{0, 1, 3, topStack, topStack + 1, n, n + 5} {
+			dst := r.Candidates(key, max, []int{-7})
+			if dst[0] != -7 {
+				t.Fatalf("Candidates overwrote dst's existing element")
+			}
+			got := dst[1:]
+			if want := min(max, n); len(got) != want {
+				t.Fatalf("n=%d max=%d: %d candidates, want %d", n, max, len(got), want)
+			}
+			seen := map[int]bool{}
+			for _, i := range got {
+				if i < 0 || i >= n || seen[i] {
+					t.Fatalf("n=%d max=%d: candidates %v not distinct member indexes", n, max, got)
 				}
+				seen[i] = true
+			}
+			if len(got) > 0 && got[0] != r.Primary(key) {
+				t.Fatalf("first candidate %d != Primary %d", got[0], r.Primary(key))
+			}
+			// A shorter list is a prefix of a longer one.
+			if !slices.Equal(full[:len(got)], got) {
+				t.Fatalf("n=%d max=%d: %v is not a prefix of %v", n, max, got, full)
+			}
+			// Both ranking paths of each algorithm agree: rendezvous'
+			// stack and selection, multi-probe's merge and full order.
+			var other []int
+			if r.probes == nil {
+				other = r.candidatesSelect(key, len(got), nil)
+			} else {
+				other = r.probes.fullOrder(key, n, len(got), nil)
+			}
+			if !slices.Equal(other, got) {
+				t.Fatalf("n=%d max=%d: the other ranking path gives %v, not %v", n, max, other, got)
 			}
 		}
 	}
@@ -137,7 +157,7 @@ func TestCandidatesContract(t *testing.T) {
 // Same members in any order → identical structure and identical candidate
 // order for every key.
 func TestOrderIndependent(t *testing.T) {
-	for _, ids := range [][]string{vllmIDs(64), uuidIDs(64)} {
+	for _, ids := range [][]string{vllmIDs(64), uuidIDs(64), uuidIDs(RendezvousLimit)} { // the last is multi-probe (weights)
 		ms := equalMembers(ids)
 		for i := range ms {
 			ms[i].Weight = 1 + i%4
@@ -148,6 +168,9 @@ func TestOrderIndependent(t *testing.T) {
 		b := mustNew(shuffled)
 		if !reflect.DeepEqual(a, b) {
 			t.Fatal("rings built from the same members in another order differ")
+		}
+		if len(ids) == RendezvousLimit && a.probes == nil {
+			t.Fatal("640 seeds: not a multi-probe ring")
 		}
 		ba, bb := make([]int, 0, 3), make([]int, 0, 3)
 		for _, key := range testKeys() {

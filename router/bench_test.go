@@ -284,6 +284,18 @@ func benchRequests(b *testing.B, o Options, n int, addr func(i int) string, path
 	}
 }
 
+// longChatBody is an OpenAI chat body of about n bytes: a system message of a
+// quarter of the text, then a user message with the rest (issue 21 states
+// the pick cost at 64 KiB prompts).
+func longChatBody(n int) []byte {
+	text := strings.Repeat("The quick brown fox jumps over the lazy dog. ", n/45+1)[:max(n-128, 4)]
+	b, _ := json.Marshal(map[string]any{
+		"model": "base", "stream": true, "max_tokens": 16,
+		"messages": []any{msg("system", text[:len(text)/4]), msg("user", text[len(text)/4:])},
+	})
+	return b
+}
+
 // invokeBody is a SageMaker invoke JSON body of about n bytes.
 func invokeBody(n int) []byte {
 	text := strings.Repeat("The quick brown fox jumps over the lazy dog. ", n/45+1)[:max(n-64, 1)]
@@ -315,6 +327,8 @@ func BenchmarkRequestPath(b *testing.B) {
 		{"invoke=16KiB", "/invocations", invokeBody(16 << 10)},
 		{"invoke=256KiB", "/invocations", invokeBody(256 << 10)},
 		{"chat=16KiB", "/v1/chat/completions", chat},
+		{"invoke=64KiB", "/invocations", invokeBody(64 << 10)},
+		{"chat=64KiB", "/v1/chat/completions", longChatBody(64 << 10)},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			// Four instances, one server: the pick is real, the upstream
@@ -351,5 +365,58 @@ func BenchmarkUpdate(b *testing.B) {
 				r.Update(s.WithReplicas(2, rates, time.Now()))
 			}
 		})
+	}
+}
+
+// BenchmarkPickPrompt64KiB is the routing sequence alone for a 64 KiB
+// prompt (issue 21 states its cost): Pick, the ext_proc front end, parses
+// the whole body held in memory, keys it, counts it and admits an instance
+// of 7 (then releases it), with SageMaker's fixed-length keys (4,096 units,
+// no popularity: the cost before issue 21) and with adaptive keys (32,768
+// units, the ladder's depths, the sketch and the agreed view; one prompt
+// repeated, so its depths are counted and it is replicated by load once
+// the view says so).
+func BenchmarkPickPrompt64KiB(b *testing.B) {
+	for _, fixed := range []bool{true, false} {
+		for _, tc := range []struct {
+			name, path string
+			body       []byte
+		}{
+			{"invoke", "/invocations", invokeBody(64 << 10)},
+			{"chat", "/v1/chat/completions", longChatBody(64 << 10)},
+		} {
+			b.Run(fmt.Sprintf("fixed=%v/%s", fixed, tc.name), func(b *testing.B) {
+				r, err := New(Options{DefaultEndpoint: "ep"})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(func() { r.Close() })
+				ep := fleet.Endpoint{Name: "ep", Config: fleet.RoutingConfig{PrefixAwareRoutingConfig: &fleet.PrefixAwareConfig{FixedLengthKeys: fixed}}}
+				for i := range 7 {
+					ep.Instances = append(ep.Instances, fleet.Instance{ID: fmt.Sprintf("i-%02d", i), Addr: fmt.Sprintf("http://10.0.0.%d:8000", i)})
+				}
+				r.Update(fleet.NewSnapshot([]fleet.Endpoint{ep}, 0, 1, time.Now()))
+				req := PickRequest{Path: tc.path, Header: http.Header{}, Body: tc.body, Complete: true}
+				pick := func() {
+					p, err := r.Pick(req)
+					if err != nil {
+						b.Fatal(err)
+					}
+					p.Done(http.StatusOK)
+				}
+				for range 200 {
+					pick()
+				}
+				if pop, ok := r.Popularity("ep", time.Now()); ok {
+					ep.Popular = fleet.MergePopularity([]fleet.Popularity{pop})
+					r.Update(fleet.NewSnapshot([]fleet.Endpoint{ep}, 0, 1, time.Now()))
+				}
+				b.SetBytes(int64(len(tc.body)))
+				b.ReportAllocs()
+				for b.Loop() {
+					pick()
+				}
+			})
+		}
 	}
 }

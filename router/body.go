@@ -2,11 +2,11 @@ package router
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
-	"slices"
 	"sync"
 	"sync/atomic"
 )
@@ -63,13 +63,22 @@ const wholeBody = 32 << 10
 // smaller bodies are read whole, as before.
 const openAIHeadStart = 16 << 10
 
+// maxHeadClass is the largest head buffer: a body whose key is not known
+// within it is read on into the body arena (heldbody.go).
+const maxHeadClass = 64 << 10
+
 // readOpenAIHead reads the start of an OpenAI body until it holds the key's
 // inputs (parseOpenAIHead), trying at 16 KiB and then at each doubling, so
 // the walks cost at most twice one walk of what was read. It returns the
 // bytes read and, when it stopped before the end, the reader of the rest;
 // a body whose key needs its end (model or prompt_cache_key after the
-// prompt, or absent) is read whole.
-func readOpenAIHead(w http.ResponseWriter, req *http.Request, limit int64, chat bool, prefixLen int) (head []byte, rest io.Reader, _ *routeError) {
+// prompt, or absent) is read whole. Up to maxHeadClass the bytes are in
+// pooled head buffers; beyond, in a buffer lent by the router's body arena
+// (waiting for room, 503 when none comes), which goes back once the
+// instance has been sent it: such a body is returned with a rest (empty
+// when the body ended) and checked whole here, since the caller then reads
+// it as a head.
+func (r *Router) readOpenAIHead(w http.ResponseWriter, req *http.Request, limit int64, chat bool, prefixLen int) (head []byte, rest io.Reader, _ *routeError) {
 	if req.ContentLength > limit {
 		return nil, nil, &routeError{http.StatusRequestEntityTooLarge, codeTooLarge, fmt.Sprintf("request body of %d bytes exceeds the limit of %d bytes", req.ContentLength, limit)}
 	}
@@ -79,24 +88,102 @@ func readOpenAIHead(w http.ResponseWriter, req *http.Request, limit int64, chat 
 		size = int(req.ContentLength) + 1 // all of it, and room for the EOF read
 	}
 	head = getHead(size)
+	var held *heldBuf
+	fail := func(e *routeError) ([]byte, io.Reader, *routeError) {
+		if held != nil {
+			r.arena.recycle(held) // never lent on: nothing else reads it
+		} else {
+			putHead(head)
+		}
+		return nil, nil, e
+	}
+	try := cap(head) // the length at which the key is tried next
 	for {
 		n, err := body.Read(head[len(head):cap(head)])
 		head = head[:len(head)+n]
 		if err == io.EOF {
-			return head, nil, nil
+			if held == nil {
+				return head, nil, nil
+			}
+			if _, err := parseOpenAI(head, chat, prefixLen); err != nil {
+				return fail(&routeError{http.StatusBadRequest, codeInvalidJSON, "invalid request body: " + err.Error()})
+			}
+			return head, &heldRest{a: r.arena, h: held}, nil
 		}
 		if err != nil {
-			return nil, nil, bodyError(err, limit)
+			return fail(bodyError(err, limit))
+		}
+		if len(head) >= try {
+			if _, ok := parseOpenAIHead(head, chat, prefixLen); ok {
+				if held != nil {
+					return head, &heldRest{a: r.arena, h: held, r: body}, nil
+				}
+				return head, body, nil
+			}
+			try = 2 * len(head)
 		}
 		if len(head) < cap(head) {
 			continue
 		}
-		if _, ok := parseOpenAIHead(head, chat, prefixLen); ok {
-			return head, body, nil
+		// Full: grow with what arrives, never by what a client declares
+		// beyond the head classes.
+		if cap(head) < maxHeadClass {
+			next := getHead(2 * len(head))
+			next = append(next, head...)
+			putHead(head)
+			head = next
+			continue
 		}
-		// Grow with what arrives, never by what a client declares.
-		head = slices.Grow(head, len(head))
+		if held != nil {
+			// The arena buffer holds the declared length: the body
+			// went past it (a chunked body past MaxBodyBytes fails
+			// in the MaxBytesReader first).
+			return fail(&routeError{http.StatusBadRequest, codeBadBody, "reading the request body: longer than declared"})
+		}
+		need := int(limit) + 1
+		if req.ContentLength >= 0 {
+			need = int(req.ContentLength) + 1
+		}
+		h, err := r.arena.acquire(req.Context(), need)
+		if err != nil {
+			return fail(r.arena.fullError(err))
+		}
+		held = h
+		next := append(h.buf, head...)
+		putHead(head)
+		head = next
 	}
+}
+
+// heldRest is the rest of a body whose head is an arena buffer: the
+// client's body after the head (nil when it ended). The first read of it
+// means the head has been sent: the buffer goes back to the arena, and the
+// body can no longer be replayed (streamBody.Read).
+type heldRest struct {
+	a *bodyArena
+	h *heldBuf
+	r io.Reader
+}
+
+func (h *heldRest) Read(p []byte) (int, error) {
+	if h.r == nil {
+		return 0, io.EOF
+	}
+	return h.r.Read(p)
+}
+
+// headSent gives the head's buffer back.
+func (h *heldRest) headSent() { h.a.recycle(h.h) }
+
+// putHead returns a body buffer of the request of ctx once nothing reads
+// it (the request has ended and no transport holds the body): an arena
+// buffer to the arena, a head buffer to its pool.
+func (r *Router) putHead(ctx context.Context, b []byte) {
+	if h := r.arena.lookup(ctx, b); h != nil {
+		r.arena.recycle(h)
+		return
+	}
+	putHead(b)
 }
 
 // readRest reads the rest of a streamed body after head: for the callers
@@ -175,6 +262,12 @@ func (b *streamBody) Read(p []byte) (int, error) {
 	s := b.s
 	if s.ended.Load() {
 		return 0, io.EOF
+	}
+	if hr, ok := s.rest.(*heldRest); ok {
+		// The head is sent: from now on the body cannot be replayed,
+		// and its arena buffer is free.
+		s.restRead.Store(true)
+		hr.headSent()
 	}
 	n, err := s.rest.Read(p)
 	if n > 0 {

@@ -585,8 +585,12 @@ func TestStaleAdapterStreamedNotResent(t *testing.T) {
 		fmt.Fprint(w, `{"error":{"message":"The model `+"`lora-x`"+` does not exist.","type":"NotFoundError","code":404}}`)
 	}
 	h.setAdapters("i-a", "lora-x") // the only member: a small body would wait for a reload
-	// The system message completes the key's prefix (4096 code points):
-	// the user message streams.
+	// The system message completes the key's prefix (SageMaker's 4096
+	// code points): the user message streams. (A message is hashed once
+	// it is whole, so with adaptive keys' 32,768 the whole body would be
+	// read before the pick.)
+	h.ep.Config = fleet.RoutingConfig{PrefixAwareRoutingConfig: &fleet.PrefixAwareConfig{FixedLengthKeys: true}}
+	h.update()
 	body := `{"model":"lora-x","prompt_cache_key":"t","messages":[{"role":"system","content":"` + strings.Repeat("system ", 1000) +
 		`"},{"role":"user","content":"` + strings.Repeat("long prompt ", 20<<10) + `"}]}`
 	res := h.mustDo("/v1/chat/completions", body, nil)

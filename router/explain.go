@@ -48,13 +48,15 @@ type Explanation struct {
 	// DecisionAffinity.
 	Decision string
 	// HotReplicas is how many leading candidates hot-key replication
-	// currently spreads Key over (from this replica's estimate); 1 when
-	// the key is cold or replication is off.
+	// currently spreads Key over (from this replica's estimate, or with
+	// adaptive keys the agreed popularity); 1 when the key is cold or
+	// replication is off.
 	HotReplicas int
 	// Candidates are instance ids in Key's spill order within the model's
 	// set and the variant, Instance first, at most MaxExplainCandidates.
 	Candidates []string
-	// Key is the routing key.
+	// Key is the routing key: with adaptive keys, of the depth the
+	// request routes on.
 	Key uint64
 	// Model, Tenant and Variant are what the key was built from and the
 	// variant the request is held to; empty when there is none.
@@ -109,6 +111,9 @@ func (r *Router) Explain(ctx context.Context, req PickRequest) (Explanation, err
 	}
 	var buf [MaxExplainCandidates]int
 	all := rt.set.Ring().Candidates(rt.key, min(rt.set.Len(), MaxExplainCandidates), buf[:0])
+	if rt.hot.nlead > 0 {
+		all = rt.hot.order(all) // adaptive keys: the depth's instances first
+	}
 	k := min(rt.hot.k, len(all))
 	var hot []int // the hot key's first k candidates the request may take
 	for j, i := range all {

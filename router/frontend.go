@@ -98,9 +98,9 @@ func (p *Picked) ResponseHeaders(upstream http.Header) http.Header {
 	if p.kind == kindInvoke {
 		out.Set(HeaderInvokedVariant, variantOf(p.cur.iv))
 		for _, h := range [...]string{HeaderNewSessionID, HeaderClosedSessionID} {
-			if v := upstream.Get(h); v != "" {
+			if v := upstream.Get(h); v != "" && p.r != nil {
 				out.Set(h, v)
-				rewriteSessionHeader(out, h, p.cur.iv.inst.ID)
+				p.r.sessions.rewrite(out, h, p.Endpoint, p.cur.iv.inst.ID)
 			}
 		}
 	}
@@ -282,13 +282,25 @@ func (p *Picked) Served(addr string) {
 // came (the stream was cancelled), which is not the instance's fault. The
 // request is counted in prefixrouter_requests_total as on the HTTP data
 // plane. Calls after the first do nothing.
-func (p *Picked) Done(status int) {
+func (p *Picked) Done(status int) { p.end(status, true) }
+
+// Release is Done for an outcome the caller cannot vouch for (an ext_proc
+// peer that is not authenticated, issue 19): the slot is freed and the
+// request counted, but the instance's breaker learns nothing.
+func (p *Picked) Release(status int) { p.end(status, false) }
+
+func (p *Picked) end(status int, judge bool) {
 	if p.r == nil {
 		return
 	}
 	outcome := overload.UpstreamStatusFor(status, p.key)
+	switch {
+	case status == 0:
+		outcome = context.Canceled // the response never came: not the instance's fault
+	case !judge:
+		outcome = overload.ErrNotJudged
+	}
 	if status == 0 {
-		outcome = context.Canceled
 		status = statusClientClosed
 	}
 	if p.cur.done != nil {

@@ -72,6 +72,12 @@ func FuzzParseOpenAI(f *testing.F) {
 		isObject := valid && json.Unmarshal(body, &top) == nil && top != nil
 		for _, chat := range []bool{true, false} {
 			o, err := parseOpenAI(body, chat, n)
+			if err == nil {
+				checkLadder(t, o.digests, func(d int) uint64 {
+					p, _ := parseOpenAI(body, chat, d)
+					return p.prefix
+				}, n)
+			}
 			if err != nil || !isObject {
 				continue
 			}
@@ -149,6 +155,7 @@ func FuzzInvokeKey(f *testing.F) {
 		if rerr != nil {
 			return
 		}
+		checkLadder(t, invokeDigests(body, n), func(d int) uint64 { return invokePrefix(body, d) }, n)
 		more := append(append([]byte(nil), body...), "tail"...)
 		rr2, _ := parseRequest(kindInvoke, h, more, n)
 		if (len(body) >= n) != (rr.key == rr2.key) {

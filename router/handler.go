@@ -2,18 +2,11 @@ package router
 
 import (
 	"bytes"
-	"context"
-	"encoding/json"
 	"fmt"
 	"io"
-	"maps"
 	"net/http"
 	"runtime/debug"
 	"slices"
-	"sync"
-	"time"
-
-	"github.com/prefixrouter/prefixrouter/probe"
 )
 
 // Short error codes (the OpenAI "code" and X-Prefixrouter-Error).
@@ -76,80 +69,6 @@ func (r *Router) routes() *http.ServeMux {
 	return mux
 }
 
-type modelList struct {
-	Object string       `json:"object"`
-	Data   []modelEntry `json:"data"`
-}
-
-type modelEntry struct {
-	ID      string `json:"id"`
-	Object  string `json:"object"`
-	Created int64  `json:"created"`
-	OwnedBy string `json:"owned_by"`
-}
-
-// modelsTimeout bounds the model-list queries GET /v1/models sends to the
-// instances.
-const modelsTimeout = 2 * time.Second
-
-// models answers GET /v1/models in OpenAI's list shape: the base models and
-// adapters the endpoint's instances declare in the fleet (etcd records),
-// together with what the non-draining instances' own /v1/models answer, so
-// that every fleet source, a static one included, lists what it serves. An
-// instance that does not answer within modelsTimeout is left out.
-func (r *Router) models(w http.ResponseWriter, req *http.Request, endpoint string) {
-	v := r.view.Load()
-	if v == nil {
-		writeError(w, kindChat, http.StatusServiceUnavailable, codeNotLoaded, "no fleet snapshot loaded yet")
-		return
-	}
-	ev := v.endpoints[endpoint]
-	if ev == nil {
-		writeError(w, kindChat, http.StatusNotFound, codeUnknownEndpoint, fmt.Sprintf("endpoint %q not found", endpoint))
-		return
-	}
-	names := map[string]bool{}
-	for _, m := range ev.table.Models() {
-		names[m] = true
-	}
-	ctx, cancel := context.WithTimeout(req.Context(), modelsTimeout)
-	defer cancel()
-	client := &http.Client{Transport: r.opts.Transport}
-	var (
-		mu sync.Mutex // guards names while the queries run
-		wg sync.WaitGroup
-	)
-	for _, iv := range ev.instances {
-		if iv.target == nil || iv.inst.Draining {
-			continue
-		}
-		u := *iv.target
-		u.Path = joinPath(u.Path, "/v1/models")
-		wg.Go(func() {
-			m, err := probe.FetchModels(ctx, client, u.String())
-			if err != nil {
-				r.log.Debug("router: model list of an instance", "endpoint", endpoint, "instance", iv.inst.ID, "err", err)
-				return
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			if m.Base != "" {
-				names[m.Base] = true
-			}
-			for _, a := range m.Adapters {
-				names[a] = true
-			}
-		})
-	}
-	wg.Wait()
-	list := modelList{Object: "list", Data: make([]modelEntry, 0, len(names))}
-	for _, m := range slices.Sorted(maps.Keys(names)) {
-		list.Data = append(list.Data, modelEntry{ID: m, Object: "model", OwnedBy: "prefixrouter"})
-	}
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(list)
-}
-
 // modelLabel is the model label of the usage metrics: a model the
 // endpoint's fleet records name, "" for none, "unlisted" for any other
 // (the label must not take arbitrary client strings).
@@ -165,10 +84,11 @@ func modelLabel(ev *endpointView, model string) string {
 
 // routeRequest is what a request contributes to routing.
 type routeRequest struct {
-	tenant string
-	model  string
-	key    uint64
-	stream bool // an OpenAI body asking for a streamed answer ("stream": true)
+	tenant  string
+	model   string
+	key     uint64        // the fixed-length key: tenant, model, digests.last()
+	digests prefixDigests // the prefix at the ladder's depths (issue 21)
+	stream  bool          // an OpenAI body asking for a streamed answer ("stream": true)
 }
 
 // parseRoute extracts tenant, model and routing key from the body read so
@@ -187,7 +107,8 @@ func parseRoute(kind apiKind, h http.Header, body []byte, prefixLen int, head bo
 		if ic := h.Get(HeaderInferenceComponent); ic != "" {
 			rr.model = ic // the component's set, exactly like an adapter's
 		}
-		rr.key = routingKey(rr.tenant, rr.model, invokePrefix(body, prefixLen))
+		rr.digests = invokeDigests(body, prefixLen)
+		rr.key = routingKey(rr.tenant, rr.model, rr.digests.last())
 		return rr, nil
 	}
 	var o openAIRequest
@@ -203,7 +124,7 @@ func parseRoute(kind apiKind, h http.Header, body []byte, prefixLen int, head bo
 	if o.hasTenant && !validTenant(o.tenant) {
 		return rr, &routeError{http.StatusBadRequest, codeInvalidTenant, "prompt_cache_key must be 1 to 64 printable ASCII characters"}
 	}
-	rr.tenant, rr.model, rr.stream = o.tenant, o.model, o.stream
+	rr.tenant, rr.model, rr.digests, rr.stream = o.tenant, o.model, o.digests, o.stream
 	rr.key = routingKey(rr.tenant, rr.model, o.prefix)
 	return rr, nil
 }
@@ -256,7 +177,7 @@ func (r *Router) serve(w http.ResponseWriter, req *http.Request, kind apiKind, u
 	}()
 	rt, err := r.route(routeInput{
 		ctx: req.Context(), kind: kind, endpoint: endpoint, header: req.Header,
-		src: httpBody{w: w, req: req, limit: r.opts.MaxBodyBytes},
+		src: httpBody{r: r, w: w, req: req, limit: r.opts.MaxBodyBytes},
 	})
 	var a *attempt
 	defer func() {
@@ -264,7 +185,7 @@ func (r *Router) serve(w http.ResponseWriter, req *http.Request, kind apiKind, u
 		// net/http fallback (https instances) may still read it after the
 		// answer, so such bodies are left to the collector.
 		if a == nil || !a.bodyAsync {
-			putHead(rt.body)
+			r.putHead(req.Context(), rt.body)
 		}
 	}()
 	if err != nil {

@@ -53,19 +53,86 @@ func routingKey(tenant, model string, prefix uint64) uint64 {
 	return d.Sum64()
 }
 
-// invokePrefix is the digest of the first prefixLen bytes of a raw body.
-func invokePrefix(body []byte, prefixLen int) uint64 {
-	if len(body) > prefixLen {
-		body = body[:prefixLen]
+// The depths of a prompt (issue 21): its prefixes are digested at
+// firstDepth units, doubling up to the endpoint's PrefixLength, and at
+// PrefixLength itself, in the one pass that hashes the prompt. Units are
+// those of PrefixLength: bytes on invoke paths, code points of message
+// text on OpenAI paths. The ladder starts at SageMaker's default
+// PrefixLength, so that a request nobody made hot routes on the key a
+// fixed-length endpoint of today gives it (the same instance, the same
+// movement on scale events). On chat paths the ends of the first
+// messageDepths messages past messageFloor units are depths too: a
+// conversation's first messages (a system prompt, a session's first turn
+// or task) end at the same place in every turn, while the ladder's next
+// depth may fall beyond a short first turn and move the session once
+// (measured on the agent preset: most second turns moved before these
+// depths were added; on chat, whose first turns are shorter than 4,096
+// characters, the fixed key moved every session after its first turn).
+const (
+	firstDepth    = 4096
+	ladderDepths  = 5 // 4 Ki ... 64 Ki: the ladder of the largest PrefixLength
+	messageFloor  = 512
+	messageDepths = 4
+	maxLevels     = ladderDepths + messageDepths
+)
+
+// depthAt is the ladder's i-th depth for prefixLen.
+func depthAt(i, prefixLen int) int { return min(firstDepth<<i, prefixLen) }
+
+// prefixDigests are the digests of a prompt's prefixes at its depths,
+// shallowest first, ending with the digest of the whole prefix
+// (PrefixLength units, or the whole prompt when it is shorter). Depths past
+// the prompt's end would repeat that last digest and are left out: n counts
+// the distinct ones. The last one is the fixed-length key's digest.
+type prefixDigests struct {
+	d  [maxLevels]uint64
+	at [maxLevels]int32 // units hashed at each depth
+	n  int
+}
+
+// add appends digest v of the first at units unless it repeats the last
+// one (nothing was written since).
+func (p *prefixDigests) add(v uint64, at int) {
+	if p.n > 0 && p.d[p.n-1] == v {
+		return
 	}
-	return xxhash.Sum64(body)
+	p.d[p.n], p.at[p.n] = v, int32(at)
+	p.n++
+}
+
+// last is the digest of the whole prefix.
+func (p *prefixDigests) last() uint64 { return p.d[p.n-1] }
+
+// invokeDigests digests the first prefixLen bytes of a raw body at the
+// ladder's depths.
+func invokeDigests(body []byte, prefixLen int) prefixDigests {
+	var out prefixDigests
+	var d xxhash.Digest
+	d.Reset()
+	at := 0
+	for i := 0; at < min(len(body), prefixLen); i++ {
+		next := min(depthAt(i, prefixLen), len(body))
+		_, _ = d.Write(body[at:next])
+		at = next
+		out.add(d.Sum64(), at)
+	}
+	if out.n == 0 {
+		out.add(d.Sum64(), 0) // an empty body
+	}
+	return out
 }
 
 // prefixHasher streams decoded prompt text into a digest until prefixLen
-// code points have been written, without building the prefix string.
+// code points have been written, without building the prefix string, and
+// takes the digest at each depth of the ladder on the way (Sum64 does not
+// disturb the running state).
 type prefixHasher struct {
-	d    xxhash.Digest
-	left int // code points still to hash
+	d         xxhash.Digest
+	prefixLen int
+	left      int // code points still to hash
+	next      int // code points to the ladder's next depth (≤ left)
+	level     int // the ladder's next depth's index
+	sums      prefixDigests
 	// spent, when set, is asked after each message or prompt element once
 	// the budget is spent: true ends the walk there (errKeyKnown).
 	spent func() bool
@@ -81,7 +148,44 @@ func (h *prefixHasher) done() bool { return h.left <= 0 && h.spent != nil && h.s
 
 func (h *prefixHasher) reset(prefixLen int) {
 	h.d.Reset()
-	h.left = prefixLen
+	h.prefixLen, h.left, h.level, h.sums = prefixLen, prefixLen, 0, prefixDigests{}
+	h.next = depthAt(0, prefixLen)
+}
+
+// advance counts n code points just written (n ≤ h.next) and takes the
+// digest when they reach the ladder's next depth.
+func (h *prefixHasher) advance(n int) {
+	h.left -= n
+	h.next -= n
+	if h.next > 0 {
+		return
+	}
+	h.sums.add(h.d.Sum64(), h.prefixLen-h.left)
+	h.level++
+	if h.left > 0 {
+		h.next = depthAt(h.level, h.prefixLen) - (h.prefixLen - h.left)
+	}
+}
+
+// digests returns the digests of the walk so far: those taken at the
+// ladder's depths and, when the prompt ended before PrefixLength, the
+// digest of all of it.
+func (h *prefixHasher) digests() prefixDigests {
+	out := h.sums
+	if h.left > 0 || out.n == 0 {
+		out.add(h.d.Sum64(), h.prefixLen-h.left)
+	}
+	return out
+}
+
+// messageEnd takes the digest at the end of a chat message: a depth when
+// it is one of the first messageDepths messages and past messageFloor
+// units (a short system prompt shared by unrelated requests is no prefix
+// worth keying them on).
+func (h *prefixHasher) messageEnd(msg int) {
+	if at := h.prefixLen - h.left; msg < messageDepths && h.left > 0 && at >= messageFloor {
+		h.sums.add(h.d.Sum64(), at)
+	}
 }
 
 func (h *prefixHasher) mark(m byte, label []byte) {
@@ -105,18 +209,19 @@ func (h *prefixHasher) text(raw []byte) error {
 		if k >= 0 {
 			run = raw[:k]
 		}
-		if len(run) > 0 {
-			n, cut := cutCodePoints(run, h.left)
+		for len(run) > 0 {
+			n, cut := cutCodePoints(run, h.next)
 			_, _ = h.d.Write(run[:cut])
-			h.left -= n
-			if cut < len(run) {
+			h.advance(n)
+			if h.left <= 0 {
 				return nil // budget spent
 			}
+			run = run[cut:] // past a depth of the ladder, or all of it
 		}
-		if k < 0 || h.left <= 0 {
-			// The budget can end exactly before an escape: it must
-			// not take one more code point than the plain text would
-			// (found by FuzzParseOpenAI's canonical-form oracle).
+		if k < 0 {
+			// The budget can end exactly before an escape (above): it
+			// must not take one more code point than the plain text
+			// would (found by FuzzParseOpenAI's canonical-form oracle).
 			return nil
 		}
 		r, size, err := unescape(raw[k:])
@@ -125,7 +230,7 @@ func (h *prefixHasher) text(raw []byte) error {
 		}
 		var enc [utf8.UTFMax]byte
 		_, _ = h.d.Write(enc[:utf8.EncodeRune(enc[:], r)])
-		h.left--
+		h.advance(1)
 		raw = raw[k+size:]
 	}
 	return nil
@@ -175,6 +280,7 @@ type openAIRequest struct {
 	tenant      string
 	hasTenant   bool
 	prefix      uint64
+	digests     prefixDigests // prefix at the ladder's depths; last is prefix
 	hasMessages bool
 	// stream is the body's "stream": true, as far as the walk read: a
 	// head walk (parseOpenAIHead) ends where the key is known, and a
@@ -215,7 +321,8 @@ func walkOpenAI(body []byte, chat bool, prefixLen int, head bool) (openAIRequest
 	}
 	known := func() error {
 		if head && hasModel && tenantSeen && promptDone {
-			out.prefix = h.d.Sum64()
+			out.digests = h.digests()
+			out.prefix = out.digests.last()
 			return errKeyKnown
 		}
 		return nil
@@ -281,7 +388,8 @@ func walkOpenAI(body []byte, chat bool, prefixLen int, head bool) (openAIRequest
 	if err := s.end(); err != nil {
 		return out, err
 	}
-	out.prefix = h.d.Sum64()
+	out.digests = h.digests()
+	out.prefix = out.digests.last()
 	return out, nil
 }
 
@@ -308,7 +416,7 @@ func messages(s *scanner, h *prefixHasher) error {
 	if s.peek() != '[' {
 		return s.errorf("messages must be an array")
 	}
-	return s.array(func(int) error {
+	return s.array(func(msg int) error {
 		if s.peek() != '{' {
 			return s.errorf("each message must be an object")
 		}
@@ -342,10 +450,11 @@ func messages(s *scanner, h *prefixHasher) error {
 		if h.left > 0 {
 			h.mark(markRole, role)
 			if cStart >= 0 {
-				if err := content(&scanner{b: s.b[cStart:cEnd]}, h); err != nil {
+				if err := content(&scanner{b: s.b[cStart:cEnd], checked: true}, h); err != nil {
 					return err
 				}
 			}
+			h.messageEnd(msg)
 		}
 		if h.done() {
 			return errKeyKnown
@@ -448,7 +557,7 @@ func prompt(s *scanner, h *prefixHasher) error {
 			if h.left > 0 {
 				h.mark(markToken, nil)
 				_, _ = h.d.Write(s.b[start:s.i])
-				h.left--
+				h.advance(1)
 			}
 		}
 		if h.done() {

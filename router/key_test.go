@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/cespare/xxhash/v2"
 )
 
 func chatBody(t testing.TB, msgs ...any) []byte {
@@ -265,6 +267,49 @@ func TestEscapedKeysRouteAsUnescaped(t *testing.T) {
 	}
 }
 
+// TestControlCharactersRejected: RFC 8259 §7 requires U+0000..U+001F to be
+// escaped inside strings; raw ones made a body the router accepted and
+// forwarded (issue 19), though docs/security.md promises 400 for malformed
+// JSON. Everywhere the walker goes: model, tenant, message text, member
+// names, skipped members.
+func TestControlCharactersRejected(t *testing.T) {
+	for _, body := range []string{
+		"{\"model\":\"a\x01b\",\"messages\":[]}",
+		"{\"prompt_cache_key\":\"t\x1f\",\"messages\":[]}",
+		"{\"messages\":[{\"role\":\"user\",\"content\":\"line\nbreak\"}]}",
+		"{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"tab\there\"}]}]}",
+		"{\"temperature\":1,\"stop\":[\"\x00\"],\"messages\":[]}",
+		"{\"na\x02me\":1,\"messages\":[]}",
+		"{\"messages\":[{\"role\":\"user\",\"content\":\"" + strings.Repeat("0123456789abcdef", 8) + "\x7f\x1b\"}]}",
+	} {
+		if _, err := parseOpenAI([]byte(body), true, 4096); !errors.Is(err, errMalformed) {
+			t.Errorf("parseOpenAI(%q) = %v, want a malformed-JSON error", body, err)
+		}
+	}
+	// Escaped control characters, DEL and multi-byte text are fine.
+	for _, body := range []string{
+		`{"model":"m","messages":[{"role":"user","content":"a\nb\u0001\t"}]}`,
+		"{\"messages\":[{\"role\":\"user\",\"content\":\"\x7f \xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80 " + strings.Repeat("\xc2\xa0", 40) + "\"}]}",
+	} {
+		if _, err := parseOpenAI([]byte(body), true, 4096); err != nil {
+			t.Errorf("parseOpenAI(%q) = %v, want nil", body, err)
+		}
+	}
+}
+
+func TestControlAt(t *testing.T) {
+	for i := range 40 {
+		b := []byte(strings.Repeat("\x80\xff~ ", 10))
+		if controlAt(b) != -1 {
+			t.Fatalf("controlAt found a control byte in %q", b)
+		}
+		b[i] = 0x1f
+		if got := controlAt(b); got != i {
+			t.Fatalf("controlAt = %d, want %d", got, i)
+		}
+	}
+}
+
 // TestOpenAIStream: the walk reads a top-level "stream": true, which makes
 // the first-byte timeout apply (proxy.go); anything else is not a stream.
 func TestOpenAIStream(t *testing.T) {
@@ -291,4 +336,129 @@ func TestOpenAIStream(t *testing.T) {
 			t.Errorf("%s: stream %v, want %v", tc.body, o.stream, tc.want)
 		}
 	}
+}
+
+// checkLadder checks a prompt's digests at its depths against the
+// fixed-length digests at those depths (fixed(d): the key's digest with
+// PrefixLength d): the digest at each depth is the one a fixed key of that
+// length gives, every depth of the ladder the prompt reaches is there, and
+// the last is the fixed key at prefixLen, so one pass gives what a walk per
+// depth would (issue 21). A message's end that adds only boundary marks
+// (an empty message) has no fixed key of its own and is only checked for
+// its place.
+func checkLadder(t testing.TB, got prefixDigests, fixed func(d int) uint64, prefixLen int) {
+	t.Helper()
+	if got.n < 1 || got.n > maxLevels {
+		t.Fatalf("%d digests", got.n)
+	}
+	for i := range got.n {
+		at := int(got.at[i])
+		if i > 0 && at < int(got.at[i-1]) {
+			t.Fatalf("depth %d at %d units, before depth %d's %d", i, at, i-1, got.at[i-1])
+		}
+		if i == got.n-1 || (i > 0 && at == int(got.at[i-1])) {
+			continue
+		}
+		if want := fixed(at); got.d[i] != want {
+			t.Fatalf("digest %d (at %d units of %d): %x, the fixed key of that length %x", i, at, prefixLen, got.d[i], want)
+		}
+	}
+	if got.last() != fixed(prefixLen) {
+		t.Fatalf("last digest %x, the fixed key %x", got.last(), fixed(prefixLen))
+	}
+	end := int(got.at[got.n-1])
+	for j := 0; depthAt(j, prefixLen) < end; j++ {
+		found := false
+		for i := range got.n {
+			found = found || int(got.at[i]) == depthAt(j, prefixLen)
+		}
+		if !found {
+			t.Fatalf("no digest at the ladder's depth %d (the prompt goes on to %d units)", depthAt(j, prefixLen), end)
+		}
+	}
+}
+
+// TestLadderDigests: chat, completions and invoke bodies of many lengths,
+// with escapes, multi-byte characters, several messages and text parts
+// across the depths, give at each depth the fixed-length key of that depth.
+func TestLadderDigests(t *testing.T) {
+	unit := "ab<é\n«ü»😀 x&y\"z\\" // JSON escapes (json.Marshal escapes <, &, \n, ", \\) and multi-byte characters
+	for _, prefixLen := range []int{1024, 1500, 4096, 65536} {
+		for _, size := range []int{0, 1, 511, 512, 513, 1024, 3000, 5000, 40000, 70000} {
+			text := strings.Repeat(unit, size/len(unit)+1)[:size]
+			text = strings.ToValidUTF8(text, "")
+			chat := chatBody(t, msg("system", text[:len(text)/3]), msg("user", []any{
+				map[string]any{"type": "text", "text": text[len(text)/3:]},
+				map[string]any{"type": "text", "text": "tail"},
+			}))
+			o, err := parseOpenAI(chat, true, prefixLen)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkLadder(t, o.digests, func(d int) uint64 { return chatPrefix(t, string(chat), d) }, prefixLen)
+			comp, _ := json.Marshal(map[string]any{"prompt": []any{text, 7, "x"}})
+			o, err = parseOpenAI(comp, false, prefixLen)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkLadder(t, o.digests, func(d int) uint64 {
+				p, _ := parseOpenAI(comp, false, d)
+				return p.prefix
+			}, prefixLen)
+			inv := []byte(text)
+			checkLadder(t, invokeDigests(inv, prefixLen), func(d int) uint64 { return invokePrefix(inv, d) }, prefixLen)
+		}
+	}
+}
+
+// TestMessageDepths: the ends of a chat's first messages past the first
+// depth are depths, so that a session's task keys alike in every turn: its
+// second turn (the task, an answer, a tool output) has the first turn's
+// whole prompt among its digests, at the same place.
+func TestMessageDepths(t *testing.T) {
+	tool := strings.Repeat("tool ", 2000) // 10,000 characters
+	task := strings.Repeat("task ", 100)
+	first := chatBody(t, msg("system", tool), msg("user", task))
+	second := chatBody(t, msg("system", tool), msg("user", task), msg("assistant", "ok"), msg("user", strings.Repeat("output ", 1000)))
+	a, err := parseOpenAI(first, true, 32768)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := parseOpenAI(second, true, 32768)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkLadder(t, a.digests, func(d int) uint64 { return chatPrefix(t, string(first), d) }, 32768)
+	checkLadder(t, b.digests, func(d int) uint64 { return chatPrefix(t, string(second), d) }, 32768)
+	// 4096, 8192, the tool prompt's end, the task's end: the first turn.
+	if a.digests.n != 4 || a.digests.at[2] != 10000 || a.digests.at[3] != 10500 {
+		t.Fatalf("first turn's depths at %v (%d)", a.digests.at[:a.digests.n], a.digests.n)
+	}
+	for i := range a.digests.n {
+		if b.digests.d[i] != a.digests.d[i] || b.digests.at[i] != a.digests.at[i] {
+			t.Fatalf("depth %d: the second turn's digest differs from the first's (at %d, %d)", i, b.digests.at[i], a.digests.at[i])
+		}
+	}
+	// A short first message is no depth: the ladder starts at 4096.
+	short, _ := parseOpenAI(chatBody(t, msg("system", "be brief"), msg("user", tool)), true, 32768)
+	if short.digests.at[0] != firstDepth {
+		t.Fatalf("short system message: first depth at %d, want %d", short.digests.at[0], firstDepth)
+	}
+	// A first turn of 600 characters is one, below the ladder: the
+	// session's turns share it.
+	turn := strings.Repeat("q", 600)
+	c, _ := parseOpenAI(chatBody(t, msg("user", turn)), true, 32768)
+	d, _ := parseOpenAI(chatBody(t, msg("user", turn), msg("assistant", "a"), msg("user", tool)), true, 32768)
+	if c.digests.n != 1 || d.digests.at[0] != 600 || d.digests.d[0] != c.digests.d[0] {
+		t.Fatalf("first turn's depth %v, the next turn's %v", c.digests.at[:c.digests.n], d.digests.at[:d.digests.n])
+	}
+}
+
+// invokePrefix is the fixed-length invoke digest written plainly: the
+// digest of the first prefixLen bytes of a raw body.
+func invokePrefix(body []byte, prefixLen int) uint64 {
+	if len(body) > prefixLen {
+		body = body[:prefixLen]
+	}
+	return xxhash.Sum64(body)
 }

@@ -26,14 +26,10 @@ type movement struct {
 	primaries []string // instance id per sample key
 }
 
-// sampleKey returns the i-th sample routing key: splitmix64 of i, fixed and
-// uniform over the 64-bit key space like the xxhash keys requests carry.
-func sampleKey(i int) uint64 {
-	z := uint64(i+1) * 0x9e3779b97f4a7c15
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
-	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
-	return z ^ (z >> 31)
-}
+// sampleKey returns the i-th sample routing key: the mixed i-th multiple of
+// 2^64/φ (splitmix64's sequence), fixed and uniform over the 64-bit key
+// space like the xxhash keys requests carry.
+func sampleKey(i int) uint64 { return ring.Mix64(uint64(i+1) * 0x9e3779b97f4a7c15) }
 
 // measureMovement compares table's base set (every non-draining instance:
 // the set of requests that name no adapter) with prev and returns the new

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -47,6 +48,16 @@ type Options struct {
 	// MaxBodyBytes bounds request bodies, 413 beyond (--max-body-bytes).
 	// Zero means DefaultMaxBodyBytes.
 	MaxBodyBytes int64
+	// BodyBufferBytes bounds the memory of the OpenAI bodies read whole
+	// before the pick because their key is not within their first 64 KiB
+	// (model or prompt_cache_key after the messages, or no
+	// prompt_cache_key): one budget for the whole router
+	// (--body-buffer-bytes; heldbody.go). A body that finds it taken waits
+	// for room up to 10 s, then gets 503. Zero means
+	// DefaultBodyBufferBytes, or MaxBodyBytes+1 when that is more;
+	// otherwise it must be at least MaxBodyBytes+1 (MaxBodyBytes' default
+	// when zero).
+	BodyBufferBytes int64
 	// BalanceFactor > 0 bounds PREFIX_AWARE loads (consistent hashing with
 	// bounded loads, as HAProxy's hash-balance-factor): a candidate is
 	// admitted only if its load is below
@@ -70,6 +81,14 @@ type Options struct {
 	// timeout is the client's max_tokens, not the instance (issue 19).
 	// Zero means no bound.
 	UpstreamHeaderTimeout time.Duration
+	// UpstreamIdleTimeout bounds the silence between an answer's bytes
+	// (--upstream-idle-timeout, DefaultUpstreamIdleTimeout in `serve`):
+	// when an instance sends nothing for this long while the proxy waits
+	// for its next bytes, the answer is cut (a stream ends with an error)
+	// and the call counts against the instance's breaker. A client that
+	// stops reading does not trip it (--write-idle-timeout covers that).
+	// Zero means off.
+	UpstreamIdleTimeout time.Duration
 	// HideInstanceID leaves X-Prefixrouter-Instance out of responses and
 	// instance ids out of error messages (--hide-instance-id), for
 	// deployments whose clients must not learn the fleet's layout. False
@@ -136,6 +155,18 @@ type Options struct {
 	// stay apart, but a client that knows another tenant's id could compute
 	// its salt; otherwise at least MinCacheSaltKeyBytes.
 	CacheSaltKey string
+	// SessionKey authenticates and encrypts the stateful session ids the
+	// router issues (session.go; --session-key-file). Every replica of an
+	// endpoint must have the same key, or a session opened through one is
+	// refused by the others. Empty means SessionKeys, and for an endpoint
+	// it has no key for, a random key made at start: sessions then work
+	// through this replica only. Otherwise at least MinSessionKeyBytes.
+	SessionKey []byte
+	// SessionKeys gives an endpoint's session key, which wins over
+	// SessionKey (the replica reads them from etcd, under the endpoint;
+	// membership.ParseSessionKey). It must not block: it runs on the
+	// request path. Nil, or an empty answer, means SessionKey.
+	SessionKeys func(endpoint string) []byte
 	// StaleAfter is the snapshot age past which Readiness notes the snapshot
 	// as stale. It stays ready regardless (static stability: a replica
 	// routing on its last good snapshot beats no replica), so this only
@@ -199,6 +230,9 @@ func (o Options) withDefaults() Options {
 	if o.MaxBodyBytes == 0 {
 		o.MaxBodyBytes = DefaultMaxBodyBytes
 	}
+	if o.BodyBufferBytes == 0 {
+		o.BodyBufferBytes = max(DefaultBodyBufferBytes, o.MaxBodyBytes+1)
+	}
 	if o.LoadMetricsPath == "" {
 		o.LoadMetricsPath = "/metrics"
 	}
@@ -248,6 +282,9 @@ func (o Options) Validate() error {
 	if o.MaxBodyBytes < 0 {
 		bad("MaxBodyBytes (--max-body-bytes) %d is negative", o.MaxBodyBytes)
 	}
+	if maxBody := cmp.Or(o.MaxBodyBytes, DefaultMaxBodyBytes); o.BodyBufferBytes != 0 && o.BodyBufferBytes <= maxBody {
+		bad("BodyBufferBytes (--body-buffer-bytes) %d must exceed the largest body, %d (--max-body-bytes)", o.BodyBufferBytes, maxBody)
+	}
 	if f := o.BalanceFactor; !(f == 0 || (f >= 1 && f <= 10)) {
 		bad("BalanceFactor (--balance-factor) %v must be 0 (off) or in [1, 10]", f)
 	}
@@ -257,6 +294,7 @@ func (o Options) Validate() error {
 	fleet.NonNegative(bad,
 		fleet.Duration{Name: "UpstreamHeaderTimeout (--upstream-header-timeout)", Value: o.UpstreamHeaderTimeout},
 		fleet.Duration{Name: "FirstByteTimeout (--upstream-first-byte-timeout)", Value: o.FirstByteTimeout},
+		fleet.Duration{Name: "UpstreamIdleTimeout (--upstream-idle-timeout)", Value: o.UpstreamIdleTimeout},
 		fleet.Duration{Name: "LoadPollInterval (--load-poll-interval)", Value: o.LoadPollInterval},
 		fleet.Duration{Name: "HealthCheckInterval (--health-check-interval)", Value: o.HealthCheckInterval},
 		fleet.Duration{Name: "HealthCheckTimeout (--health-check-timeout)", Value: o.HealthCheckTimeout},
@@ -276,6 +314,9 @@ func (o Options) Validate() error {
 	}
 	if o.HealthCheckPath != "" && !strings.HasPrefix(o.HealthCheckPath, "/") {
 		bad("HealthCheckPath (--health-check-path) %q must start with /", o.HealthCheckPath)
+	}
+	if n := len(o.SessionKey); n > 0 && n < MinSessionKeyBytes {
+		bad("SessionKey (--session-key-file) has %d bytes, want at least %d", n, MinSessionKeyBytes)
 	}
 	if n := len(o.CacheSaltKey); n > 0 && n < MinCacheSaltKeyBytes {
 		bad("CacheSaltKey (--cache-salt-key) has %d bytes, want at least %d", n, MinCacheSaltKeyBytes)

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"slices"
 	"sync/atomic"
 
 	"github.com/cespare/xxhash/v2"
@@ -8,6 +9,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/lora"
 	"github.com/prefixrouter/prefixrouter/overload"
+	"github.com/prefixrouter/prefixrouter/ring"
 )
 
 // firstCandidates is how many ring candidates a PREFIX_AWARE pick ranks
@@ -31,13 +33,24 @@ type pick struct {
 	spill    spill // PREFIX_AWARE: why the ring primary was passed over
 }
 
-// hotChoice is what popularity-aware replication adds to a PREFIX_AWARE
-// pick: k, how many leading candidates of the key's ring order share it
-// (0 or 1: the primary alone), and spread, a hash of the request that
-// breaks load ties among them the same way on every replica.
+// hotChoice is what popularity adds to a PREFIX_AWARE pick. With fixed
+// keys and hot-key replication: k, how many leading candidates of the
+// key's ring order share it (0 or 1: the primary alone), and spread, a hash
+// of the request that breaks load ties among them the same way on every
+// replica. With adaptive keys (popular.go): the instances the request
+// prefers (lead), before the ring order of key, the depth it routes on;
+// byLoad when the lead share the request by load (k = nlead, ivs their
+// views), as hot keys do.
 type hotChoice struct {
 	k      int
 	spread uint64
+
+	key    uint64
+	level  int
+	lead   [maxHotCandidates]int
+	nlead  int
+	byLoad bool
+	ivs    []*instanceView
 }
 
 // spreadTail is how much of the end of a body the spread hash reads: the
@@ -207,10 +220,12 @@ func (h *healthFilter) skip(iv *instanceView) bool {
 }
 
 // pickPrefix is PREFIX_AWARE: the ring's primary (for a hot key, the least
-// loaded of its first hc.k candidates); else the next candidate in the
-// key's ring order with room under the threshold (and, with a balance
-// factor, a load below the balance bound) and a breaker that lets it
-// through; else the least loaded instance whose breaker is closed.
+// loaded of its first hc.k candidates; with adaptive keys, the first of the
+// instances the key's depth prefers, hc.lead); else the next candidate in
+// that order, then in the key's ring order, with room under the threshold
+// (and, with a balance factor, a load below the balance bound) and a
+// breaker that lets it through; else the least loaded instance whose
+// breaker is closed.
 func (r *Router) pickPrefix(ev *endpointView, set *lora.Set, key uint64, hc hotChoice, limit overload.Limit, skip bitset, h *healthFilter) (pick, bool) {
 	n := set.Len()
 	var bound int64 // 0: no balance bound
@@ -223,29 +238,47 @@ func (r *Router) pickPrefix(ev *endpointView, set *lora.Set, key uint64, hc hotC
 	if r.balance > 0 && ev.hot == nil {
 		bound = balanceBound(r.balance, ev.setLoad(set), n)
 	}
-	var buf [maxHotCandidates]int
-	var why spill
+	var buf [2 * maxHotCandidates]int
 	var cands []int
-	if k := min(hc.k, n, maxHotCandidates); k > 1 && ev.orders != nil {
+	switch k := min(hc.k, n, maxHotCandidates); {
+	case hc.nlead > 0:
+		cands = append(buf[:0], hc.lead[:hc.nlead]...)
+		if hc.byLoad {
+			toFront(cands, hotPick(hc.ivs, cands, hc.spread, skip, h))
+		}
+		// Then the key's ring order: where its prefix spills.
+		var more [maxHotCandidates]int
+		for _, i := range set.Ring().Candidates(key, min(n, len(cands)+firstCandidates, maxHotCandidates), more[:0]) {
+			if !slices.Contains(cands, i) {
+				cands = append(cands, i)
+			}
+		}
+	case k > 1 && ev.orders != nil:
 		o := ev.hotOrder(set, key)
 		cands = append(buf[:0], o.idx...)
 		// The chosen one goes first; the others keep their ring order, so
 		// the key's spill targets stay its warm candidates.
-		if c := hotPick(o.ivs[:k], cands[:k], hc.spread, skip, h); c > 0 {
-			i := cands[c]
-			copy(cands[1:c+1], cands[:c])
-			cands[0] = i
-		}
-	} else {
+		toFront(cands[:k], hotPick(o.ivs[:k], cands[:k], hc.spread, skip, h))
+	default:
 		cands = set.Ring().Candidates(key, min(n, firstCandidates), buf[:0])
 	}
-	for j := 0; ; j++ {
+	var why spill
+	for j, ranked := 0, false; ; j++ {
 		if j == len(cands) {
-			if len(cands) >= n {
+			if ranked || len(cands) >= n {
 				break
 			}
-			// Every early candidate is full: rank the whole set (rare).
-			cands = set.Ring().Candidates(key, n, make([]int, 0, n))
+			// Every early candidate is full: the rest of the ring order
+			// (rare).
+			ranked = true
+			for _, i := range set.Ring().Candidates(key, n, make([]int, 0, n)) {
+				if !slices.Contains(cands[:j], i) {
+					cands = append(cands, i)
+				}
+			}
+			if j == len(cands) {
+				break
+			}
 		}
 		i := cands[j]
 		if skip.has(i) {
@@ -277,6 +310,15 @@ func (r *Router) pickPrefix(ev *endpointView, set *lora.Set, key uint64, hc hotC
 	return p, ok
 }
 
+// toFront moves cands[c] to the front, the others keeping their order.
+func toFront(cands []int, c int) {
+	if c > 0 {
+		i := cands[c]
+		copy(cands[1:c+1], cands[:c])
+		cands[0] = i
+	}
+}
+
 // spreadScore ranks instance i of a set for a request with spread hash
 // spread: among a hot key's candidates, the request prefers the highest
 // score. It is rendezvous hashing over the k candidates, so replicas that
@@ -285,16 +327,7 @@ func (r *Router) pickPrefix(ev *endpointView, set *lora.Set, key uint64, hc hotC
 // spread mod k, nearly every request changed instance). The constant is
 // 2^64 / φ, so consecutive indexes get unrelated seeds.
 func spreadScore(spread uint64, i int) uint64 {
-	return mix64(spread ^ uint64(i+1)*0x9e3779b97f4a7c15)
-}
-
-// mix64 is splitmix64's finalizer: full avalanche of a 64-bit value.
-func mix64(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	return x ^ x>>31
+	return ring.Score(spread, uint64(i+1)*0x9e3779b97f4a7c15)
 }
 
 // hotPick returns the position in cands (a hot key's first k ring

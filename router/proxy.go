@@ -268,8 +268,8 @@ func (p *proxy) modifyResponse(resp *http.Response) error {
 	}
 	if a.kind == kindInvoke {
 		resp.Header.Set(HeaderInvokedVariant, variantOf(a.cur.iv))
-		rewriteSessionHeader(resp.Header, HeaderNewSessionID, a.cur.iv.inst.ID)
-		rewriteSessionHeader(resp.Header, HeaderClosedSessionID, a.cur.iv.inst.ID)
+		p.r.sessions.rewrite(resp.Header, HeaderNewSessionID, a.endpoint, a.cur.iv.inst.ID)
+		p.r.sessions.rewrite(resp.Header, HeaderClosedSessionID, a.endpoint, a.cur.iv.inst.ID)
 	}
 	body := &trackedBody{ReadCloser: resp.Body, a: a}
 	resp.Body = body

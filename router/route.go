@@ -44,8 +44,14 @@ type route struct {
 	rest io.Reader // the body after body, streamed after the pick; nil when body is all of it
 
 	tenant, model string
-	key           uint64
-	stream        bool // an OpenAI body's "stream": true (as far as step 2 read it)
+	// key is the key whose ring order the pick follows: the fixed-length
+	// key, or with adaptive keys the shallowest depth's until step 8
+	// chooses the depth the request routes on (popular.go).
+	key     uint64
+	digests prefixDigests     // the prefix at the ladder's depths
+	keys    [maxLevels]uint64 // routing keys of the first nkeys depths (levelKey)
+	nkeys   int
+	stream  bool // an OpenAI body's "stream": true (as far as step 2 read it)
 
 	session   *instanceView // step 4: the session's instance; nil without a session
 	sessionID string        // the container's own session id, sent to the instance
@@ -166,7 +172,10 @@ func (r *Router) stepParse(rt *route, in *routeInput) *routeError {
 	if err != nil {
 		return err
 	}
-	rt.tenant, rt.model, rt.key, rt.stream = rr.tenant, rr.model, rr.key, rr.stream
+	rt.tenant, rt.model, rt.key, rt.digests, rt.stream = rr.tenant, rr.model, rr.key, rr.digests, rr.stream
+	if rt.ev.pop != nil {
+		rt.key = rt.levelKey(0) // the variant's key; step 8 chooses the depth
+	}
 	if rt.ev.salt && rt.tenant != "" && in.kind.openAI() {
 		// Front ends give a salted endpoint's OpenAI body whole.
 		rt.body = r.salter.withCacheSalt(rt.body, rt.endpoint, rt.tenant)
@@ -182,7 +191,7 @@ func (r *Router) stepSession(rt *route, in *routeInput) *routeError {
 	if in.kind != kindInvoke || sid == "" || sid == NewSession {
 		return nil
 	}
-	id, inner, ok := parseSessionID(sid)
+	id, inner, ok := r.sessions.open(rt.endpoint, sid)
 	if !ok {
 		return &routeError{http.StatusBadRequest, codeInvalidSession, "X-Amzn-SageMaker-Session-Id is not a session id this endpoint issued"}
 	}
@@ -200,7 +209,9 @@ func (r *Router) stepVariant(rt *route, in *routeInput) *routeError {
 	if in.kind != kindInvoke {
 		return nil
 	}
-	if rt.variant = in.header.Get(HeaderTargetVariant); rt.variant != "" {
+	if rt.variant = in.header.Get(HeaderTargetVariant); rt.variant != "" || rt.session != nil {
+		// A named variant holds; a session's instance is its own
+		// variant (the weights split new traffic, not sessions).
 		return nil
 	}
 	rt.variant = rt.ev.weightedVariant(rt.key)
@@ -325,11 +336,23 @@ func (r *Router) stepPick(rt *route, in *routeInput) *routeError {
 	return &routeError{http.StatusServiceUnavailable, codeNoInstance, msg}
 }
 
-// hotChoice is the key's replication: counted in the endpoint's sketch by
-// the data plane, read only by Explain.
+// hotChoice is the key's replication, or with adaptive keys the depth the
+// request routes on: counted in the endpoint's sketch by the data plane,
+// read only by Explain.
 func (r *Router) hotChoice(rt *route, in *routeInput) hotChoice {
 	if rt.session != nil || rt.ev.hot == nil {
 		return hotChoice{}
+	}
+	if rt.ev.pop != nil {
+		if !in.explain {
+			rt.count()
+		}
+		c := rt.ev.pop.treeChoice(rt)
+		rt.key = c.key
+		if c.byLoad {
+			c.spread = spreadHash(rt.body)
+		}
+		return c
 	}
 	if in.explain {
 		k := rt.ev.hot.K(rt.key, rt.set.Len())
@@ -380,6 +403,7 @@ func (rt *route) awaitHolder(ctx context.Context, r *Router, failed failedHolder
 // httpBody is the HTTP data plane's body source: it reads from the client
 // as the key needs, and streams the rest after the pick.
 type httpBody struct {
+	r     *Router // its body arena (heldbody.go)
 	w     http.ResponseWriter
 	req   *http.Request
 	limit int64
@@ -390,7 +414,7 @@ func (b httpBody) read(ev *endpointView, kind apiKind) ([]byte, io.Reader, *rout
 	case kind == kindInvoke:
 		return readHead(b.w, b.req, b.limit, ev.prefixLen)
 	case !ev.salt:
-		return readOpenAIHead(b.w, b.req, b.limit, kind == kindChat, ev.prefixLen)
+		return b.r.readOpenAIHead(b.w, b.req, b.limit, kind == kindChat, ev.prefixLen)
 	default:
 		// The salt goes at the body's end: read it whole.
 		body, err := readBody(b.w, b.req, b.limit)

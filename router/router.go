@@ -42,19 +42,33 @@ type Router struct {
 	handler http.Handler // the routes, instrumented when tracing is on
 	proxy   *proxy
 	salter  *salter
+	// sessions seals and opens stateful session ids (session.go).
+	sessions sessionKeys
+	// arena lends the buffers of bodies read whole before the pick
+	// (heldbody.go).
+	arena   *bodyArena
 	metrics *metrics
 	load    *probe.Prober // nil unless LoadPollInterval > 0
 	health  *probe.Prober // nil unless HealthCheckInterval > 0
 	rate    rateMeter     // this replica's request rate (ShareTraffic)
 
+	modelLists   modelsCache          // GET /v1/models answers (models.go)
 	view         atomic.Pointer[view] // nil until the first Update
 	shuttingDown atomic.Bool          // set by Drain: readiness fails, routing goes on
 	waiting      atomic.Int64         // requests in waitLoaded
 
-	mu       sync.Mutex                   // guards trackers, moves and hot; serializes Update
-	trackers map[string]*overload.Tracker // by endpoint; owned by Update
-	moves    map[string]*movement         // by endpoint; owned by Update
-	hot      map[string]*hotkey.Sketch    // by endpoint with hot-key replication on; owned by Update
+	mu        sync.Mutex                   // guards trackers, moves, hot and published; serializes Update
+	trackers  map[string]*overload.Tracker // by endpoint; owned by Update
+	moves     map[string]*movement         // by endpoint; owned by Update
+	hot       map[string]sketch            // by endpoint that counts popularity; owned by Update
+	published map[string]*published        // by endpoint: its last Popularity
+}
+
+// sketch is an endpoint's popularity estimate and the keys it counts.
+type sketch struct {
+	s         *hotkey.Sketch
+	adaptive  bool // depths of adaptive keys, or fixed-length keys
+	prefixLen int
 }
 
 // view is everything a request needs, published as one immutable value.
@@ -92,12 +106,16 @@ type endpointView struct {
 	// the table's sets live exactly as long as this view.
 	setStates sync.Map
 	// hot estimates key popularity when the endpoint is PREFIX_AWARE with
-	// HotKeyReplication on; nil otherwise. It outlives views (Update
-	// carries it over), so estimates survive membership changes.
+	// adaptive keys or HotKeyReplication on; nil otherwise. It outlives
+	// views while the keys stay the same (Update carries it over), so
+	// estimates survive membership changes.
 	hot *hotkey.Sketch
 	// orders caches hot keys' ring orders for this view (see hotOrder);
-	// nil when hot is.
+	// nil unless the endpoint replicates hot fixed-length keys.
 	orders *hotOrders
+	// pop is the agreed popularity and its placement when the endpoint
+	// is PREFIX_AWARE with adaptive keys (popular.go); nil otherwise.
+	pop *popView
 }
 
 type instanceView struct {
@@ -117,18 +135,20 @@ func newRouter(opts Options, clock clockwork.Clock) (*Router, error) {
 		return nil, err
 	}
 	opts = opts.withDefaults()
-	r := &Router{opts: opts, log: opts.Logger, rand: opts.Rand, balance: int64(math.Round(opts.BalanceFactor * 1000)), trackers: map[string]*overload.Tracker{}}
+	r := &Router{opts: opts, log: opts.Logger, rand: opts.Rand, balance: int64(math.Round(opts.BalanceFactor * 1000)), trackers: map[string]*overload.Tracker{}, published: map[string]*published{}}
 	m, err := newMetrics(opts.Registry, r)
 	if err != nil {
 		return nil, fmt.Errorf("router: register metrics: %w", err)
 	}
 	r.metrics = m
 	r.salter = newSalter(opts.CacheSaltKey)
+	r.sessions = newSessionKeys(opts.SessionKey, opts.SessionKeys)
+	r.arena = newBodyArena(opts.BodyBufferBytes, int(opts.MaxBodyBytes)+1)
 	tr := opts.Transport
 	// Probes and the load poller use tr itself: they are not traced.
 	var upstream http.RoundTripper
 	r.handler, upstream = instrument(opts.TracerProvider, withAPIKeys(newAPIKeys(opts.APIKeys), r.routes()), tr)
-	r.proxy = newProxy(r, upstream)
+	r.proxy = newProxy(r, upstreamGuard{next: upstream, idle: opts.UpstreamIdleTimeout})
 	if err := r.startProbes(tr, clock); err != nil {
 		r.Close()
 		return nil, err
@@ -197,7 +217,7 @@ func (r *Router) Update(s *fleet.Snapshot) {
 	v := &view{snap: s, rates: rates, endpoints: make(map[string]*endpointView, len(s.Endpoints)), next: make(chan struct{})}
 	trackers := make(map[string]*overload.Tracker, len(s.Endpoints))
 	moves := make(map[string]*movement, len(s.Endpoints))
-	hot := make(map[string]*hotkey.Sketch)
+	hot := make(map[string]sketch)
 	for name, ep := range s.Endpoints {
 		tr := r.trackers[name]
 		if tr == nil {
@@ -227,14 +247,28 @@ func (r *Router) Update(s *fleet.Snapshot) {
 			ev.variants = append(ev.variants, pv.VariantName)
 			ev.cumWeight = append(ev.cumWeight, total)
 		}
-		if cfg.Strategy == fleet.PrefixAware && cfg.HotKeyReplication {
-			ev.hot = r.hot[name]
-			if ev.hot == nil {
+		adaptive := cfg.Strategy == fleet.PrefixAware && !cfg.FixedLengthKeys
+		if adaptive || (cfg.Strategy == fleet.PrefixAware && cfg.HotKeyReplication) {
+			// The estimate outlives snapshots while the keys it counts stay
+			// the same; other keys start a new one.
+			sk := r.hot[name]
+			if sk.s == nil || sk.adaptive != adaptive || sk.prefixLen != cfg.PrefixLength {
+				o := hotkey.Options{Threshold: r.opts.HotKeyThreshold}
+				if adaptive {
+					// Replicas route on the agreed view: one standard error
+					// keeps k from flapping and reacts within about a hundred
+					// requests of a replica (docs/balance.md).
+					o.Evidence = 1
+				}
 				// Options were validated in New.
-				ev.hot, _ = hotkey.New(hotkey.Options{Threshold: r.opts.HotKeyThreshold})
+				sk.s, _ = hotkey.New(o)
+				sk.adaptive, sk.prefixLen = adaptive, cfg.PrefixLength
 			}
-			hot[name] = ev.hot
-			ev.orders = new(hotOrders)
+			ev.hot = sk.s
+			hot[name] = sk
+			if !adaptive {
+				ev.orders = new(hotOrders)
+			}
 		}
 		for i := range ep.Instances {
 			in := &ep.Instances[i]
@@ -255,6 +289,9 @@ func (r *Router) Update(s *fleet.Snapshot) {
 			} else {
 				v.ready = true
 			}
+		}
+		if adaptive {
+			ev.pop = newPopView(ev, ep.Popular)
 		}
 		r.metrics.initSeries(name, ev, r.view.Load())
 		v.endpoints[name] = ev

@@ -186,7 +186,9 @@ func threeBackends(t *testing.T) []*backend {
 }
 
 func prefixCfg(threshold int) fleet.RoutingConfig {
-	return fleet.RoutingConfig{RoutingStrategy: fleet.PrefixAware, PrefixAwareRoutingConfig: &fleet.PrefixAwareConfig{PrefixLength: 1024, ConcurrencyThreshold: threshold}}
+	// SageMaker's fixed-length keys: the tests compute the key the router
+	// routes on (parseRequest at 1024); adaptive keys have tests of their own.
+	return fleet.RoutingConfig{RoutingStrategy: fleet.PrefixAware, PrefixAwareRoutingConfig: &fleet.PrefixAwareConfig{PrefixLength: 1024, ConcurrencyThreshold: threshold, FixedLengthKeys: true}}
 }
 
 func TestAffinityAndTenantSplit(t *testing.T) {

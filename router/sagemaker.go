@@ -1,10 +1,6 @@
 package router
 
 import (
-	"encoding/base64"
-	"net/http"
-	"strings"
-
 	"github.com/prefixrouter/prefixrouter/lora"
 )
 
@@ -35,49 +31,6 @@ const (
 	// VariantLabel is the instance label naming its production variant.
 	VariantLabel = "variant"
 )
-
-// Sessions carry their instance in the id the client sees: the router
-// answers the container's session id s from instance i as
-// base64url(i) + "." + s, and routes a request with that id to i and sends
-// s on. Every replica reads the same instance from the id, so a session
-// stays on its instance whichever replica a request reaches, with no state
-// shared between replicas (or kept in one).
-var sessionEncoding = base64.RawURLEncoding
-
-// clientSessionID is the id the client sees for the container's id sid on
-// instance id.
-func clientSessionID(instance, sid string) string {
-	return sessionEncoding.EncodeToString([]byte(instance)) + "." + sid
-}
-
-// parseSessionID splits a client session id into the instance and the
-// container's id.
-func parseSessionID(v string) (instance, sid string, ok bool) {
-	enc, sid, ok := strings.Cut(v, ".")
-	if !ok || sid == "" {
-		return "", "", false
-	}
-	b, err := sessionEncoding.DecodeString(enc)
-	if err != nil || len(b) == 0 {
-		return "", "", false
-	}
-	return string(b), sid, true
-}
-
-// rewriteSessionHeader turns the container's session id at the start of
-// header h (SageMaker's "<id>; Expires=<time>" for a new session) into the
-// client's.
-func rewriteSessionHeader(hdr http.Header, h, instance string) {
-	v := hdr.Get(h)
-	if v == "" {
-		return
-	}
-	sid, rest, _ := strings.Cut(v, ";")
-	if rest != "" {
-		rest = ";" + rest
-	}
-	hdr.Set(h, clientSessionID(instance, strings.TrimSpace(sid))+rest)
-}
 
 // variantOf is the production variant of an instance.
 func variantOf(iv *instanceView) string {

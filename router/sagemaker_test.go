@@ -8,21 +8,6 @@ import (
 	"github.com/prefixrouter/prefixrouter/fleet"
 )
 
-func TestSessionID(t *testing.T) {
-	for _, inst := range []string{"i-a", "vllm.0:8000", "x"} {
-		id := clientSessionID(inst, "s.1; odd")
-		gotInst, sid, ok := parseSessionID(id)
-		if !ok || gotInst != inst || sid != "s.1; odd" {
-			t.Fatalf("%q -> %q -> %q %q %v", inst, id, gotInst, sid, ok)
-		}
-	}
-	for _, bad := range []string{"", "abc", ".s", "!!.s", "aQ."} {
-		if _, _, ok := parseSessionID(bad); ok {
-			t.Fatalf("%q parsed", bad)
-		}
-	}
-}
-
 // TestProductionVariantWeights: without a Target-Variant, the endpoint's
 // ProductionVariants weights split keys between variants; a key keeps its
 // variant. n = 2000 keys: the green share's standard deviation is

@@ -476,6 +476,11 @@ const (
 // buffer headers without end.
 const maxResponseHeaderBytes = 1 << 20
 
+// ErrSwitchingProtocols fails an answer of 101 Switching Protocols: the
+// transport never asks for an upgrade, and the connection, in another
+// protocol from then on, is closed instead of pooled (issue 19).
+var ErrSwitchingProtocols = errors.New("upstream: the instance switched protocols (101) though no upgrade was asked for")
+
 // errHeaderTooLarge fails an answer whose head exceeds maxResponseHeaderBytes.
 var errHeaderTooLarge = fmt.Errorf("upstream: response headers exceed %d bytes", maxResponseHeaderBytes)
 
@@ -542,7 +547,10 @@ func (t *Transport) send(c *conn, req *http.Request) (resp *http.Response, start
 		if err != nil {
 			return nil, c.lr.left < maxResponseHeaderBytes, err
 		}
-		if resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
+		if resp.StatusCode == http.StatusSwitchingProtocols {
+			return nil, true, ErrSwitchingProtocols
+		}
+		if resp.StatusCode >= 100 && resp.StatusCode < 200 {
 			// 103 Early Hints and the like: the answer follows. They go
 			// to the request's httptrace hook, as net/http's Transport
 			// does (ReverseProxy's hook forwards them to the client); a
@@ -565,7 +573,7 @@ func (t *Transport) send(c *conn, req *http.Request) (resp *http.Response, start
 // excluded are the headers write sets itself, or never forwards.
 var excluded = map[string]bool{
 	"Host": true, "Content-Length": true, "Transfer-Encoding": true, "Trailer": true,
-	"Connection": true, "Expect": true, "User-Agent": true,
+	"Connection": true, "Expect": true, "User-Agent": true, "Upgrade": true,
 }
 
 // errBadHost rejects a host that would break the request line.

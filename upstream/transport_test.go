@@ -13,6 +13,7 @@ import (
 	"net/textproto"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -520,4 +521,70 @@ func TestResponseHeadersAreBounded(t *testing.T) {
 	if _, err := tr.RoundTrip(req); !errors.Is(err, errHeaderTooLarge) {
 		t.Fatalf("2 MiB of headers: %v, want errHeaderTooLarge", err)
 	}
+}
+
+// TestSwitchingProtocolsClosesTheConnection: an instance answering 101 left
+// its connection open and pooled (issue 19: 60 upstream connections stayed
+// open). The answer is ErrSwitchingProtocols, the connection is closed, and
+// an Upgrade header is never sent.
+func TestSwitchingProtocolsClosesTheConnection(t *testing.T) {
+	upgrades := make(chan string, 10)
+	closed := make(chan struct{}, 10)
+	addr := serveEachConn(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			return
+		}
+		upgrades <- req.Header.Get("Upgrade") + "|" + req.Header.Get("Connection")
+		_, _ = io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+		if _, err := br.ReadByte(); err == io.EOF {
+			closed <- struct{}{}
+		}
+	})
+	tr := newTransport(t, Options{})
+	for range 3 {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+addr+"/", nil)
+		req.Header.Set("Upgrade", "websocket")
+		if _, err := tr.RoundTrip(req); !errors.Is(err, ErrSwitchingProtocols) {
+			t.Fatalf("RoundTrip = %v, want ErrSwitchingProtocols", err)
+		}
+		if h := <-upgrades; h != "|" {
+			t.Fatalf("the instance got Upgrade|Connection %q", h)
+		}
+		select {
+		case <-closed:
+		case <-time.After(5 * time.Second):
+			t.Fatal("the connection that switched protocols is still open")
+		}
+	}
+}
+
+// serveEachConn serves every connection to a loopback listener with handle
+// on its own goroutine (which closes the connection after it) until the
+// test ends, and returns the listener's address.
+func serveEachConn(t *testing.T, handle func(net.Conn)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer c.Close()
+				handle(c)
+			})
+		}
+	})
+	t.Cleanup(func() {
+		ln.Close()
+		wg.Wait()
+	})
+	return ln.Addr().String()
 }

@@ -440,7 +440,8 @@ type RoutingConfig struct {
 	// PREFIX_AWARE.
 	Strategy string `protobuf:"bytes,1,opt,name=strategy,proto3" json:"strategy,omitempty"`
 	// Prefix units (bytes on invoke paths, characters on OpenAI paths) that
-	// form the routing key, 1024..65536. 0 means the default, 4096.
+	// form the routing key, the deepest the router looks at, 1024..65536. 0
+	// means the default: 32768 for PREFIX_AWARE with adaptive keys, else 4096.
 	PrefixLength int32 `protobuf:"varint,2,opt,name=prefix_length,json=prefixLength,proto3" json:"prefix_length,omitempty"`
 	// In-flight requests per instance before spilling, 1..1024. 0 means the
 	// default, 10.
@@ -465,8 +466,13 @@ type RoutingConfig struct {
 	// breaker; 1..3600000. 0 means the default, each replica's
 	// --upstream-first-byte-timeout.
 	FirstByteTimeoutInMilliseconds int32 `protobuf:"varint,7,opt,name=first_byte_timeout_in_milliseconds,json=firstByteTimeoutInMilliseconds,proto3" json:"first_byte_timeout_in_milliseconds,omitempty"`
-	unknownFields                  protoimpl.UnknownFields
-	sizeCache                      protoimpl.SizeCache
+	// PREFIX_AWARE only (PrefixAwareRoutingConfig.FixedLengthKeys): key every
+	// prompt on its first prefix_length units, SageMaker's exact behaviour.
+	// False means the default: keys follow the prompt's tree (the shallowest
+	// prefix that is not hot; docs/balance.md).
+	FixedLengthKeys bool `protobuf:"varint,8,opt,name=fixed_length_keys,json=fixedLengthKeys,proto3" json:"fixed_length_keys,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *RoutingConfig) Reset() {
@@ -546,6 +552,13 @@ func (x *RoutingConfig) GetFirstByteTimeoutInMilliseconds() int32 {
 		return x.FirstByteTimeoutInMilliseconds
 	}
 	return 0
+}
+
+func (x *RoutingConfig) GetFixedLengthKeys() bool {
+	if x != nil {
+		return x.FixedLengthKeys
+	}
+	return false
 }
 
 // ProductionVariant is one variant's share of an endpoint's traffic.
@@ -1547,7 +1560,7 @@ const file_prefixrouter_admin_v1_admin_proto_rawDesc = "" +
 	"\x14DeleteAdapterRequest\x12\x1a\n" +
 	"\bendpoint\x18\x01 \x01(\tR\bendpoint\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\"\x17\n" +
-	"\x15DeleteAdapterResponse\"\x88\x03\n" +
+	"\x15DeleteAdapterResponse\"\xb4\x03\n" +
 	"\rRoutingConfig\x12\x1a\n" +
 	"\bstrategy\x18\x01 \x01(\tR\bstrategy\x12#\n" +
 	"\rprefix_length\x18\x02 \x01(\x05R\fprefixLength\x123\n" +
@@ -1555,7 +1568,8 @@ const file_prefixrouter_admin_v1_admin_proto_rawDesc = "" +
 	"\x13hot_key_replication\x18\x04 \x01(\bR\x11hotKeyReplication\x12*\n" +
 	"\x11tenant_cache_salt\x18\x05 \x01(\bR\x0ftenantCacheSalt\x12Y\n" +
 	"\x13production_variants\x18\x06 \x03(\v2(.prefixrouter.admin.v1.ProductionVariantR\x12productionVariants\x12J\n" +
-	"\"first_byte_timeout_in_milliseconds\x18\a \x01(\x05R\x1efirstByteTimeoutInMilliseconds\"l\n" +
+	"\"first_byte_timeout_in_milliseconds\x18\a \x01(\x05R\x1efirstByteTimeoutInMilliseconds\x12*\n" +
+	"\x11fixed_length_keys\x18\b \x01(\bR\x0ffixedLengthKeys\"l\n" +
 	"\x11ProductionVariant\x12!\n" +
 	"\fvariant_name\x18\x01 \x01(\tR\vvariantName\x124\n" +
 	"\x16initial_variant_weight\x18\x02 \x01(\x01R\x14initialVariantWeight\"-\n" +

@@ -23,7 +23,8 @@ func newDemoCmd() *cobra.Command {
 		Long: `demo is the main job on a fresh machine. It starts an embedded etcd, simulated model
 servers (vLLM-like, with prefix caching and a cost model calibrated on an H200) registered
 through the real agent, and two router replicas; then drives each workload under RANDOM,
-LEAST_OUTSTANDING_REQUESTS, PREFIX_AWARE and PREFIX_AWARE with hot-key replication,
+LEAST_OUTSTANDING_REQUESTS, PREFIX_AWARE (keys that follow the prompt's tree, the default), PREFIX_AWARE
+with SageMaker's fixed-length keys and with fixed-length keys and hot-key replication,
 switching the routing config through etcd between runs (no restart). It prints P50/P90 time to first token, throughput, KV hit rate
 against the oracle and each instance's share of requests, and writes report.md, report.json
 and report.html (self-contained charts) to --out-dir.
@@ -74,7 +75,8 @@ The model servers are simulated: no GPU is used, and the figures are the simulat
 	f.Float64Var(&cfg.BalanceFactor, "balance-factor", cfg.BalanceFactor, "bounded-load factor of the router replicas under PREFIX_AWARE (0: off)")
 	f.StringSliceVar(&workloads, "workload", nil, "run only these workload presets (default: all of the demo's; another preset runs at 7 req/s, 200 warm-up + 600 measured requests)")
 	f.StringSliceVar(&strategies, "strategy", nil, "run only these strategies (default: RANDOM, LEAST_OUTSTANDING_REQUESTS, PREFIX_AWARE)")
-	f.BoolVar(&cfg.HotKeys, "hot-keys", cfg.HotKeys, "after each PREFIX_AWARE run, run PREFIX_AWARE with hot-key replication ("+demo.HotLabel+")")
+	f.BoolVar(&cfg.FixedKeys, "fixed-keys", cfg.FixedKeys, "after each PREFIX_AWARE run, run PREFIX_AWARE with SageMaker's fixed-length keys ("+demo.FixedLabel+")")
+	f.BoolVar(&cfg.HotKeys, "hot-keys", cfg.HotKeys, "after each PREFIX_AWARE run, run PREFIX_AWARE with fixed-length keys and hot-key replication ("+demo.HotLabel+")")
 	f.Int64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the request streams")
 	f.StringVar(&cfg.OutDir, "out-dir", cfg.OutDir, "directory for report.md, report.json and report.html")
 	bindLogLevel(f, &logLevel, slog.LevelError, "log level of the embedded components")

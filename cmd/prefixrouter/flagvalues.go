@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"log/slog"
@@ -97,13 +98,40 @@ func (a *apiKeysFileValue) Set(v string) error {
 	return nil
 }
 
-// bindRouting binds --strategy, --prefix-length, --concurrency-threshold
-// and --tenant-cache-salt to rc, starting from the default routing config.
+// sessionKeyFileValue binds --session-key-file: the file's content, a final
+// line break dropped, is the key; it is read and checked as the flag is
+// parsed.
+type sessionKeyFileValue struct {
+	path string
+	key  *[]byte
+}
+
+func (v *sessionKeyFileValue) Type() string   { return "file" }
+func (v *sessionKeyFileValue) String() string { return v.path }
+func (v *sessionKeyFileValue) Set(path string) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	data = bytes.TrimRight(data, "\r\n")
+	if len(data) < router.MinSessionKeyBytes {
+		return fmt.Errorf("%s holds %d bytes, want at least %d (e.g. openssl rand -base64 48)", path, len(data), router.MinSessionKeyBytes)
+	}
+	v.path, *v.key = path, data
+	return nil
+}
+
+// bindRouting binds --strategy, --prefix-length, --concurrency-threshold,
+// --hot-key-replication, --fixed-length-keys and --tenant-cache-salt to rc,
+// starting from the default routing config. PrefixLength starts unset: its
+// default depends on the strategy and the keys (fleet.WithDefaults).
 func bindRouting(fs *pflag.FlagSet, rc *fleet.RoutingConfig) {
 	*rc = fleet.DefaultRoutingConfig()
 	p := rc.PrefixAwareRoutingConfig
+	p.PrefixLength = 0
 	fs.Var((*strategyValue)(&rc.RoutingStrategy), "strategy", "routing strategy: PREFIX_AWARE, LEAST_OUTSTANDING_REQUESTS or RANDOM")
-	fs.Var(rangeValue{"PrefixLength", &p.PrefixLength, fleet.MinPrefixLength, fleet.MaxPrefixLength}, "prefix-length", fmt.Sprintf("prefix that forms the routing key: bytes of the body on invoke paths, characters of message text on OpenAI paths (%d..%d)", fleet.MinPrefixLength, fleet.MaxPrefixLength))
+	fs.Var(rangeValue{"PrefixLength", &p.PrefixLength, fleet.MinPrefixLength, fleet.MaxPrefixLength}, "prefix-length", fmt.Sprintf("prefix that forms the routing key, the deepest the router looks at: bytes of the body on invoke paths, characters of message text on OpenAI paths (%d..%d; 0 means %d for PREFIX_AWARE with adaptive keys, else %d)", fleet.MinPrefixLength, fleet.MaxPrefixLength, fleet.DefaultAdaptivePrefixLength, fleet.DefaultPrefixLength))
+	fs.BoolVar(&p.FixedLengthKeys, "fixed-length-keys", false, "PREFIX_AWARE: key every prompt on its first --prefix-length units, SageMaker's exact behaviour, instead of following the prompt's tree (route on the shallowest prefix that is not hot, popular prefixes placed by the replicas' agreed view; docs/balance.md)")
 	fs.Var(rangeValue{"ConcurrencyThreshold", &p.ConcurrencyThreshold, fleet.MinConcurrencyThreshold, fleet.MaxConcurrencyThreshold}, "concurrency-threshold", fmt.Sprintf("in-flight requests an instance takes before new ones spill to the next candidate (%d..%d)", fleet.MinConcurrencyThreshold, fleet.MaxConcurrencyThreshold))
 	fs.BoolVar(&p.HotKeyReplication, "hot-key-replication", false, "PREFIX_AWARE: give a key that alone needs more than one instance the first k of its ring order and spread it over them by load (popularity-aware replication; see docs/balance.md)")
 	fs.BoolVar(&rc.TenantCacheSalt, "tenant-cache-salt", false, "set vLLM's cache_salt on OpenAI requests with a prompt_cache_key to a keyed hash of it, so tenants never share cached KV blocks, even on one instance (TenantCacheSalt in the routing config)")

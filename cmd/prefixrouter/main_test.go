@@ -72,6 +72,10 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"api keys file empty", []string{"serve", "--static-instances", "a=http://127.0.0.1:1", "--api-keys-file", os.DevNull}, "lists no key"},
 		{"unknown threshold share", []string{"serve", "--static-instances", "a=http://127.0.0.1:1", "--threshold-share", "even"}, "--threshold-share"},
 		{"negative rate interval", []string{"serve", "--static-instances", "a=http://127.0.0.1:1", "--rate-interval", "-1s"}, "--rate-interval"},
+		{"session key file missing", []string{"serve", "--static-instances", "a=http://127.0.0.1:1", "--session-key-file", "/nonexistent/key"}, "--session-key-file"},
+		{"session key too short", []string{"serve", "--static-instances", "a=http://127.0.0.1:1", "--session-key-file", shortKeyFile(t)}, "want at least 32"},
+		{"header count negative", []string{"serve", "--static-instances", "a=http://127.0.0.1:1", "--max-header-count", "-1"}, "--max-header-count"},
+		{"negative upstream idle timeout", []string{"serve", "--static-instances", "a=http://127.0.0.1:1", "--upstream-idle-timeout", "-1s"}, "--upstream-idle-timeout"},
 		{"gc percent below -1", []string{"serve", "--static-instances", "a=http://127.0.0.1:1", "--gc-percent", "-2"}, "--gc-percent"},
 		{"max ejection percent over 100", []string{"serve", "--static-instances", "a=http://127.0.0.1:1", "--max-ejection-percent", "101"}, "--max-ejection-percent) 101 is outside 1..100"},
 		{"max ejection percent negative", []string{"serve", "--static-instances", "a=http://127.0.0.1:1", "--max-ejection-percent", "-1"}, "--max-ejection-percent) -1"},
@@ -215,6 +219,15 @@ func TestAdapterAddRemoveListAgainstEtcd(t *testing.T) {
 	if strings.Contains(out, "sql-lora") || !strings.Contains(out, "chat-lora") {
 		t.Fatalf("after remove: %q", out)
 	}
+}
+
+// shortKeyFile is a session key file of 31 bytes and a line break.
+func shortKeyFile(t *testing.T) string {
+	p := filepath.Join(t.TempDir(), "session.key")
+	if err := os.WriteFile(p, []byte(strings.Repeat("k", 31)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
 
 // TestServeHasEveryRoutingFlag: serve reports a routing setting a stored

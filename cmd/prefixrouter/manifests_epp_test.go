@@ -18,6 +18,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3" // resolves the router filter's Any
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3" // resolves HttpProtocolOptions
 	"google.golang.org/protobuf/encoding/protojson"
 	corev1 "k8s.io/api/core/v1"
@@ -242,6 +243,14 @@ func checkEnvoyConfig(m manifests) []string {
 		}
 		if !extProc {
 			add("no ext_proc filter")
+		}
+		if c := clusters[pickerCluster]; c != nil {
+			// The routers count the outcomes only of an authenticated
+			// peer (issue 19).
+			var tc tlsv3.UpstreamTlsContext
+			if c.GetTransportSocket().GetTypedConfig().UnmarshalTo(&tc) != nil || len(tc.GetCommonTlsContext().GetTlsCertificates()) == 0 {
+				add("cluster %s presents no client certificate: the routers would not count Envoy's outcome reports (docs/security.md)", pickerCluster)
+			}
 		}
 		for _, c := range clusters {
 			if c.GetType() != clusterv3.Cluster_STRICT_DNS && c.GetType() != clusterv3.Cluster_LOGICAL_DNS {

@@ -151,6 +151,7 @@ func TestManifestCheckerCatchesMistakes(t *testing.T) {
 		{"epp-envoy", "body mode", "request_body_mode: FULL_DUPLEX_STREAMED", "request_body_mode: BUFFERED", "FULL_DUPLEX_STREAMED"},
 		{"epp-envoy", "listener port", "port_value: 8081", "port_value: 8082", "listener port 8082"},
 		{"epp-envoy", "ext-proc listen port", "--ext-proc-listen=0.0.0.0:9002", "--ext-proc-listen=0.0.0.0:9003", "ext-proc"},
+		{"epp-envoy", "picker without client certificate", "              tls_certificates:\n              - certificate_chain: { filename: /etc/envoy-ext-proc-tls/tls.crt }\n                private_key: { filename: /etc/envoy-ext-proc-tls/tls.key }\n", "              tls_certificates: []\n", "presents no client certificate"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.build+"/"+tt.name, func(t *testing.T) {

@@ -159,7 +159,7 @@ written. config get prints it with every field that is set.`
 	variants := f.StringSlice("production-variants", nil, "split traffic that names no X-Amzn-SageMaker-Target-Variant by weight between variants, NAME=WEIGHT,... (ProductionVariants; weights 0..1e6, not all 0; an instance's variant is its label \"variant\")")
 	c.RunE = func(cmd *cobra.Command, _ []string) error {
 		if *raw != "" {
-			for _, name := range []string{"strategy", "prefix-length", "concurrency-threshold", "hot-key-replication", "tenant-cache-salt", "production-variants", "first-byte-timeout"} {
+			for _, name := range []string{"strategy", "prefix-length", "concurrency-threshold", "hot-key-replication", "fixed-length-keys", "tenant-cache-salt", "production-variants", "first-byte-timeout"} {
 				if f.Changed(name) {
 					return usageErr("--routing-config excludes --%s", name)
 				}

@@ -26,6 +26,7 @@ func ExampleOracleRun() {
 	// gsp                working set    131072 tokens  footprint    262144 tokens  oracle hit  93.0%
 	// chat               working set    181312 tokens  footprint    766480 tokens  oracle hit  58.7%
 	// agentic            working set    350952 tokens  footprint   1614160 tokens  oracle hit  94.4%
+	// agent              working set    369280 tokens  footprint   1154160 tokens  oracle hit  88.5%
 	// llamacpp-tiny      working set      3200 tokens  footprint     27536 tokens  oracle hit  93.3%
 	// sharegpt-like      working set       400 tokens  footprint   1154048 tokens  oracle hit   0.9%
 }

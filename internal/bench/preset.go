@@ -226,6 +226,14 @@ func Presets() []Preset {
 			Output: azureConv,
 		},
 		{
+			Name: "agent", Kind: KindSessions,
+			Description: "32 open coding-agent sessions after one shared 10 KB tool prompt: a task, then 6-14 turns of tool output (200-1,500 tokens each), re-sending the history",
+			Source: "issue 21's agent sessions (a tool prompt longer than the 4,096-unit default PrefixLength); " +
+				"coding-agent traces as summarised in WORKLOADS.md; outputs: Azure conversation trace",
+			Sessions: 32, Turns: IntRange{7, 15}, TurnTokens: IntRange{200, 1500}, SystemTokens: 2560,
+			Output: azureConv,
+		},
+		{
 			Name: "llamacpp-tiny", Kind: KindSharedPrefix,
 			Description: "8 documents of 400 tokens (equal popularity) + a 10-30-token question, 16 output tokens: sized for CPU llama-server",
 			Source: "issue 20's real-engine run: llama.cpp llama-server with a tiny random-weight model on 2 CPU cores, " +

@@ -197,7 +197,7 @@ func TestGSPCoversEveryPairOnce(t *testing.T) {
 }
 
 func TestChatResendsHistory(t *testing.T) {
-	for _, name := range []string{"chat", "agentic"} {
+	for _, name := range []string{"chat", "agentic", "agent"} {
 		t.Run(name, func(t *testing.T) {
 			p, _ := LookupPreset(name)
 			rs := take(t, p, 4, StreamOptions{Tenants: 2}, 400)

@@ -5,6 +5,7 @@
 package demo
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -39,11 +40,23 @@ type Options struct {
 	KVCapacityTokens int
 	Workloads        []Workload
 	Strategies       []fleet.Strategy
-	// HotKeys adds a run of PREFIX_AWARE with hot-key replication on
-	// (label "PREFIX_AWARE+hot") after each PREFIX_AWARE run.
-	HotKeys      bool
+	// FixedKeys adds a run of PREFIX_AWARE with SageMaker's fixed-length
+	// keys (label "PREFIX_AWARE fixed", the default before issue 21) after
+	// each PREFIX_AWARE run, whose keys follow the prompt's tree.
+	FixedKeys bool
+	// HotKeys adds a run of fixed-length keys with hot-key replication on
+	// (label "PREFIX_AWARE+hot", the opt-in before issue 21).
+	HotKeys bool
+	// PrefixLength of every PREFIX_AWARE run; zero means each mode's
+	// default (fleet.DefaultAdaptivePrefixLength with adaptive keys,
+	// fleet.DefaultPrefixLength with fixed ones).
 	PrefixLength int
-	Concurrency  int // ConcurrencyThreshold
+	// PopularityInterval is how often the replicas publish their popular
+	// prefixes, in simulated time (the replicas' interval is this divided
+	// by TimeScale, at least 100 ms); zero means
+	// replica.DefaultPopularityInterval.
+	PopularityInterval time.Duration
+	Concurrency        int // ConcurrencyThreshold
 	// OverheadProbes is the number of tiny requests sent each way to
 	// measure the router's own latency per strategy (0: skip).
 	OverheadProbes int
@@ -75,8 +88,12 @@ type Capacity struct {
 	Strategies         []fleet.Strategy
 }
 
-// HotLabel labels the runs of PREFIX_AWARE with hot-key replication.
-const HotLabel = "PREFIX_AWARE+hot"
+// HotLabel labels the runs of PREFIX_AWARE with fixed-length keys and
+// hot-key replication; FixedLabel those with fixed-length keys alone.
+const (
+	HotLabel   = "PREFIX_AWARE+hot"
+	FixedLabel = "PREFIX_AWARE fixed"
+)
 
 // Default is the demo `make demo` runs.
 func Default() Options {
@@ -96,9 +113,9 @@ func Default() Options {
 			{Preset: "shared-8k-uniform", Rate: 7, Warmup: 200, Requests: 1200},
 			{Preset: "sharegpt-like", Rate: 7, Warmup: 50, Requests: 300},
 		},
-		Strategies:   []fleet.Strategy{fleet.Random, fleet.LeastOutstanding, fleet.PrefixAware},
-		HotKeys:      true,
-		PrefixLength: fleet.DefaultPrefixLength,
+		Strategies: []fleet.Strategy{fleet.Random, fleet.LeastOutstanding, fleet.PrefixAware},
+		FixedKeys:  true,
+		HotKeys:    true,
 		// The eager calibration's decode step stays flat up to batch 8
 		// (21 ms), is 1.8× that at batch 32 (38 ms) and 5.8× at batch 64
 		// (122 ms): 32 sequences is where that instance starts to saturate.
@@ -145,12 +162,17 @@ func Run(ctx context.Context, cfg Options) (*bench.Comparison, error) {
 	}
 	fmt.Fprintf(cfg.Progress, "demo: starting embedded etcd, %d simulated model servers (profile %s, KV cache %d tokens each) and %d router replicas\n",
 		cfg.Instances, prof.Name, cfg.KVCapacityTokens, cfg.Replicas)
+	popEvery := cmp.Or(cfg.PopularityInterval, replica.DefaultPopularityInterval) // simulated time
+	interval := popEvery
+	if cfg.TimeScale > 0 {
+		interval = max(time.Duration(float64(popEvery)/cfg.TimeScale), 100*time.Millisecond)
+	}
 	f, err := localfleet.Start(ctx, localfleet.Options{
 		Instances: cfg.Instances, Replicas: cfg.Replicas,
 		Sim:     sim.Options{Profile: cfg.Profile, KVCapacityTokens: cfg.KVCapacityTokens, TimeScale: cfg.TimeScale},
 		Routing: fleet.RoutingConfig{RoutingStrategy: fleet.PrefixAware},
 		Logger:  cfg.Logger,
-		Replica: replica.Options{Router: router.Options{BalanceFactor: cfg.BalanceFactor}},
+		Replica: replica.Options{Router: router.Options{BalanceFactor: cfg.BalanceFactor}, PopularityInterval: interval},
 	})
 	if err != nil {
 		return nil, err
@@ -161,36 +183,41 @@ func Run(ctx context.Context, cfg Options) (*bench.Comparison, error) {
 		Title: "prefixrouter demo: routing strategies side by side",
 		Environment: fmt.Sprintf("Model servers are SIMULATED (prefixrouter modelsim, profile %s: %s), not real GPUs. "+
 			"%d instances with a KV cache of %d tokens each, %d router replicas (the load alternates between them), "+
-			"embedded etcd; routing config switched through etcd between runs; PrefixLength %d, ConcurrencyThreshold %d, "+
-			"balance factor %g (PREFIX_AWARE only; %s is PREFIX_AWARE with hot-key replication, threshold %g). "+
+			"embedded etcd; routing config switched through etcd between runs; PrefixLength %s, ConcurrencyThreshold %d, "+
+			"balance factor %g (PREFIX_AWARE with fixed-length keys only: PREFIX_AWARE's adaptive keys, the default, and %s, fixed keys with hot-key replication at threshold %g, replace it; "+
+			"%s is SageMaker's fixed-length keys; the replicas publish their popular prefixes every %v of simulated time). "+
 			"Each run starts with cold caches (/reset_prefix_cache) and a warm-up that is not measured. "+
 			"The simulated servers run %g× faster than real time; every figure is in simulated time.",
-			prof.Name, prof.Description, cfg.Instances, cfg.KVCapacityTokens, cfg.Replicas, cfg.PrefixLength, cfg.Concurrency, cfg.BalanceFactor, HotLabel, hotkey.DefaultThreshold, cfg.TimeScale),
+			prof.Name, prof.Description, cfg.Instances, cfg.KVCapacityTokens, cfg.Replicas, prefixLengthNote(cfg.PrefixLength), cfg.Concurrency, cfg.BalanceFactor,
+			HotLabel, hotkey.DefaultThreshold, FixedLabel, popEvery, cfg.TimeScale),
 	}
 	type mode struct {
-		st    fleet.Strategy
-		hot   bool
-		label string
+		st         fleet.Strategy
+		fixed, hot bool
+		label      string
 	}
 	var modes []mode
 	for _, st := range cfg.Strategies {
-		modes = append(modes, mode{st, false, string(st)})
+		modes = append(modes, mode{st, false, false, string(st)})
+		if st == fleet.PrefixAware && cfg.FixedKeys {
+			modes = append(modes, mode{st, true, false, FixedLabel})
+		}
 		if st == fleet.PrefixAware && cfg.HotKeys {
-			modes = append(modes, mode{st, true, HotLabel})
+			modes = append(modes, mode{st, true, true, HotLabel})
 		}
 	}
 	for wi, w := range cfg.Workloads {
 		for _, m := range modes {
 			st := m.st
 			rc := fleet.RoutingConfig{RoutingStrategy: st, PrefixAwareRoutingConfig: &fleet.PrefixAwareConfig{
-				PrefixLength: cfg.PrefixLength, ConcurrencyThreshold: cfg.Concurrency, HotKeyReplication: m.hot}}
+				PrefixLength: cfg.PrefixLength, ConcurrencyThreshold: cfg.Concurrency, HotKeyReplication: m.hot, FixedLengthKeys: m.fixed}}
 			sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			err := f.SetRouting(sctx, rc)
 			cancel()
 			if err != nil {
 				return cmp, fmt.Errorf("demo: switching to %s: %w", st, err)
 			}
-			if wi == 0 && cfg.OverheadProbes > 0 && !m.hot {
+			if wi == 0 && cfg.OverheadProbes > 0 && !m.fixed {
 				o, err := bench.MeasureOverhead(ctx, nil, f.RouterURLs(), f.InstanceURLs(), cfg.OverheadProbes, sim.DefaultBaseModel, string(st))
 				if err != nil {
 					return cmp, fmt.Errorf("demo: measuring the router's overhead under %s: %w", st, err)
@@ -233,6 +260,14 @@ func Run(ctx context.Context, cfg Options) (*bench.Comparison, error) {
 	}
 	fmt.Fprintf(cfg.Progress, "demo: reports written to %s/report.{md,json,html}\n", cfg.OutDir)
 	return cmp, nil
+}
+
+// prefixLengthNote describes the demo's PrefixLength.
+func prefixLengthNote(n int) string {
+	if n == 0 {
+		return fmt.Sprintf("%d with adaptive keys, %d with fixed ones (the defaults)", fleet.DefaultAdaptivePrefixLength, fleet.DefaultPrefixLength)
+	}
+	return fmt.Sprint(n)
 }
 
 func writeReports(dir string, cmp *bench.Comparison) error {

@@ -37,8 +37,8 @@ func TestDemoSmall(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Run: %v\n%s", err, progress.String())
 	}
-	if len(cmp.Runs) != 3 || cmp.Runs[2].Label != HotLabel {
-		t.Fatalf("%d runs, want RANDOM, PREFIX_AWARE and %s", len(cmp.Runs), HotLabel)
+	if len(cmp.Runs) != 4 || cmp.Runs[2].Label != FixedLabel || cmp.Runs[3].Label != HotLabel {
+		t.Fatalf("%d runs, want RANDOM, PREFIX_AWARE, %s and %s", len(cmp.Runs), FixedLabel, HotLabel)
 	}
 	for _, r := range cmp.Runs {
 		if r.Succeeded != 40 {

@@ -44,8 +44,12 @@ func headline(cmp *bench.Comparison, prof sim.Profile) []string {
 		line := fmt.Sprintf("`%s`, PREFIX_AWARE vs RANDOM: P50 TTFT %s, P90 TTFT %s, KV hit rate %.1f%% (RANDOM %.1f%%, oracle %.1f%%), throughput %.2f×, success %.1f%%.",
 			preset, change(cut50), change(cut90), 100*hit, 100*rndHit, 100*pa.Oracle.HitRate, thr, 100*pa.SuccessRate)
 		notes = append(notes, line)
+		fixed := runOfLabel(cmp, preset, FixedLabel)
+		if fixed != nil {
+			notes = append(notes, modeLine(preset, "PREFIX_AWARE (adaptive keys)", FixedLabel+" (k = 1)", pa, fixed))
+		}
 		if hot := runOfLabel(cmp, preset, HotLabel); hot != nil {
-			notes = append(notes, hotLine(preset, pa, hot))
+			notes = append(notes, modeLine(preset, "PREFIX_AWARE (adaptive keys)", HotLabel, pa, hot))
 		}
 		switch preset {
 		case "shared-8k-seed":
@@ -98,12 +102,12 @@ func sharedChecks(pa, rnd *bench.Result, cut50, cut90, hit, thr float64, prof si
 	return out
 }
 
-// hotLine compares PREFIX_AWARE with hot-key replication to the k = 1
-// scheme on the same stream: hit rate, the largest instance's share, TTFT.
-func hotLine(preset string, pa, hot *bench.Result) string {
-	return fmt.Sprintf("`%s`, %s vs PREFIX_AWARE (k = 1): KV hit rate %.1f%% vs %.1f%%, largest instance %.1f%% vs %.1f%% of requests (Gini %.3f vs %.3f), P50 TTFT %.0f vs %.0f ms, P90 %.0f vs %.0f ms.",
-		preset, HotLabel, 100*hitRate(hot), 100*hitRate(pa), 100*hot.Balance.MaxShare, 100*pa.Balance.MaxShare,
-		hot.Balance.Gini, pa.Balance.Gini, hot.TTFT.P50, pa.TTFT.P50, hot.TTFT.P90, pa.TTFT.P90)
+// modeLine compares two PREFIX_AWARE modes on the same stream: hit rate,
+// the largest instance's share, TTFT.
+func modeLine(preset, aName, bName string, a, b *bench.Result) string {
+	return fmt.Sprintf("`%s`, %s vs %s: KV hit rate %.1f%% vs %.1f%%, largest instance %.1f%% vs %.1f%% of requests (Gini %.3f vs %.3f), P50 TTFT %.0f vs %.0f ms, P90 %.0f vs %.0f ms.",
+		preset, aName, bName, 100*hitRate(a), 100*hitRate(b), 100*a.Balance.MaxShare, 100*b.Balance.MaxShare,
+		a.Balance.Gini, b.Balance.Gini, a.TTFT.P50, b.TTFT.P50, a.TTFT.P90, b.TTFT.P90)
 }
 
 func shareCheck(pa *bench.Result) string {

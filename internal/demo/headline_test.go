@@ -46,7 +46,8 @@ func TestHeadline(t *testing.T) {
 }
 
 // TestHeadlineHotAndSeed: the seed-regime preset checks RANDOM's hit rate,
-// and a PREFIX_AWARE+hot run is compared with the k = 1 run side by side.
+// and PREFIX_AWARE (adaptive keys) is compared side by side with the
+// fixed-length k = 1 run and the PREFIX_AWARE+hot run.
 func TestHeadlineHotAndSeed(t *testing.T) {
 	prof, err := sim.LookupProfile(sim.ProfileH200Llama8BRoofline)
 	if err != nil {
@@ -56,9 +57,12 @@ func TestHeadlineHotAndSeed(t *testing.T) {
 	pa.Balance = bench.Balance{Instances: 7, MaxShare: 0.31, Gini: 0.25}
 	hot := run(HotLabel, "shared-8k-seed", 55, 250, 0.81, 4.2)
 	hot.Balance = bench.Balance{Instances: 7, MaxShare: 0.2, Gini: 0.1}
-	notes := strings.Join(headline(&bench.Comparison{Runs: []*bench.Result{run("RANDOM", "shared-8k-seed", 300, 600, 0.35, 4), pa, hot}}, prof), "\n")
+	fixed := run(FixedLabel, "shared-8k-seed", 70, 320, 0.7, 4.0)
+	fixed.Balance = bench.Balance{Instances: 7, MaxShare: 0.4, Gini: 0.3}
+	notes := strings.Join(headline(&bench.Comparison{Runs: []*bench.Result{run("RANDOM", "shared-8k-seed", 300, 600, 0.35, 4), pa, fixed, hot}}, prof), "\n")
 	for _, want := range []string{"SHORT: the seed's regime: RANDOM hit rate 35.0% (20–30%)",
-		"PREFIX_AWARE+hot vs PREFIX_AWARE (k = 1): KV hit rate 81.0% vs 82.0%, largest instance 20.0% vs 31.0%"} {
+		"PREFIX_AWARE (adaptive keys) vs PREFIX_AWARE fixed (k = 1): KV hit rate 82.0% vs 70.0%, largest instance 31.0% vs 40.0%",
+		"PREFIX_AWARE (adaptive keys) vs PREFIX_AWARE+hot: KV hit rate 82.0% vs 81.0%, largest instance 31.0% vs 20.0%"} {
 		if !strings.Contains(notes, want) {
 			t.Errorf("notes lack %q:\n%s", want, notes)
 		}

@@ -1,0 +1,146 @@
+// Command swarm runs the membership scale harness (package swarm) and
+// prints its report: make swarm, or
+//
+//	go run ./internal/swarm/cmd/swarm -instances 10000 -replicas 100
+//
+// etcd runs in a child process of its own (this command, -serve-etcd), as
+// it runs apart from agents and routers in production, unless -etcd names a
+// member to use or -etcd-in-process embeds it.
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"runtime/pprof"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prefixrouter/prefixrouter/internal/swarm"
+	"github.com/prefixrouter/prefixrouter/membership"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	var o swarm.Options
+	d := swarm.Defaults()
+	flag.IntVar(&o.Instances, "instances", d.Instances, "instances registered before the replicas start (N)")
+	flag.IntVar(&o.Replicas, "replicas", d.Replicas, "router replicas' membership watchers (R)")
+	flag.IntVar(&o.PerClient, "per-client", d.PerClient, "initial instances sharing one etcd client")
+	flag.DurationVar(&o.TTL, "ttl", d.TTL, "lease TTL")
+	flag.IntVar(&o.Joins, "joins", d.Joins, "churn: instances that join (joins, leaves and crashes all 0: the defaults)")
+	flag.IntVar(&o.Leaves, "leaves", d.Leaves, "churn: instances that leave gracefully")
+	flag.IntVar(&o.Crashes, "crashes", d.Crashes, "churn: joined instances that crash (lease expires)")
+	flag.Float64Var(&o.Rate, "rate", d.Rate, "churn: most events started per second")
+	flag.DurationVar(&o.Quiet, "quiet", d.Quiet, "window without churn for the steady etcd load")
+	flag.DurationVar(&o.Wait, "wait", d.Wait, "longest wait for one event to reach every replica (crashes add the TTL)")
+	flag.IntVar(&o.Registrations, "registrations", d.Registrations, "instances registering at once")
+	flag.StringVar(&o.Etcd, "etcd", "", "client URL of an etcd member to use (its /metrics is scraped)")
+	inProcess := flag.Bool("etcd-in-process", false, "embed etcd in this process instead of a child process")
+	flag.StringVar(&o.Dir, "dir", "", "etcd data directory (default: a new temporary one)")
+	flag.DurationVar(&o.Timeout, "timeout", d.Timeout, "bound of the whole run")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the harness to this file")
+	serveEtcd := flag.String("serve-etcd", "", "internal: serve an embedded etcd with this data directory, print its URL, stop at end of stdin")
+	flag.Parse()
+	if *serveEtcd != "" {
+		return serve(*serveEtcd)
+	}
+	o.Progress = os.Stderr
+	o.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	if o.Etcd == "" && !*inProcess {
+		url, done, err := child(o.Dir)
+		if err != nil {
+			return err
+		}
+		defer done()
+		o.Etcd, o.Dir = url, ""
+	}
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	rep, err := swarm.Run(ctx, o)
+	if rep != nil {
+		rep.Write(os.Stdout)
+	}
+	return err
+}
+
+// child starts this command with -serve-etcd and returns the member's
+// client URL and a function that stops it and waits for it.
+func child(dir string) (url string, done func(), err error) {
+	if dir == "" {
+		if dir, err = os.MkdirTemp("", "swarm-etcd-"); err != nil {
+			return "", nil, err
+		}
+	}
+	cmd := exec.Command(os.Args[0], "-serve-etcd", dir)
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return "", nil, err
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return "", nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return "", nil, err
+	}
+	done = func() {
+		in.Close() // the child stops at the end of its stdin
+		_ = cmd.Wait()
+		_ = os.RemoveAll(dir)
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		done()
+		return "", nil, fmt.Errorf("swarm: the etcd child printed no URL: %w", err)
+	}
+	return strings.TrimSpace(line), done, nil
+}
+
+// serve runs the child: an embedded member on a free loopback port.
+func serve(dir string) error {
+	e, err := membership.StartEmbedded(dir, "http://127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	fmt.Println(e.ClientURL())
+	// Until the parent closes stdin (or dies), bounded by a day.
+	read := make(chan error, 1)
+	go func() { _, err := io.Copy(io.Discard, os.Stdin); read <- err }()
+	select {
+	case err := <-read:
+		if err != nil && !errors.Is(err, io.EOF) {
+			return err
+		}
+	case <-time.After(24 * time.Hour):
+	}
+	return nil
+}
