@@ -6,7 +6,6 @@ import (
 	"math"
 	"net/http"
 	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -209,7 +208,8 @@ func runHotPrefix(t *testing.T, reps []*replica.Replica, clients []*http.Client,
 		b.reset()
 	}
 	res := optResult{threshold: T}
-	var requests, failed, affinity, spill, fallback atomic.Int64
+	var requests, failed atomic.Int64
+	var dec decisions
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	loops := optClients * T
@@ -238,34 +238,25 @@ func runHotPrefix(t *testing.T, reps []*replica.Replica, clients []*http.Client,
 						failed.Add(1)
 						continue
 					}
-					switch a.decision {
-					case router.DecisionAffinity:
-						affinity.Add(1)
-					case router.DecisionSpill:
-						spill.Add(1)
-					case router.DecisionFallback:
-						fallback.Add(1)
-					}
+					dec.count(a.decision)
 				}
 			}()
 		}
 	}
 	wg.Wait()
 	res.requests, res.failed = requests.Load(), failed.Load()
-	res.affinity, res.spill, res.fallback = affinity.Load(), spill.Load(), fallback.Load()
+	res.affinity, res.spill, res.fallback = dec.affinity.Load(), dec.spill.Load(), dec.fallback.Load()
 	res.peak, res.primaryServed = pb.peak.Load(), pb.served.Load()
 	return res
 }
 
 func optTable(rows []optResult) string {
-	var sb strings.Builder
-	fmt.Fprintf(&sb, "| option | T | load | requests | peak at primary | R·ceil(T/R) | R·T | served by primary | spill | fallback | failed |\n")
-	fmt.Fprintf(&sb, "|---|---|---|---|---|---|---|---|---|---|---|\n")
+	var cells [][]string
 	for _, r := range rows {
-		fmt.Fprintf(&sb, "| %s | %d | %s | %d | %d | %d | %d | %.0f %% | %d | %d | %d |\n",
-			r.option, r.threshold, r.pattern, r.requests, r.peak,
-			optReplicas*overload.ReplicaShare(r.threshold, optReplicas), optReplicas*r.threshold,
-			math.Round(100*float64(r.primaryServed)/float64(max(r.requests, 1))), r.spill, r.fallback, r.failed)
+		cells = append(cells, []string{r.option, fmt.Sprint(r.threshold), r.pattern, fmt.Sprint(r.requests), fmt.Sprint(r.peak),
+			fmt.Sprint(optReplicas * overload.ReplicaShare(r.threshold, optReplicas)), fmt.Sprint(optReplicas * r.threshold),
+			fmt.Sprintf("%.0f %%", math.Round(100*float64(r.primaryServed)/float64(max(r.requests, 1)))),
+			fmt.Sprint(r.spill), fmt.Sprint(r.fallback), fmt.Sprint(r.failed)})
 	}
-	return sb.String()
+	return markdownTable([]string{"option", "T", "load", "requests", "peak at primary", "R·ceil(T/R)", "R·T", "served by primary", "spill", "fallback", "failed"}, cells)
 }

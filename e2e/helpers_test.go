@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -95,6 +96,37 @@ func (b *backend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	fmt.Fprintf(w, "{\"instance\":%q}\n", b.id)
+}
+
+// markdownTable renders the tables of docs/: the header, its rule, a line
+// per row.
+func markdownTable(header []string, rows [][]string) string {
+	var sb strings.Builder
+	line := func(cells []string) { fmt.Fprintf(&sb, "| %s |\n", strings.Join(cells, " | ")) }
+	line(header)
+	rule := make([]string, len(header))
+	for i := range rule {
+		rule[i] = "---"
+	}
+	line(rule)
+	for _, r := range rows {
+		line(r)
+	}
+	return sb.String()
+}
+
+// decisions counts PREFIX_AWARE's decisions from X-Prefixrouter-Decision.
+type decisions struct{ affinity, spill, fallback atomic.Int64 }
+
+func (d *decisions) count(decision string) {
+	switch decision {
+	case router.DecisionAffinity:
+		d.affinity.Add(1)
+	case router.DecisionSpill:
+		d.spill.Add(1)
+	case router.DecisionFallback:
+		d.fallback.Add(1)
+	}
 }
 
 // reset zeroes the counters between load runs (nothing in flight).

@@ -350,7 +350,8 @@ func (h *thrHarness) run(r int, opt thrOption, warm, measure time.Duration) thrR
 	ctx, cancel := context.WithTimeout(context.Background(), warm+measure+time.Minute)
 	defer cancel()
 	var counting atomic.Bool
-	var requests, failed, dropped, affinity, spill, fallback, prompt, cached atomic.Int64
+	var requests, failed, dropped, prompt, cached atomic.Int64
+	var dec decisions
 	var outstanding atomic.Int64
 	var wg sync.WaitGroup
 	send := func(a arrival) {
@@ -381,14 +382,7 @@ func (h *thrHarness) run(r int, opt thrOption, warm, measure time.Duration) thrR
 			failed.Add(1)
 			return
 		}
-		switch resp.Header.Get(router.HeaderDecision) {
-		case router.DecisionAffinity:
-			affinity.Add(1)
-		case router.DecisionSpill:
-			spill.Add(1)
-		case router.DecisionFallback:
-			fallback.Add(1)
-		}
+		dec.count(resp.Header.Get(router.HeaderDecision))
 		pt, _ := strconv.ParseInt(resp.Header.Get("X-Prompt-Tokens"), 10, 64)
 		ct, _ := strconv.ParseInt(resp.Header.Get("X-Cached-Tokens"), 10, 64)
 		prompt.Add(pt)
@@ -436,7 +430,7 @@ func (h *thrHarness) run(r int, opt thrOption, warm, measure time.Duration) thrR
 	wg.Wait()
 
 	res.requests, res.failed, res.dropped = requests.Load(), failed.Load(), dropped.Load()
-	res.affinity, res.spill, res.fallback = affinity.Load(), spill.Load(), fallback.Load()
+	res.affinity, res.spill, res.fallback = dec.affinity.Load(), dec.spill.Load(), dec.fallback.Load()
 	res.promptTokens, res.cachedTokens = prompt.Load(), cached.Load()
 	res.writes = writes.Load()
 	for i, s := range samples {
@@ -563,13 +557,13 @@ func (r thrResult) line() string {
 }
 
 func thrTable(rows []thrResult) string {
-	var sb strings.Builder
-	fmt.Fprintf(&sb, "| R | share | requests | in flight at the hottest p50 / p99 / max (mean) | any instance's p99 | primary share | KV hit rate | spill | fallback | share busy / light | record writes/s | failed |\n")
-	fmt.Fprintf(&sb, "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	var cells [][]string
 	for _, r := range rows {
-		fmt.Fprintf(&sb, "| %d | %s | %d | %.0f / %.0f / %.0f (%.1f) | %.0f | %.1f %% | %.1f %% | %d | %d | %d / %d | %.1f | %d |\n",
-			r.replicas, r.option, r.requests, r.p50, r.p99, r.max, r.mean, r.anyP99, 100*r.primaryShare(), 100*r.hitRate(),
-			r.spill, r.fallback, r.busyShare, r.lightShare, float64(r.writes)/r.window.Seconds(), r.failed)
+		cells = append(cells, []string{fmt.Sprint(r.replicas), r.option, fmt.Sprint(r.requests),
+			fmt.Sprintf("%.0f / %.0f / %.0f (%.1f)", r.p50, r.p99, r.max, r.mean), fmt.Sprintf("%.0f", r.anyP99),
+			fmt.Sprintf("%.1f %%", 100*r.primaryShare()), fmt.Sprintf("%.1f %%", 100*r.hitRate()), fmt.Sprint(r.spill), fmt.Sprint(r.fallback),
+			fmt.Sprintf("%d / %d", r.busyShare, r.lightShare), fmt.Sprintf("%.1f", float64(r.writes)/r.window.Seconds()), fmt.Sprint(r.failed)})
 	}
-	return sb.String()
+	return markdownTable([]string{"R", "share", "requests", "in flight at the hottest p50 / p99 / max (mean)", "any instance's p99",
+		"primary share", "KV hit rate", "spill", "fallback", "share busy / light", "record writes/s", "failed"}, cells)
 }

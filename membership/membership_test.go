@@ -558,11 +558,7 @@ func TestDefaultConfigForUnsetEndpoints(t *testing.T) {
 // the endpoints of the last snapshot (the same values), so a router keeps
 // its views of them.
 func TestReplicaRates(t *testing.T) {
-	e := startEtcd(t)
-	cli := newClient(t, e.ClientURL())
-	ctx := testsupport.Context(t, 20*time.Second)
-	m := NewMetrics(nil)
-	w := startWatcher(t, cli, m, nil)
+	cli, ctx, m, w := watched(t)
 	l := Layout{}
 	opts := Options{TTL: 2 * time.Second, Logger: quiet}
 	rate := 12.5
