@@ -116,9 +116,10 @@ type Options struct {
 	// Breaker configures every instance's circuit breaker (--breaker-*).
 	Breaker overload.BreakerOptions
 	// LoadPollInterval > 0 starts a poller that scrapes each instance's
-	// LoadMetricsPath every interval and adds the load other sources put on
-	// it to admission (see probe.Load; --load-poll-interval). Zero
-	// means off.
+	// LoadMetricsPath every interval; while the last scrape succeeded, a
+	// request is admitted only if the instance's reported load stays within
+	// the threshold, on top of this replica's share (see probe.Load and
+	// overload.Limit; --load-poll-interval). Zero means off.
 	LoadPollInterval time.Duration
 	// ThresholdShare is how this replica divides each instance's
 	// ConcurrencyThreshold with the other replicas (--threshold-share; see
