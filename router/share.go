@@ -16,7 +16,7 @@ import (
 // flight and the replicas never talk on the request path, so each admits
 // at most its share of T on an instance (and, with a load poll, at most
 // what the instance's reported load leaves of T). docs/concurrency.md
-// measures the three.
+// measures them.
 type Share string
 
 const (
@@ -164,13 +164,10 @@ type replicaRates struct {
 
 // newReplicaRates reads s's rates, self being this replica's id.
 func newReplicaRates(s *fleet.Snapshot, self string) replicaRates {
-	if self == "" || len(s.ReplicaRates) != s.Replicas {
+	if _, ok := s.ReplicaRates[self]; !ok || self == "" || len(s.ReplicaRates) != s.Replicas {
 		return replicaRates{}
 	}
 	rr := replicaRates{usable: true}
-	if _, ok := s.ReplicaRates[self]; !ok {
-		return replicaRates{}
-	}
 	for id, rate := range s.ReplicaRates {
 		if rate < 0 {
 			return replicaRates{}
