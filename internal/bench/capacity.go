@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -78,21 +79,11 @@ type CapacityResult struct {
 }
 
 func (o *CapacityOptions) withDefaults() error {
-	if o.TargetP90 == 0 {
-		o.TargetP90 = DefaultCapacityTarget
-	}
-	if o.MinSuccess == 0 {
-		o.MinSuccess = 0.99
-	}
-	if o.Growth == 0 {
-		o.Growth = 1.5
-	}
-	if o.Refine == 0 {
-		o.Refine = 3
-	}
-	if o.MaxRate == 0 {
-		o.MaxRate = 64 * o.StartRate
-	}
+	o.TargetP90 = cmp.Or(o.TargetP90, DefaultCapacityTarget)
+	o.MinSuccess = cmp.Or(o.MinSuccess, 0.99)
+	o.Growth = cmp.Or(o.Growth, 1.5)
+	o.Refine = cmp.Or(o.Refine, 3)
+	o.MaxRate = cmp.Or(o.MaxRate, 64*o.StartRate)
 	if o.Progress == nil {
 		o.Progress = io.Discard
 	}
