@@ -5,7 +5,7 @@ BIN     ?= bin/prefixrouter
 # The full test run must stay under 15 minutes on a 2-core machine.
 TEST_TIMEOUT ?= 14m
 
-.PHONY: all build test test-short vet bench fuzz demo chaos chaos-long matrix proxybench swarm llamacpp-kit test-llamacpp bench-llamacpp clean
+.PHONY: all build test test-models test-short vet bench fuzz demo chaos chaos-long matrix proxybench swarm llamacpp-kit test-llamacpp bench-llamacpp clean
 
 all: build
 
@@ -18,6 +18,12 @@ vet:
 # The test command CI runs (see README.md and .ci/run).
 test: vet
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
+
+# The load-free models behind docs/balance.md's adaptive-key tables (issue 21):
+# tens of thousands of requests through the real router, too slow under -race
+# for make test's budget, so they run here, without it (a few minutes).
+test-models:
+	$(GO) test -count=1 -timeout 30m -run 'TestAdaptiveKeysIdle|TestAdaptiveDepth' -v ./internal/bench
 
 test-short:
 	$(GO) test -short -count=1 $(PKGS)

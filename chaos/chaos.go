@@ -3,6 +3,7 @@
 package chaos
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -121,27 +122,13 @@ type Options struct {
 var ErrUnknownScenario = errors.New("chaos: unknown scenario")
 
 func (c Options) withDefaults() (Options, error) {
-	if c.Instances == 0 {
-		c.Instances = 7
-	}
-	if c.Replicas == 0 {
-		c.Replicas = 2
-	}
-	if c.Keys == 0 {
-		c.Keys = 10_000
-	}
-	if c.TimeScale == 0 {
-		c.TimeScale = 20
-	}
-	if c.LoadRate == 0 {
-		c.LoadRate = 40
-	}
-	if c.Seed == 0 {
-		c.Seed = 1
-	}
-	if c.TTL == 0 {
-		c.TTL = 2 * time.Second
-	}
+	c.Instances = cmp.Or(c.Instances, 7)
+	c.Replicas = cmp.Or(c.Replicas, 2)
+	c.Keys = cmp.Or(c.Keys, 10_000)
+	c.TimeScale = cmp.Or(c.TimeScale, 20)
+	c.LoadRate = cmp.Or(c.LoadRate, 40)
+	c.Seed = cmp.Or(c.Seed, 1)
+	c.TTL = cmp.Or(c.TTL, 2*time.Second)
 	if c.LoadWindow == 0 {
 		c.LoadWindow = time.Second
 		if c.Long {

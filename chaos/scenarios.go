@@ -263,12 +263,10 @@ func (s *suite) scaleUp(ctx context.Context, res *Result) error {
 }
 
 func (s *suite) scaleDown(ctx context.Context, res *Result) error {
-	ids := s.f.IDs()
-	if len(ids) < 2 {
-		return fmt.Errorf("chaos: scale-down needs at least 2 instances, have %d", len(ids))
+	victim, rest, err := s.victim("scale-down")
+	if err != nil {
+		return err
 	}
-	victim := s.pick(ids)
-	rest := slices.DeleteFunc(slices.Clone(ids), func(id string) bool { return id == victim })
 	res.Event = "stopped " + victim + " gracefully"
 	before, err := s.measure()
 	if err != nil {
@@ -299,7 +297,7 @@ func (s *suite) scaleDown(ctx context.Context, res *Result) error {
 	if err != nil {
 		return err
 	}
-	movementChecks(res, compare(before, after, victim, false, len(ids), len(rest)))
+	movementChecks(res, compare(before, after, victim, false, len(rest)+1, len(rest)))
 	noFailures(res, l)
 	return nil
 }
@@ -319,12 +317,10 @@ func routedAround(sn *fleet.Snapshot, endpoint, id string) bool {
 }
 
 func (s *suite) crash(ctx context.Context, res *Result) error {
-	ids := s.f.IDs()
-	if len(ids) < 2 {
-		return fmt.Errorf("chaos: crash needs at least 2 instances, have %d", len(ids))
+	victim, rest, err := s.victim("crash")
+	if err != nil {
+		return err
 	}
-	victim := s.pick(ids)
-	rest := slices.DeleteFunc(slices.Clone(ids), func(id string) bool { return id == victim })
 	res.Event = "crashed " + victim
 	before, err := s.measure()
 	if err != nil {
@@ -353,7 +349,7 @@ func (s *suite) crash(ctx context.Context, res *Result) error {
 	if err != nil {
 		return err
 	}
-	movementChecks(res, compare(before, after, victim, false, len(ids), len(rest)))
+	movementChecks(res, compare(before, after, victim, false, len(rest)+1, len(rest)))
 	res.Load = l
 	ttl := s.cfg.TTL
 	res.check("listed until its lease expires", stillRouted, "every replica still listed %s right after the crash", victim)
@@ -502,11 +498,10 @@ func (s *suite) etcdOutage(ctx context.Context, res *Result) error {
 }
 
 func (s *suite) failingInstance(ctx context.Context, res *Result) error {
-	ids := s.f.IDs()
-	if len(ids) < 2 {
-		return fmt.Errorf("chaos: failing-instance needs at least 2 instances, have %d", len(ids))
+	victim, _, err := s.victim("failing-instance")
+	if err != nil {
+		return err
 	}
-	victim := s.pick(ids)
 	res.Event = "fault on " + victim
 	b := &Breaker{Instance: victim, ConsecutiveFailures: overload.DefaultConsecutiveFailures, OpenTimeout: cmp.Or(s.cfg.BreakerOpenTimeout, overload.DefaultOpenTimeout)}
 	res.Breaker = b
@@ -514,7 +509,7 @@ func (s *suite) failingInstance(ctx context.Context, res *Result) error {
 	openedAt := make([]time.Time, len(reps)) // per replica
 	var t0 time.Time
 	l := startLoad(s.f.RouterURLs(), s.cfg.LoadRate, s.cfg.Seed)
-	err := func() error {
+	err = func() error {
 		if err := sleep(ctx, s.cfg.LoadWindow); err != nil {
 			return err
 		}
@@ -637,11 +632,10 @@ func (s *suite) rollingRestart(ctx context.Context, res *Result) error {
 // long the replicas' active health checks take to mark it down, that new
 // requests avoid it afterwards, and that it is marked up once unfrozen.
 func (s *suite) hungInstance(ctx context.Context, res *Result) error {
-	ids := s.f.IDs()
-	if len(ids) < 2 {
-		return fmt.Errorf("chaos: hung-instance needs at least 2 instances, have %d", len(ids))
+	victim, _, err := s.victim("hung-instance")
+	if err != nil {
+		return err
 	}
-	victim := s.pick(ids)
 	res.Event = "froze " + victim
 	h := &Hang{Instance: victim, Interval: healthCheckInterval, Timeout: healthCheckTimeout, UnhealthyThreshold: probe.DefaultUnhealthyThreshold}
 	res.Hang = h
@@ -669,7 +663,7 @@ func (s *suite) hungInstance(ctx context.Context, res *Result) error {
 	var t0, detectedAt, unfrozeAt time.Time
 	in := s.f.Instance(victim)
 	l := startLoad(s.f.RouterURLs(), s.cfg.LoadRate, s.cfg.Seed)
-	err := func() error {
+	err = func() error {
 		if err := sleep(ctx, s.cfg.LoadWindow); err != nil {
 			return err
 		}
@@ -729,4 +723,15 @@ func (s *suite) hungInstance(ctx context.Context, res *Result) error {
 		"%d of %d requests failed (%d sent to %s before detection, %d other) %v; %d waited for the unfreeze (longest %v)",
 		ld.Failed, ld.Sent, ld.FailedInFlight, victim, ld.FailedOther, ld.ByKind, h.Stuck, h.StuckLongest.Round(time.Millisecond))
 	return nil
+}
+
+// victim picks the instance a scenario acts on, and the instances that stay;
+// the scenario needs at least two.
+func (s *suite) victim(scenario string) (victim string, rest []string, err error) {
+	ids := s.f.IDs()
+	if len(ids) < 2 {
+		return "", nil, fmt.Errorf("chaos: %s needs at least 2 instances, have %d", scenario, len(ids))
+	}
+	victim = s.pick(ids)
+	return victim, slices.DeleteFunc(slices.Clone(ids), func(id string) bool { return id == victim }), nil
 }

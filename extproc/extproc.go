@@ -6,6 +6,7 @@
 package extproc
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -96,12 +97,8 @@ func (o *Options) withDefaults() error {
 	if o.ReadyInterval < 0 || o.MaxCandidates < 0 {
 		return fmt.Errorf("extproc: ReadyInterval %v and MaxCandidates %d must not be negative", o.ReadyInterval, o.MaxCandidates)
 	}
-	if o.ReadyInterval == 0 {
-		o.ReadyInterval = DefaultReadyInterval
-	}
-	if o.MaxCandidates == 0 {
-		o.MaxCandidates = DefaultMaxCandidates
-	}
+	o.ReadyInterval = cmp.Or(o.ReadyInterval, DefaultReadyInterval)
+	o.MaxCandidates = cmp.Or(o.MaxCandidates, DefaultMaxCandidates)
 	if o.Clock == nil {
 		o.Clock = clockwork.NewRealClock()
 	}

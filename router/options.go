@@ -243,18 +243,10 @@ func (o Options) withDefaults() Options {
 	if o.HealthCheckTimeout == 0 {
 		o.HealthCheckTimeout = probe.DefaultHealthTimeout
 	}
-	if o.StaleAfter == 0 {
-		o.StaleAfter = DefaultStaleAfter
-	}
-	if o.AdapterWait == 0 {
-		o.AdapterWait = DefaultAdapterWait
-	}
-	if o.AdapterWaitQueue == 0 {
-		o.AdapterWaitQueue = DefaultAdapterWaitQueue
-	}
-	if o.ThresholdShare == "" {
-		o.ThresholdShare = ShareTraffic
-	}
+	o.StaleAfter = cmp.Or(o.StaleAfter, DefaultStaleAfter)
+	o.AdapterWait = cmp.Or(o.AdapterWait, DefaultAdapterWait)
+	o.AdapterWaitQueue = cmp.Or(o.AdapterWaitQueue, DefaultAdapterWaitQueue)
+	o.ThresholdShare = cmp.Or(o.ThresholdShare, ShareTraffic)
 	if o.Registry == nil {
 		o.Registry = prometheus.NewRegistry()
 	}

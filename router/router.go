@@ -64,6 +64,12 @@ type Router struct {
 	published map[string]*published        // by endpoint: its last Popularity
 }
 
+// adaptiveHalfLife is the sketch's half-life for adaptive keys, in
+// requests of one replica: a prefix that takes over (a new workload whose
+// deeper prefixes nobody counted yet) reaches its share in about this
+// many, during which it routes on fewer instances than it needs.
+const adaptiveHalfLife = 1024
+
 // sketch is an endpoint's popularity estimate and the keys it counts.
 type sketch struct {
 	s         *hotkey.Sketch
@@ -257,8 +263,9 @@ func (r *Router) Update(s *fleet.Snapshot) {
 				if adaptive {
 					// Replicas route on the agreed view: one standard error
 					// keeps k from flapping and reacts within about a hundred
-					// requests of a replica (docs/balance.md).
-					o.Evidence = 1
+					// requests of a replica, and a shorter memory follows a
+					// new prefix (docs/balance.md).
+					o.Evidence, o.HalfLife = 1, adaptiveHalfLife
 				}
 				// Options were validated in New.
 				sk.s, _ = hotkey.New(o)

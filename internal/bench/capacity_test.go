@@ -71,6 +71,9 @@ func TestCapacitySearch(t *testing.T) {
 			if s := res.Steps[res.Step]; !s.Held || s.Rate != res.Rate || math.Abs(res.Goodput-res.Rate) > 1e-9 {
 				t.Fatalf("outcome step %+v, goodput %g: every request met the target, so goodput is the rate", s, res.Goodput)
 			}
+			if res.BestGoodput != res.Goodput || res.BestRate != res.Rate {
+				t.Fatalf("best goodput %g at %g, want the highest held step's %g at %g (goodput grows with the rate here)", res.BestGoodput, res.BestRate, res.Goodput, res.Rate)
+			}
 			for _, s := range res.Steps {
 				if s.Held != (s.Rate <= tt.capacity) {
 					t.Fatalf("step %+v judged wrong against capacity %g", s, tt.capacity)
@@ -137,5 +140,34 @@ func TestCapacityAgainstAQueue(t *testing.T) {
 	}
 	if res.Goodput <= 0 {
 		t.Fatalf("goodput %g at the rate found", res.Goodput)
+	}
+}
+
+// TestCapacityBestGoodput: a fleet that finishes at most 8 req/s still
+// holds the TTFT target when offered more (prefill first, decode slows), but
+// fewer requests meet it: the comparison reads the best goodput, not the
+// highest offered rate that held.
+func TestCapacityBestGoodput(t *testing.T) {
+	run := func(_ context.Context, o Options) (*Result, error) {
+		good := min(o.Rate, 8) - max(0, o.Rate-8)/4 // past 8 req/s, the backlog costs goodput
+		r := &Result{Rate: o.Rate, Succeeded: 100, SuccessRate: 1, DurationSec: 10, TTFT: Quantiles{P90: 500}}
+		for i := range 100 {
+			x := Sample{TTFTMs: 500}
+			if float64(i) >= good*10 {
+				x.TTFTMs = 5000
+			}
+			r.Samples = append(r.Samples, x)
+		}
+		if o.Rate > 30 {
+			r.TTFT.P90 = 5000
+		}
+		return r, nil
+	}
+	res, err := Capacity(context.Background(), CapacityOptions{StartRate: 4, Growth: 2, Refine: -1, TargetP90: time.Second, run: run})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Rate != 16 || res.BestRate != 8 || math.Abs(res.BestGoodput-8) > 1e-9 || math.Abs(res.Goodput-6) > 1e-9 {
+		t.Fatalf("highest held %g (goodput %g), best goodput %g at %g; want 16 (6) and 8 at 8", res.Rate, res.Goodput, res.BestGoodput, res.BestRate)
 	}
 }

@@ -230,8 +230,8 @@ func TestHotReplicationIdle(t *testing.T) {
 // of the oracle, and the two replicas agreeing on at least 99.9 % of the
 // requests.
 func TestAdaptiveKeysIdle(t *testing.T) {
-	if testing.Short() {
-		t.Skip("routes 60,000 requests through LRU models")
+	if testing.Short() || raceEnabled {
+		t.Skip("routes 60,000 requests through LRU models: run without -short and -race (make test-models)")
 	}
 	t.Log("| preset | oracle | fixed k=1: hit / largest | fixed+hot: hit / largest | adaptive: hit / largest | agreement: halves / same stream |")
 	for _, name := range PresetNames() {
@@ -282,8 +282,8 @@ func TestAdaptiveKeysIdle(t *testing.T) {
 // the agent preset's sessions (hit rate within 5 points of the oracle,
 // largest instance at most 1.5 fair shares).
 func TestAdaptiveDepth(t *testing.T) {
-	if testing.Short() {
-		t.Skip("routes 18,000 requests through LRU models")
+	if testing.Short() || raceEnabled {
+		t.Skip("routes 18,000 requests through LRU models: run without -short and -race (make test-models)")
 	}
 	agent, _ := LookupPreset("agent")
 	agent24 := agent

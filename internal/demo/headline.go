@@ -179,8 +179,8 @@ func capacityNotes(cmp *bench.Comparison) []string {
 	if err != nil {
 		return []string{fmt.Sprintf("Capacity on `%s` at TTFT p90 ≤ %.0f ms: %v (PREFIX_AWARE %.3g req/s, RANDOM %.3g req/s).", pa.Preset, pa.TargetP90Ms, err, pa.Rate, rnd.Rate)}
 	}
-	line := fmt.Sprintf("Capacity on `%s` at TTFT p90 ≤ %.0f ms: PREFIX_AWARE sustains %.3g req/s (goodput %.3g req/s), RANDOM %.3g req/s (goodput %.3g req/s): %.2f× the rate at the same latency target.",
-		pa.Preset, pa.TargetP90Ms, pa.Rate, pa.Goodput, rnd.Rate, rnd.Goodput, gain)
+	line := fmt.Sprintf("Capacity on `%s` at TTFT p90 ≤ %.0f ms: PREFIX_AWARE's best goodput %.3g req/s (offered %.3g), RANDOM's %.3g req/s (offered %.3g): %.2f× the goodput at the same latency target.",
+		pa.Preset, pa.TargetP90Ms, pa.BestGoodput, pa.BestRate, rnd.BestGoodput, rnd.BestRate, gain)
 	if pa.Bounded {
 		line += " PREFIX_AWARE's search stopped at its cap still holding: its capacity is at least that."
 	}

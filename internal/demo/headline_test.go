@@ -71,7 +71,7 @@ func TestHeadlineHotAndSeed(t *testing.T) {
 
 func TestCapacityNotes(t *testing.T) {
 	res := func(label string, rate float64) *bench.CapacityResult {
-		c := &bench.CapacityResult{Label: label, Preset: "shared-8k-seed", TargetP90Ms: 2000, Rate: rate, Goodput: rate * 0.95, Step: -1}
+		c := &bench.CapacityResult{Label: label, Preset: "shared-8k-seed", TargetP90Ms: 2000, Rate: 3 * rate, Goodput: rate * 0.95, BestGoodput: rate, BestRate: 2 * rate, Step: -1}
 		if rate > 0 {
 			c.Step = 0
 			c.Steps = []bench.CapacityStep{{Rate: rate, Held: true}}
