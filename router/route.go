@@ -231,8 +231,12 @@ func (r *Router) stepSet(rt *route, in *routeInput) *routeError {
 		rt.view, rt.ev, set, err = v, ev, s, nil
 		rt.start = time.Now()
 		if rt.session != nil {
-			// The session's instance as the new view has it.
-			rt.session = ev.instances[rt.session.inst.ID]
+			// The session's instance as the new view has it, if it
+			// is still there.
+			if rt.session = ev.instances[rt.session.inst.ID]; rt.session == nil || rt.session.target == nil || rt.session.inst.Draining {
+				rt.session = nil
+				return &routeError{http.StatusBadRequest, codeInvalidSession, "the session's instance has left the endpoint: the session is closed"}
+			}
 		}
 	}
 	switch {
