@@ -137,14 +137,32 @@ func (rt *route) labels() (endpoint, strategy string) {
 // the steps went; a non-nil error ends it.
 func (r *Router) route(in routeInput) (*route, *routeError) {
 	rt := &route{kind: in.kind, endpoint: in.endpoint}
-	for _, step := range [...]func(*route, *routeInput) *routeError{
-		r.stepEndpoint, r.stepBody, r.stepParse, r.stepSession, r.stepVariant, r.stepSet, r.stepSubset, r.stepPick,
-	} {
-		if err := step(rt, &in); err != nil {
-			return rt, err
-		}
+	// The steps are called one by one, not through a table of method
+	// values: through func values the compiler cannot see that no step
+	// keeps &in, and in moved to the heap on every request.
+	err := r.stepEndpoint(rt, &in)
+	if err == nil {
+		err = r.stepBody(rt, &in)
 	}
-	return rt, nil
+	if err == nil {
+		err = r.stepParse(rt, &in)
+	}
+	if err == nil {
+		err = r.stepSession(rt, &in)
+	}
+	if err == nil {
+		err = r.stepVariant(rt, &in)
+	}
+	if err == nil {
+		err = r.stepSet(rt, &in)
+	}
+	if err == nil {
+		err = r.stepSubset(rt, &in)
+	}
+	if err == nil {
+		err = r.stepPick(rt, &in)
+	}
+	return rt, err
 }
 
 // stepEndpoint loads the view once: the request uses it for its whole life.
