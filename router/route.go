@@ -40,7 +40,8 @@ type route struct {
 	view     *view         // loaded once in step 1; replaced only by awaitHolder
 	ev       *endpointView // nil when step 1 failed
 
-	body []byte    // what step 2 read (salted in step 3 when the salt applies)
+	body   []byte // what step 2 read (salted in step 3 when the salt applies)
+	salted bool   // step 3 replaced body with a salted copy
 	rest io.Reader // the body after body, streamed after the pick; nil when body is all of it
 
 	tenant, model string
@@ -196,7 +197,7 @@ func (r *Router) stepParse(rt *route, in *routeInput) *routeError {
 	}
 	if rt.ev.salt && rt.tenant != "" && in.kind.openAI() {
 		// Front ends give a salted endpoint's OpenAI body whole.
-		rt.body = r.salter.withCacheSalt(rt.body, rt.endpoint, rt.tenant)
+		rt.body, rt.salted = r.salter.withCacheSalt(rt.body, rt.endpoint, rt.tenant), true
 	}
 	return nil
 }
