@@ -40,9 +40,9 @@ type route struct {
 	view     *view         // loaded once in step 1; replaced only by awaitHolder
 	ev       *endpointView // nil when step 1 failed
 
-	body   []byte // what step 2 read (salted in step 3 when the salt applies)
-	salted bool   // step 3 replaced body with a salted copy
-	rest io.Reader // the body after body, streamed after the pick; nil when body is all of it
+	body   []byte    // what step 2 read (salted in step 3 when the salt applies)
+	salted bool      // step 3 replaced body with a salted copy
+	rest   io.Reader // the body after body, streamed after the pick; nil when body is all of it
 
 	tenant, model string
 	// key is the key whose ring order the pick follows: the fixed-length
