@@ -163,7 +163,7 @@ func (r *Router) Pick(req PickRequest) (*Picked, error) {
 	} else {
 		out.Candidates = fallbacks(rt, rt.skip, max(req.MaxCandidates, 1))
 	}
-	if len(rt.body) != len(req.Body) || (len(rt.body) > 0 && &rt.body[0] != &req.Body[0]) {
+	if rt.salted {
 		out.Body = rt.body
 	}
 	return out, nil

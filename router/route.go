@@ -40,8 +40,9 @@ type route struct {
 	view     *view         // loaded once in step 1; replaced only by awaitHolder
 	ev       *endpointView // nil when step 1 failed
 
-	body []byte    // what step 2 read (salted in step 3 when the salt applies)
-	rest io.Reader // the body after body, streamed after the pick; nil when body is all of it
+	body   []byte    // what step 2 read (salted in step 3 when the salt applies)
+	salted bool      // step 3 replaced body with a salted copy
+	rest   io.Reader // the body after body, streamed after the pick; nil when body is all of it
 
 	tenant, model string
 	// key is the key whose ring order the pick follows: the fixed-length
@@ -137,14 +138,32 @@ func (rt *route) labels() (endpoint, strategy string) {
 // the steps went; a non-nil error ends it.
 func (r *Router) route(in routeInput) (*route, *routeError) {
 	rt := &route{kind: in.kind, endpoint: in.endpoint}
-	for _, step := range [...]func(*route, *routeInput) *routeError{
-		r.stepEndpoint, r.stepBody, r.stepParse, r.stepSession, r.stepVariant, r.stepSet, r.stepSubset, r.stepPick,
-	} {
-		if err := step(rt, &in); err != nil {
-			return rt, err
-		}
+	// The steps are called one by one, not through a table of method
+	// values: through func values the compiler cannot see that no step
+	// keeps &in, and in moved to the heap on every request.
+	err := r.stepEndpoint(rt, &in)
+	if err == nil {
+		err = r.stepBody(rt, &in)
 	}
-	return rt, nil
+	if err == nil {
+		err = r.stepParse(rt, &in)
+	}
+	if err == nil {
+		err = r.stepSession(rt, &in)
+	}
+	if err == nil {
+		err = r.stepVariant(rt, &in)
+	}
+	if err == nil {
+		err = r.stepSet(rt, &in)
+	}
+	if err == nil {
+		err = r.stepSubset(rt, &in)
+	}
+	if err == nil {
+		err = r.stepPick(rt, &in)
+	}
+	return rt, err
 }
 
 // stepEndpoint loads the view once: the request uses it for its whole life.
@@ -178,7 +197,7 @@ func (r *Router) stepParse(rt *route, in *routeInput) *routeError {
 	}
 	if rt.ev.salt && rt.tenant != "" && in.kind.openAI() {
 		// Front ends give a salted endpoint's OpenAI body whole.
-		rt.body = r.salter.withCacheSalt(rt.body, rt.endpoint, rt.tenant)
+		rt.body, rt.salted = r.salter.withCacheSalt(rt.body, rt.endpoint, rt.tenant), true
 	}
 	return nil
 }
@@ -231,8 +250,12 @@ func (r *Router) stepSet(rt *route, in *routeInput) *routeError {
 		rt.view, rt.ev, set, err = v, ev, s, nil
 		rt.start = time.Now()
 		if rt.session != nil {
-			// The session's instance as the new view has it.
-			rt.session = ev.instances[rt.session.inst.ID]
+			// The session's instance as the new view has it, if it
+			// is still there.
+			if rt.session = ev.instances[rt.session.inst.ID]; rt.session == nil || rt.session.target == nil || rt.session.inst.Draining {
+				rt.session = nil
+				return &routeError{http.StatusBadRequest, codeInvalidSession, "the session's instance has left the endpoint: the session is closed"}
+			}
 		}
 	}
 	switch {
