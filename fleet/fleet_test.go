@@ -267,9 +267,9 @@ func TestNewSnapshotSortsAndCopies(t *testing.T) {
 	}
 }
 
-// NewSnapshotOwning keeps a sorted slice as it is (the watcher's list of
-// thousands, issue 22) and copies and sorts an unsorted one, as NewSnapshot
-// does, without touching the caller's.
+// NewSnapshotOwning keeps the caller's sorted slice as it is (the watcher's
+// list of thousands, issue 22); NewSnapshot copies and sorts, without
+// touching the caller's.
 func TestNewSnapshotOwning(t *testing.T) {
 	sorted := []Instance{{ID: "a", Addr: "x"}, {ID: "b", Addr: "x"}}
 	s := NewSnapshotOwning([]Endpoint{{Name: "ep", Instances: sorted}}, 1, 1, time.Unix(1, 0))
@@ -280,7 +280,7 @@ func TestNewSnapshotOwning(t *testing.T) {
 		t.Fatal("NewSnapshot kept the caller's slice")
 	}
 	unsorted := []Instance{{ID: "b", Addr: "x"}, {ID: "a", Addr: "x"}}
-	got := NewSnapshotOwning([]Endpoint{{Name: "ep", Instances: unsorted}}, 1, 1, time.Unix(1, 0)).Endpoint("ep").Instances
+	got := NewSnapshot([]Endpoint{{Name: "ep", Instances: unsorted}}, 1, 1, time.Unix(1, 0)).Endpoint("ep").Instances
 	if got[0].ID != "a" || unsorted[0].ID != "b" {
 		t.Fatalf("unsorted: snapshot %v, caller's %v; want a copy sorted, the caller's untouched", got, unsorted)
 	}

@@ -602,8 +602,9 @@ func (w *Watcher) emit(st *state) {
 		insts := st.sortedInstances(ep)
 		held := w.held(st, ep)
 		if len(held) > 0 {
-			// Rare (the vanish guard holds): NewSnapshot sorts them in.
+			// Rare (the vanish guard holds): a sorted copy with them in.
 			insts = append(slices.Clone(insts), held...)
+			slices.SortFunc(insts, func(a, b fleet.Instance) int { return strings.Compare(a.ID, b.ID) })
 		}
 		w.metrics.vanishHeld(ep, len(held))
 		ads := make([]fleet.Adapter, 0, len(st.adapters[ep]))
@@ -614,7 +615,8 @@ func (w *Watcher) emit(st *state) {
 		eps = append(eps, fleet.Endpoint{Name: ep, Config: cfg, Instances: insts, Adapters: ads, Popular: mergePopular(st.popular[ep])})
 	}
 	sort.Slice(eps, func(i, j int) bool { return eps[i].Name < eps[j].Name })
-	// The instance lists are st.sorted's, never modified: the snapshot keeps them.
+	// The instance lists are st.sorted's (or the guard's sorted copies),
+	// never modified: the snapshot keeps them.
 	s := fleet.NewSnapshotOwning(eps, st.rev, len(st.routers), w.clock.Now())
 	s.ReplicaRates = maps.Clone(st.routers)
 	if w.onKeys != nil {

@@ -39,6 +39,13 @@ type Options struct {
 	Wait time.Duration
 	// Registrations is how many instances register at once [64].
 	Registrations int
+	// StartWave is how many replicas start together; each wave waits until
+	// its replicas list every instance before the next starts. Zero (the
+	// default) starts all at once, the heaviest moment of a fleet
+	// (docs/operations.md). On a shared machine whose other load starves
+	// that moment, waves let the churn be measured; the first agreed
+	// snapshot then spans the waves.
+	StartWave int
 	// Etcd is the client URL of an etcd to use (a member started by the
 	// caller, e.g. in another process, or a real cluster's member); its
 	// counters are scraped from Etcd + "/metrics", which etcd serves on its
@@ -60,6 +67,9 @@ type Options struct {
 	Logger *slog.Logger
 	// Timeout bounds the whole run [30 min].
 	Timeout time.Duration
+	// ChurnProfile, if set, receives a CPU profile of the churn phase
+	// alone (the joins, leaves and crashes, not the replicas' start).
+	ChurnProfile io.Writer
 }
 
 // Defaults returns the options a zero Options runs with (Progress and Logger
@@ -88,6 +98,8 @@ func (o Options) withDefaults() (Options, error) {
 	switch {
 	case o.Instances < 1 || o.Replicas < 1 || o.PerClient < 1 || o.Registrations < 1:
 		return o, errors.New("swarm: instances, replicas, per-client and registrations must be at least 1")
+	case o.StartWave < 0:
+		return o, errors.New("swarm: start-wave must not be negative")
 	case o.Joins < 0 || o.Leaves < 0 || o.Crashes < 0:
 		return o, errors.New("swarm: joins, leaves and crashes must not be negative")
 	case o.Crashes > o.Joins:

@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"sort"
 	"strings"
@@ -215,27 +216,35 @@ func instance(id string, i int) fleet.Instance {
 		Adapters: []string{"lora-a"}, Labels: map[string]string{"zone": fmt.Sprintf("z%d", i%3)}}
 }
 
-// startReplicas starts the watchers at once and waits until every one has
-// published a snapshot listing every instance.
+// startReplicas starts the watchers (all at once, or StartWave at a time)
+// and waits until every one has published a snapshot listing every
+// instance.
 func (r *run) startReplicas(ctx context.Context, rep *Report) error {
 	want := r.liveIDs()
 	r.track = newTracker(r.o.Replicas)
 	ev := r.track.begin("start", func(ep *fleet.Endpoint) bool { return ep != nil && len(ep.Instances) == len(want) })
-	for i := range r.o.Replicas {
-		c, err := r.client()
-		if err != nil {
+	wave := r.o.StartWave
+	if wave == 0 {
+		wave = r.o.Replicas
+	}
+	for first := 0; first < r.o.Replicas; first += wave {
+		n := min(wave, r.o.Replicas-first)
+		for i := first; i < first+n; i++ {
+			c, err := r.client()
+			if err != nil {
+				return err
+			}
+			r.wclients = append(r.wclients, c)
+			w := membership.StartWatcher(c, membership.WatcherOptions{Options: membership.Options{
+				TTL: r.o.TTL, Logger: r.opts.Logger, Metrics: r.builds,
+			}}, r.track.observer(i))
+			r.watchers = append(r.watchers, w)
+		}
+		// Every replica lists every record at once: allow 10 ms of this
+		// machine's time per replica and thousand instances beyond the wait.
+		if err := r.track.waitLeft(ctx, ev, r.o.Replicas-first-n, r.o.Wait+time.Duration(n*r.o.Instances)*10*time.Microsecond); err != nil {
 			return err
 		}
-		r.wclients = append(r.wclients, c)
-		w := membership.StartWatcher(c, membership.WatcherOptions{Options: membership.Options{
-			TTL: r.o.TTL, Logger: r.opts.Logger, Metrics: r.builds,
-		}}, r.track.observer(i))
-		r.watchers = append(r.watchers, w)
-	}
-	// Every replica lists every record at once: allow 10 ms of this
-	// machine's time per replica and thousand instances beyond the wait.
-	if err := r.track.wait(ctx, ev, r.o.Wait+time.Duration(r.o.Replicas*r.o.Instances)*10*time.Microsecond); err != nil {
-		return err
 	}
 	if ts := r.track.times(ev); len(ts) > 0 {
 		rep.FirstAgreed = ts[len(ts)-1]
@@ -244,7 +253,7 @@ func (r *run) startReplicas(ctx context.Context, rep *Report) error {
 	if agreed != r.o.Replicas {
 		return fmt.Errorf("swarm: %d of %d replicas agree on the first full snapshot", agreed, r.o.Replicas)
 	}
-	fmt.Fprintf(r.o.Progress, "%d replicas agree on %d instances %v after they started\n", r.o.Replicas, len(want), rep.FirstAgreed.Round(time.Millisecond))
+	fmt.Fprintf(r.o.Progress, "%d replicas agree on %d instances %v after they started (%d at a time)\n", r.o.Replicas, len(want), rep.FirstAgreed.Round(time.Millisecond), wave)
 	return nil
 }
 
@@ -267,6 +276,12 @@ func (r *run) quiet(ctx context.Context, rep *Report) error {
 // churn runs the joins, leaves and crashes one after the other.
 func (r *run) churn(ctx context.Context, rep *Report) error {
 	plan := r.plan()
+	if r.o.ChurnProfile != nil {
+		if err := pprof.StartCPUProfile(r.o.ChurnProfile); err != nil {
+			return fmt.Errorf("swarm: churn profile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	a, t0 := r.counters(ctx), time.Now()
 	gap := time.Duration(0)
 	if r.o.Rate > 0 {

@@ -77,6 +77,28 @@ func (t *tracker) wait(ctx context.Context, ev *event, d time.Duration) error {
 	}
 }
 
+// waitLeft waits until at most left replicas have not seen ev, at most d
+// (StartWave: the replicas not started yet cannot see it).
+func (t *tracker) waitLeft(ctx context.Context, ev *event, left int, d time.Duration) error {
+	if left == 0 {
+		return t.wait(ctx, ev, d)
+	}
+	deadline := time.Now().Add(d)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for t.pending(ev) > left {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("swarm: %s not seen by %d replicas after %v", ev.id, t.pending(ev)-left, d)
+		}
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
 func (t *tracker) pending(ev *event) int {
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -49,11 +49,13 @@ func run() error {
 	flag.DurationVar(&o.Quiet, "quiet", d.Quiet, "window without churn for the steady etcd load")
 	flag.DurationVar(&o.Wait, "wait", d.Wait, "longest wait for one event to reach every replica (crashes add the TTL)")
 	flag.IntVar(&o.Registrations, "registrations", d.Registrations, "instances registering at once")
+	flag.IntVar(&o.StartWave, "start-wave", d.StartWave, "replicas started together, each wave after the last agrees (0: all at once)")
 	flag.StringVar(&o.Etcd, "etcd", "", "client URL of an etcd member to use (its /metrics is scraped)")
 	inProcess := flag.Bool("etcd-in-process", false, "embed etcd in this process instead of a child process")
 	flag.StringVar(&o.Dir, "dir", "", "etcd data directory (default: a new temporary one)")
 	flag.DurationVar(&o.Timeout, "timeout", d.Timeout, "bound of the whole run")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the harness to this file")
+	churnprofile := flag.String("churn-cpuprofile", "", "write a CPU profile of the churn phase alone to this file")
 	serveEtcd := flag.String("serve-etcd", "", "internal: serve an embedded etcd with this data directory, print its URL, stop at end of stdin")
 	flag.Parse()
 	if *serveEtcd != "" {
@@ -71,6 +73,17 @@ func run() error {
 		}
 		defer done()
 		o.Etcd, o.Dir = url, ""
+	}
+	if *churnprofile != "" {
+		if *cpuprofile != "" {
+			return errors.New("swarm: -cpuprofile and -churn-cpuprofile exclude each other (one CPU profile at a time)")
+		}
+		f, err := os.Create(*churnprofile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		o.ChurnProfile = f
 	}
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
