@@ -282,7 +282,7 @@ func (r *run) churn(ctx context.Context, rep *Report) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	a, t0 := r.counters(ctx), time.Now()
+	a, t0, cpu0 := r.counters(ctx), time.Now(), processCPU()
 	gap := time.Duration(0)
 	if r.o.Rate > 0 {
 		gap = time.Duration(float64(time.Second) / r.o.Rate)
@@ -315,7 +315,7 @@ func (r *run) churn(ctx context.Context, rep *Report) error {
 			}
 		}
 	}
-	rep.ChurnTime = time.Since(t0)
+	rep.ChurnTime, rep.ChurnCPU = time.Since(t0), processCPU()-cpu0
 	rep.Churn = r.counters(ctx).rates(a, rep.ChurnTime)
 	fmt.Fprintf(r.o.Progress, "churn: %d events in %v, %d of %d agreement checks passed\n", len(plan), rep.ChurnTime.Round(time.Millisecond), rep.Agreed, rep.Checks)
 	return nil
