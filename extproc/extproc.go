@@ -48,10 +48,12 @@ const (
 	DefaultReadyInterval = time.Second
 )
 
-// Picker is the one-method view of the data plane the server needs;
+// Picker is the view of the data plane the server needs: where a request
+// goes, and the bounded buffers its body waits in until then (issue 19);
 // *router.Router implements it.
 type Picker interface {
 	Pick(router.PickRequest) (*router.Picked, error)
+	HoldBody(ctx context.Context, path string, declared int64) *router.HeldBody
 }
 
 var _ Picker = (*router.Router)(nil)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/bits"
 	"net/http"
 	"sync"
@@ -227,4 +228,81 @@ func (a *bodyArena) fullError(err error) *routeError {
 		return &routeError{http.StatusServiceUnavailable, codeBodyBuffer, fmt.Sprintf("the router holds as many request bodies as its body buffer takes (%d bytes) and none freed room within %v: a body whose model or prompt_cache_key comes after its first 64 KiB is read whole before routing; retry, or put model and prompt_cache_key first", a.limit, bodyBufferWait)}
 	}
 	return &routeError{statusClientClosed, codeBadBody, "the client went away while its body waited for room"}
+}
+
+// HeldBody is a request body a front end holds while it arrives, until the
+// pick: the ext_proc picker's (issue 19: it held every OpenAI body whole,
+// in a buffer grown by doubling outside any bound). It is held as the HTTP
+// data plane holds a body it reads: in pooled head buffers up to 64 KiB,
+// then in a buffer the body arena lends (waiting for room up to 10 s, then
+// 503 body_buffer_full). Pick, given it in PickRequest.Held, decides an
+// OpenAI key on the head as the HTTP data plane does, from 16 KiB and at
+// each doubling; the front end then sends what it holds and Releases it.
+// A HeldBody belongs to the goroutine serving its request.
+type HeldBody struct {
+	r        *Router
+	ctx      context.Context
+	kind     apiKind
+	declared int64
+	buf      []byte
+	h        *heldBuf // the arena's buffer buf is in; nil while in a head buffer
+	// try is the length from which Pick tries an OpenAI key on the head.
+	try int
+}
+
+// HoldBody starts holding the body of a request to path (its API, as in
+// PickRequest.Path) with context ctx and declared length declared (-1 when
+// not declared: chunked). A body declared under 32 KiB is decided on
+// whole, as on the HTTP data plane.
+func (r *Router) HoldBody(ctx context.Context, path string, declared int64) *HeldBody {
+	b := &HeldBody{r: r, ctx: ctx, kind: kindForPath(path), declared: declared, try: openAIHeadStart + 1}
+	if declared >= 0 && declared < wholeBody {
+		b.try = math.MaxInt
+	}
+	return b
+}
+
+// Append holds p after what the body held. Beyond MaxBodyBytes it keeps
+// one byte more and drops the rest: Pick then answers 413. When the arena
+// has no room within 10 s (or ctx ends first) it returns a *Rejection.
+func (b *HeldBody) Append(p []byte) error {
+	limit := int(b.r.opts.MaxBodyBytes) + 1
+	p = p[:min(len(p), max(0, limit-len(b.buf)))]
+	for len(b.buf)+len(p) > cap(b.buf) {
+		if b.h != nil {
+			// The arena's buffer holds the declared length and more.
+			return b.r.rejectPick(b.kind, "unknown", "", &routeError{http.StatusBadRequest, codeBadBody, "reading the request body: longer than declared"})
+		}
+		if top := headClasses[len(headClasses)-1]; len(b.buf)+len(p) <= top {
+			// Grow by doubling within the head classes.
+			next := append(getHead(min(max(len(b.buf)+len(p), 2*cap(b.buf)), top)), b.buf...)
+			putHead(b.buf)
+			b.buf = next
+			continue
+		}
+		h, err := b.r.arena.acquire(b.ctx, heldNeed(b.declared, b.r.opts.MaxBodyBytes))
+		if err != nil {
+			return b.r.rejectPick(b.kind, "unknown", "", b.r.arena.fullError(err))
+		}
+		b.h = h
+		next := append(h.buf, b.buf...)
+		putHead(b.buf)
+		b.buf = next
+	}
+	b.buf = append(b.buf, p...)
+	return nil
+}
+
+// Bytes is the body held so far. It is valid until Release.
+func (b *HeldBody) Bytes() []byte { return b.buf }
+
+// Release gives the body's buffer back: nothing reads Bytes (or a Picked's
+// Body made from it) any more. Calls after the first do nothing.
+func (b *HeldBody) Release() {
+	if b.h != nil {
+		b.r.arena.recycle(b.h)
+	} else {
+		putHead(b.buf)
+	}
+	b.buf, b.h = nil, nil
 }

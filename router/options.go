@@ -48,15 +48,16 @@ type Options struct {
 	// MaxBodyBytes bounds request bodies, 413 beyond (--max-body-bytes).
 	// Zero means DefaultMaxBodyBytes.
 	MaxBodyBytes int64
-	// BodyBufferBytes bounds the memory of the OpenAI bodies read whole
-	// before the pick because their key is not within their first 64 KiB
+	// BodyBufferBytes bounds the memory of the bodies held whole before
+	// the pick: OpenAI bodies whose key is not within their first 64 KiB
 	// (model or prompt_cache_key after the messages, or no
-	// prompt_cache_key): one budget for the whole router
+	// prompt_cache_key), on either front end, and a hot key's bodies (its
+	// spread hash reads their end): one budget for the whole router
 	// (--body-buffer-bytes; heldbody.go). A body that finds it taken waits
 	// for room up to 10 s, then gets 503. Zero means
-	// DefaultBodyBufferBytes, or MaxBodyBytes+1 when that is more;
-	// otherwise it must be at least MaxBodyBytes+1 (MaxBodyBytes' default
-	// when zero).
+	// DefaultBodyBufferBytes, or the largest body's buffer when that is
+	// more; otherwise it must hold that buffer: MaxBodyBytes (its default
+	// when zero) plus 50 bytes (an EOF read and a tenant's cache salt).
 	BodyBufferBytes int64
 	// BalanceFactor > 0 bounds PREFIX_AWARE loads (consistent hashing with
 	// bounded loads, as HAProxy's hash-balance-factor): a candidate is
@@ -232,7 +233,7 @@ func (o Options) withDefaults() Options {
 		o.MaxBodyBytes = DefaultMaxBodyBytes
 	}
 	if o.BodyBufferBytes == 0 {
-		o.BodyBufferBytes = max(DefaultBodyBufferBytes, o.MaxBodyBytes+1)
+		o.BodyBufferBytes = max(DefaultBodyBufferBytes, int64(heldNeed(o.MaxBodyBytes, o.MaxBodyBytes)))
 	}
 	if o.LoadMetricsPath == "" {
 		o.LoadMetricsPath = "/metrics"
@@ -275,8 +276,8 @@ func (o Options) Validate() error {
 	if o.MaxBodyBytes < 0 {
 		bad("MaxBodyBytes (--max-body-bytes) %d is negative", o.MaxBodyBytes)
 	}
-	if maxBody := cmp.Or(o.MaxBodyBytes, DefaultMaxBodyBytes); o.BodyBufferBytes != 0 && o.BodyBufferBytes <= maxBody {
-		bad("BodyBufferBytes (--body-buffer-bytes) %d must exceed the largest body, %d (--max-body-bytes)", o.BodyBufferBytes, maxBody)
+	if maxBody := cmp.Or(o.MaxBodyBytes, DefaultMaxBodyBytes); o.BodyBufferBytes != 0 && o.BodyBufferBytes < int64(heldNeed(maxBody, maxBody)) {
+		bad("BodyBufferBytes (--body-buffer-bytes) %d must hold the largest body, %d bytes (--max-body-bytes), and 50 more", o.BodyBufferBytes, maxBody)
 	}
 	if f := o.BalanceFactor; !(f == 0 || (f >= 1 && f <= 10)) {
 		bad("BalanceFactor (--balance-factor) %v must be 0 (off) or in [1, 10]", f)
