@@ -299,8 +299,16 @@ func (st *stream) tryPick(complete, eos bool) (bool, error) {
 	if !complete {
 		st.sent = p // the chunks to come go through p.Rest
 	}
-	err = st.sendBody(body, eos)
-	// Sent (gRPC has encoded the message) or failed: the buffers go back.
+	// In messages of at most maxBodyMessage: gRPC copies each message
+	// whole, and a held body may be MaxBodyBytes long.
+	for len(body) > maxBodyMessage && err == nil {
+		err = st.sendBody(body[:maxBodyMessage], false)
+		body = body[maxBodyMessage:]
+	}
+	if err == nil {
+		err = st.sendBody(body, eos)
+	}
+	// Sent (gRPC has encoded the messages) or failed: the buffers go back.
 	st.held.Release()
 	st.held = nil
 	return false, err
@@ -314,6 +322,9 @@ func (st *stream) reject(err error) error {
 	}
 	return st.immediate(http.StatusInternalServerError, nil, nil, err.Error())
 }
+
+// maxBodyMessage bounds the body chunks the stream sends after the pick.
+const maxBodyMessage = 64 << 10
 
 // setHeader overwrites: a client must not choose its own destination by
 // sending the header itself.
