@@ -66,7 +66,7 @@ type stream struct {
 	picked *router.Picked
 	// sent is the pick whose Rest rewrites the chunks after it (a salted
 	// body's end); it outlives picked, which the response releases.
-	sent *router.Picked
+	sent   *router.Picked
 	span   trace.Span // nil unless tracing
 	status int        // response status; 0 until the response headers
 
