@@ -7,8 +7,17 @@ import (
 	"testing"
 	"time"
 
+	"context"
+	"errors"
+	"net/http/httptest"
+	"net/netip"
+	"slices"
+
+	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/internal/localfleet"
 	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 	"github.com/prefixrouter/prefixrouter/membership"
+	"github.com/prefixrouter/prefixrouter/replica"
 	"github.com/prefixrouter/prefixrouter/router"
 )
 
@@ -40,6 +49,82 @@ func TestRecordsAtOwnListenersRefused(t *testing.T) {
 	defer hc.CloseIdleConnections()
 	for i := range 30 {
 		resp, err := hc.Post(rep.URL()+"/invocations", "application/json", strings.NewReader(`{"inputs":"loop `+string(rune('a'+i%26))+`"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || resp.Header.Get(router.HeaderInstance) != "i-0" {
+			t.Fatalf("request %d: status %d from %q", i, resp.StatusCode, resp.Header.Get(router.HeaderInstance))
+		}
+	}
+	if got := counterValue(t, rep.Registry(), "prefixrouter_requests_total", nil) - before; got != 30 {
+		t.Fatalf("the router served %v requests for 30 sent: records loop back to it", got)
+	}
+}
+
+// TestRecordsNamingOwnListenersRefused: a record whose host name resolves
+// to the replica's own data or admin port looped as its IP literal did
+// (issue 19: only literals and localhost were refused), and a name that
+// resolves to a metadata address reached it. Names are resolved when the
+// record is accepted (the resolver here answers loopback and metadata
+// addresses for made-up names; nothing is looked up on the network): such
+// records are ignored and counted, the others kept, and 30 requests stay 30.
+func TestRecordsNamingOwnListenersRefused(t *testing.T) {
+	ctx := testsupport.Context(t, 30*time.Second)
+	f, err := localfleet.Start(ctx, localfleet.Options{Endpoint: "chat", FastEtcd: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.Close)
+	srv := httptest.NewServer(localfleet.Stub("i-0"))
+	t.Cleanup(srv.Close)
+	if _, err := f.Register(ctx, fleet.Instance{ID: "i-0", Addr: srv.URL}, 0); err != nil {
+		t.Fatal(err)
+	}
+	names := map[string][]netip.Addr{
+		"router.internal": {netip.MustParseAddr("127.0.0.1")},
+		"admin.internal":  {netip.MustParseAddr("::ffff:127.0.0.1")},
+		"meta.internal":   {netip.MustParseAddr("fd00:ec2::254")},
+		"link.internal":   {netip.MustParseAddr("10.0.0.7"), netip.MustParseAddr("169.254.169.254")},
+	}
+	rep, err := f.AddReplicaWith(ctx, func(o *replica.Options) {
+		o.AllowedUpstreams = append(slices.Clone(fleet.DefaultUpstreams), ".internal")
+		o.Resolver = func(_ context.Context, host string) ([]netip.Addr, error) {
+			if as, ok := names[host]; ok {
+				return slices.Clone(as), nil
+			}
+			return nil, errors.New("no such host")
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = f.StopReplica(ctx, rep) })
+	port := func(hostPort string) string { return hostPort[strings.LastIndex(hostPort, ":")+1:] }
+	refused := map[string]string{
+		"loop-data":  "http://router.internal:" + port(rep.Addr()),
+		"loop-admin": "http://admin.internal:" + port(rep.AdminAddr()),
+		"metadata":   "http://meta.internal/",
+		"link-local": "http://link.internal:8000",
+	}
+	l := membership.Layout{}
+	for id, addr := range refused {
+		if _, err := f.Client().Put(ctx, l.InstanceKey("chat", id), `{"id":"`+id+`","addr":"`+addr+`"}`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testsupport.Eventually(t, 5*time.Second, "records naming the router or metadata counted as invalid upstreams", func() bool {
+		return counterValue(t, rep.Registry(), "prefixrouter_membership_invalid_records_total", map[string]string{"kind": "upstream"}) == float64(len(refused))
+	})
+	if err := f.WaitFor(ctx, f.HasInstances("i-0")); err != nil {
+		t.Fatal(err)
+	}
+	before := counterValue(t, rep.Registry(), "prefixrouter_requests_total", nil)
+	hc := &http.Client{Transport: &http.Transport{}}
+	defer hc.CloseIdleConnections()
+	for i := range 30 {
+		resp, err := hc.Post(rep.URL()+"/invocations", "application/json", strings.NewReader(`{"inputs":"name loop `+string(rune('a'+i%26))+`"}`))
 		if err != nil {
 			t.Fatal(err)
 		}

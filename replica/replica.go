@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"runtime/debug"
 	"strings"
@@ -298,7 +299,13 @@ func (r *Replica) startFleet(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	allowed = allowed.WithSelf(self)
+	resolve := opts.Resolver
+	if resolve == nil {
+		resolve = func(ctx context.Context, host string) ([]netip.Addr, error) {
+			return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+		}
+	}
+	allowed = allowed.WithSelf(self).WithResolver(resolve)
 	if !opts.usesEtcd() {
 		for i, in := range opts.Static {
 			if err := allowed.Check(in.Addr); err != nil {
