@@ -639,3 +639,43 @@ func TestBodyLimit(t *testing.T) {
 		t.Fatalf("want an immediate 413, got %v", ir.GetStatus())
 	}
 }
+
+// TestBodyBuffer: the ext_proc picker holds bodies in the router's body
+// buffer, as the HTTP data plane does (issue 19: it held every OpenAI body
+// whole, outside any bound). With a buffer for one 1 MiB body, a stream
+// whose model-last body fills it holds it; a second stream's body past its
+// first 64 KiB finds no room and, once the wait runs out, is answered 503
+// body_buffer_full, as the HTTP data plane answers; the first is then
+// picked at its end.
+func TestBodyBuffer(t *testing.T) {
+	const limit = 1 << 20
+	c := startClusterWith(t, fleetOf(t, 1), router.Options{
+		DefaultEndpoint: endpoint, MaxBodyBytes: limit, BodyBufferBytes: limit + 64, BodyBufferWait: time.Millisecond,
+	}, extproc.Options{})
+	modelLast := func(n int) []byte {
+		return []byte(`{"messages":[{"role":"user","content":"` + strings.Repeat("w", n) + `"}],"model":"m"}`)
+	}
+	first := modelLast(900 << 10)
+	a := c.open(t)
+	a.headers("/v1/chat/completions", map[string]string{"content-length": fmt.Sprint(limit)}, nil, false)
+	a.body(first[:len(first)-20], false) // past 64 KiB, model not yet seen: held in the buffer
+	testsupport.Eventually(t, 5*time.Second, "the first body held in the buffer", func() bool { return c.router.BodiesHeld() == 1 })
+	b := c.open(t)
+	b.headers("/v1/chat/completions", map[string]string{"content-length": fmt.Sprint(len(first))}, nil, false)
+	b.body(first, true)
+	ir := b.recv().GetImmediateResponse()
+	if ir.GetStatus().GetCode() != http.StatusServiceUnavailable || !bytes.Contains(ir.GetBody(), []byte("body_buffer_full")) {
+		t.Fatalf("a second held body with no room: %v %s, want 503 body_buffer_full", ir.GetStatus(), ir.GetBody())
+	}
+	a.body(first[len(first)-20:], true)
+	a.pickAnswer()
+	var got []byte
+	for eos := false; !eos; {
+		var chunk []byte
+		chunk, eos = a.bodyAnswer()
+		got = append(got, chunk...)
+	}
+	if !bytes.Equal(got, first) {
+		t.Fatalf("the held body was passed on as %d bytes, want its %d", len(got), len(first))
+	}
+}

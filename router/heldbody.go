@@ -27,7 +27,8 @@ import (
 // the body's declared length. The buffer goes back to the arena as soon as
 // the instance has been sent the bytes it holds (the body is then no longer
 // replayable), not at the end of the answer. When the budget is taken, a
-// body waits for room in arrival order for at most bodyBufferWait, then is
+// body waits for room in arrival order for at most Options.BodyBufferWait
+// (10 s by default), then is
 // refused with 503 (ServiceUnavailable, Retry-After): memory stays bounded
 // and the client may retry.
 
@@ -35,8 +36,9 @@ import (
 // is zero (unless MaxBodyBytes needs more).
 const DefaultBodyBufferBytes = 32 << 20
 
-// bodyBufferWait bounds a body's wait for room in the arena.
-const bodyBufferWait = 10 * time.Second
+// DefaultBodyBufferWait bounds a body's wait for room in the arena when
+// Options.BodyBufferWait is zero.
+const DefaultBodyBufferWait = 10 * time.Second
 
 // minHeldClass is the smallest arena buffer: twice the largest head class.
 const minHeldClass = 128 << 10
@@ -49,8 +51,9 @@ var errArenaFull = errors.New("router: no room in the body buffer")
 
 // bodyArena lends the buffers of bodies held before the pick.
 type bodyArena struct {
-	limit int64 // bytes of buffers made and kept (in use or idle)
-	top   int   // the largest buffer: MaxBodyBytes + 1
+	limit int64         // bytes of buffers made and kept (in use or idle)
+	top   int           // the largest buffer: heldNeed(MaxBodyBytes)
+	wait  time.Duration // a body's wait for room
 	// after starts the wait's timer (time.After; tests shorten it).
 	after func(time.Duration) <-chan time.Time
 
@@ -77,8 +80,8 @@ type heldBuf struct {
 	done bool            // given back (recycled) or dropped
 }
 
-func newBodyArena(limit int64, top int) *bodyArena {
-	return &bodyArena{limit: limit, top: top, after: time.After, free: map[int][][]byte{}, lent: map[*byte]*heldBuf{}}
+func newBodyArena(limit int64, top int, wait time.Duration) *bodyArena {
+	return &bodyArena{limit: limit, top: top, wait: wait, after: time.After, free: map[int][][]byte{}, lent: map[*byte]*heldBuf{}}
 }
 
 // class is the capacity of the buffer for a body of n bytes: a power of
@@ -91,7 +94,7 @@ func (a *bodyArena) class(n int) int {
 }
 
 // acquire lends a buffer of at least n bytes (n <= top), waiting for room
-// until ctx ends or bodyBufferWait passes. When ctx ends (the request is
+// until ctx ends or the arena's wait passes. When ctx ends (the request is
 // over, or its client gone) a buffer not given back by then is dropped:
 // its budget returns, and the collector takes it once nothing refers to it.
 func (a *bodyArena) acquire(ctx context.Context, n int) (*heldBuf, error) {
@@ -109,7 +112,7 @@ func (a *bodyArena) acquire(ctx context.Context, n int) (*heldBuf, error) {
 	select {
 	case <-w.ready:
 		return a.lend(ctx, w.buf), nil
-	case <-a.after(bodyBufferWait):
+	case <-a.after(a.wait):
 		err = errArenaFull
 	case <-ctx.Done():
 		err = ctx.Err()
@@ -225,7 +228,7 @@ func (a *bodyArena) lookup(ctx context.Context, b []byte) *heldBuf {
 // fullError is the rejection of a body that found no room.
 func (a *bodyArena) fullError(err error) *routeError {
 	if errors.Is(err, errArenaFull) {
-		return &routeError{http.StatusServiceUnavailable, codeBodyBuffer, fmt.Sprintf("the router holds as many request bodies as its body buffer takes (%d bytes) and none freed room within %v: a body whose model or prompt_cache_key comes after its first 64 KiB is read whole before routing; retry, or put model and prompt_cache_key first", a.limit, bodyBufferWait)}
+		return &routeError{http.StatusServiceUnavailable, codeBodyBuffer, fmt.Sprintf("the router holds as many request bodies as its body buffer takes (%d bytes) and none freed room within %v: a body whose model or prompt_cache_key comes after its first 64 KiB is read whole before routing, and so is a hot key's; retry, or put model and prompt_cache_key first", a.limit, a.wait)}
 	}
 	return &routeError{statusClientClosed, codeBadBody, "the client went away while its body waited for room"}
 }
@@ -305,4 +308,12 @@ func (b *HeldBody) Release() {
 		putHead(b.buf)
 	}
 	b.buf, b.h = nil, nil
+}
+
+// BodiesHeld is how many request bodies hold a buffer of the body arena
+// now.
+func (r *Router) BodiesHeld() int {
+	r.arena.mu.Lock()
+	defer r.arena.mu.Unlock()
+	return len(r.arena.lent)
 }

@@ -21,7 +21,7 @@ import (
 // once given back; a dropped buffer returns its budget without reuse; a wait
 // that runs out is errArenaFull.
 func TestBodyArena(t *testing.T) {
-	a := newBodyArena(1<<20, 600<<10)
+	a := newBodyArena(1<<20, 600<<10, DefaultBodyBufferWait)
 	ctx := context.Background()
 	if c := a.class(1); c != minHeldClass {
 		t.Fatalf("class(1) = %d", c)

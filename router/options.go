@@ -59,6 +59,10 @@ type Options struct {
 	// more; otherwise it must hold that buffer: MaxBodyBytes (its default
 	// when zero) plus 50 bytes (an EOF read and a tenant's cache salt).
 	BodyBufferBytes int64
+	// BodyBufferWait bounds a body's wait for room in the body buffer,
+	// after which it gets 503 body_buffer_full. Zero means
+	// DefaultBodyBufferWait (10 s).
+	BodyBufferWait time.Duration
 	// BalanceFactor > 0 bounds PREFIX_AWARE loads (consistent hashing with
 	// bounded loads, as HAProxy's hash-balance-factor): a candidate is
 	// admitted only if its load is below
@@ -232,6 +236,9 @@ func (o Options) withDefaults() Options {
 	if o.MaxBodyBytes == 0 {
 		o.MaxBodyBytes = DefaultMaxBodyBytes
 	}
+	if o.BodyBufferWait == 0 {
+		o.BodyBufferWait = DefaultBodyBufferWait
+	}
 	if o.BodyBufferBytes == 0 {
 		o.BodyBufferBytes = max(DefaultBodyBufferBytes, int64(heldNeed(o.MaxBodyBytes, o.MaxBodyBytes)))
 	}
@@ -278,6 +285,9 @@ func (o Options) Validate() error {
 	}
 	if maxBody := cmp.Or(o.MaxBodyBytes, DefaultMaxBodyBytes); o.BodyBufferBytes != 0 && o.BodyBufferBytes < int64(heldNeed(maxBody, maxBody)) {
 		bad("BodyBufferBytes (--body-buffer-bytes) %d must hold the largest body, %d bytes (--max-body-bytes), and 50 more", o.BodyBufferBytes, maxBody)
+	}
+	if o.BodyBufferWait < 0 {
+		bad("BodyBufferWait %v is negative", o.BodyBufferWait)
 	}
 	if f := o.BalanceFactor; !(f == 0 || (f >= 1 && f <= 10)) {
 		bad("BalanceFactor (--balance-factor) %v must be 0 (off) or in [1, 10]", f)
