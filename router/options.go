@@ -60,8 +60,8 @@ type Options struct {
 	// when zero) plus 50 bytes (an EOF read and a tenant's cache salt).
 	BodyBufferBytes int64
 	// BodyBufferWait bounds a body's wait for room in the body buffer,
-	// after which it gets 503 body_buffer_full. Zero means
-	// DefaultBodyBufferWait (10 s).
+	// after which it gets 503 body_buffer_full (--body-buffer-wait). Zero
+	// means DefaultBodyBufferWait (10 s).
 	BodyBufferWait time.Duration
 	// BalanceFactor > 0 bounds PREFIX_AWARE loads (consistent hashing with
 	// bounded loads, as HAProxy's hash-balance-factor): a candidate is
@@ -287,7 +287,7 @@ func (o Options) Validate() error {
 		bad("BodyBufferBytes (--body-buffer-bytes) %d must hold the largest body, %d bytes (--max-body-bytes), and 50 more", o.BodyBufferBytes, maxBody)
 	}
 	if o.BodyBufferWait < 0 {
-		bad("BodyBufferWait %v is negative", o.BodyBufferWait)
+		bad("BodyBufferWait (--body-buffer-wait) %v is negative", o.BodyBufferWait)
 	}
 	if f := o.BalanceFactor; !(f == 0 || (f >= 1 && f <= 10)) {
 		bad("BalanceFactor (--balance-factor) %v must be 0 (off) or in [1, 10]", f)
