@@ -31,17 +31,13 @@ import (
 )
 
 func main() {
-	args, err := stick.Parse(os.Args[1:])
+	ln, args, err := stick.Listen(os.Args[1:])
 	if err != nil {
 		log.Fatal("rawfloor: ", err)
 	}
 	var hosts []string
 	for _, u := range args.Backends {
 		hosts = append(hosts, u.Host)
-	}
-	ln, err := net.Listen("tcp", args.Listen)
-	if err != nil {
-		log.Fatal(err)
 	}
 	seed := maphash.MakeSeed()
 	for {

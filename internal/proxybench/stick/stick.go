@@ -7,6 +7,7 @@ package stick
 import (
 	"flag"
 	"fmt"
+	"net"
 	"net/url"
 	"strings"
 )
@@ -42,4 +43,18 @@ func Parse(args []string) (Args, error) {
 		a.Backends = append(a.Backends, u)
 	}
 	return a, nil
+}
+
+// Listen reads args as Parse does and opens the listener on Args.Listen:
+// the start every measuring stick shares.
+func Listen(args []string) (net.Listener, Args, error) {
+	a, err := Parse(args)
+	if err != nil {
+		return nil, Args{}, err
+	}
+	ln, err := net.Listen("tcp", a.Listen)
+	if err != nil {
+		return nil, Args{}, err
+	}
+	return ln, a, nil
 }
