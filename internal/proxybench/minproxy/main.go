@@ -34,10 +34,7 @@ import (
 )
 
 func main() {
-	ln, args, err := stick.Listen(os.Args[1:])
-	if err != nil {
-		log.Fatal("minproxy: ", err)
-	}
+	ln, args := stick.MustListen("minproxy")
 	p := &proxy{backends: args.Backends, tr: upstream.New(upstream.Options{}), seed: maphash.MakeSeed()}
 	switch os.Getenv("MINPROXY_SERVER") {
 	case "loop":

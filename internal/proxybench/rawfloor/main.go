@@ -24,17 +24,13 @@ import (
 	"io"
 	"log"
 	"net"
-	"os"
 	"strconv"
 
 	"github.com/prefixrouter/prefixrouter/internal/proxybench/stick"
 )
 
 func main() {
-	ln, args, err := stick.Listen(os.Args[1:])
-	if err != nil {
-		log.Fatal("rawfloor: ", err)
-	}
+	ln, args := stick.MustListen("rawfloor")
 	var hosts []string
 	for _, u := range args.Backends {
 		hosts = append(hosts, u.Host)

@@ -7,8 +7,10 @@ package stick
 import (
 	"flag"
 	"fmt"
+	"log"
 	"net"
 	"net/url"
+	"os"
 	"strings"
 )
 
@@ -57,4 +59,14 @@ func Listen(args []string) (net.Listener, Args, error) {
 		return nil, Args{}, err
 	}
 	return ln, a, nil
+}
+
+// MustListen is Listen on the command's own arguments for a stick's main:
+// an error ends the process, prefixed with the stick's name.
+func MustListen(name string) (net.Listener, Args) {
+	ln, a, err := Listen(os.Args[1:])
+	if err != nil {
+		log.Fatal(name+": ", err)
+	}
+	return ln, a
 }
