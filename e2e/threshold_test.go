@@ -524,17 +524,8 @@ func (h *thrHarness) countWrites(ctx context.Context, stop <-chan struct{}, n *a
 // metrics (prefixrouter_endpoint_threshold_share).
 func thresholdShare(t *testing.T, r *replica.Replica) int {
 	t.Helper()
-	mfs, err := r.Registry().Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "prefixrouter_endpoint_threshold_share" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			return int(m.GetGauge().GetValue())
-		}
+	for _, m := range testsupport.Series(t, r.Registry(), "prefixrouter_endpoint_threshold_share", nil) {
+		return int(m.GetGauge().GetValue())
 	}
 	return -1
 }
