@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -167,6 +168,15 @@ func bindSimulatedFleet(f *pflag.FlagSet, instances, replicas *int, timeScale *f
 	f.IntVar(instances, "instances", *instances, "simulated model servers (at the start)")
 	f.IntVar(replicas, "replicas", *replicas, "router replicas")
 	f.Float64Var(timeScale, "time-scale", *timeScale, "the simulated servers run this many times faster than real time (figures stay in simulated time)")
+}
+
+// verdict is the exit of a command whose report passes or fails as a
+// whole: nil when it passed, else an error saying what failed (exit 1).
+func verdict(passed bool, failed string) error {
+	if !passed {
+		return errors.New(failed)
+	}
+	return nil
 }
 
 // writeOut writes a report with write to the file named by an --out flag, or
