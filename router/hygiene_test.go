@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sony/gobreaker/v2"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
@@ -202,15 +201,8 @@ func TestFirstByteTimeoutTripsBreaker(t *testing.T) {
 				}
 				<-r.Context().Done()
 			}
-			reg := prometheus.NewRegistry()
-			r, err := New(Options{DefaultEndpoint: "ep", Logger: slog.New(slog.DiscardHandler), Registry: reg, FirstByteTimeout: 100 * time.Millisecond, Breaker: overload.BreakerOptions{ConsecutiveFailures: 2, OpenTimeout: time.Hour, MaxEjectionPercent: 100}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer r.Close()
-			r.Update(fleet.NewSnapshot([]fleet.Endpoint{{Name: "ep", Instances: []fleet.Instance{{ID: "hung", Addr: b.srv.URL}}}}, 0, 1, time.Now()))
-			srv := httptest.NewServer(r)
-			defer srv.Close()
+			h := newHarness(t, hopts{first: 100 * time.Millisecond, breaker: overload.BreakerOptions{ConsecutiveFailures: 2, OpenTimeout: time.Hour, MaxEjectionPercent: 100}}, b)
+			r, srv := h.r, h.srv
 			for i := range 2 {
 				start := time.Now()
 				resp, err := srv.Client().Post(srv.URL+"/endpoints/ep/invocations-response-stream", "application/json", strings.NewReader("x"))
