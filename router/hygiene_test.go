@@ -105,39 +105,23 @@ func TestHeaderHygiene(t *testing.T) {
 // the reused connection, is lost, goes once more on a fresh one, is lost
 // again, and fails.
 func TestIdempotencyKeyResentAtMostOnce(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	var received atomic.Int64
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer ln.Close()
-	wg.Go(func() {
+	instance := testsupport.ServeEachConn(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
 		for {
-			c, err := ln.Accept()
+			req, err := http.ReadRequest(br)
 			if err != nil {
 				return
 			}
-			wg.Go(func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					_, _ = io.Copy(io.Discard, req.Body)
-					if received.Add(1) > 1 {
-						return // read it, then hang up
-					}
-					fmt.Fprint(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-				}
-			})
+			_, _ = io.Copy(io.Discard, req.Body)
+			if received.Add(1) > 1 {
+				return // read it, then hang up
+			}
+			fmt.Fprint(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 		}
 	})
 	h := newHarness(t, hopts{})
-	h.ep.Instances = []fleet.Instance{{ID: "i", Addr: "http://" + ln.Addr().String()}}
+	h.ep.Instances = []fleet.Instance{{ID: "i", Addr: "http://" + instance}}
 	h.update()
 	key := map[string]string{"Idempotency-Key": "k-1"}
 	if res := h.mustDo("/invocations", "x", key); res.status != 200 {
