@@ -177,19 +177,13 @@ func shared8k(name string, docs int, zipf float64, description, source string) P
 // Presets returns the built-in workloads (docs/workloads.md, WORKLOADS.md).
 func Presets() []Preset {
 	return []Preset{
-		shared8k("shared-8k", 200, 1.0,
-			"Zipf(1) over 200 documents of 8,000 tokens + a 50-300-token question",
-			"SageMaker's long-context prefix-aware routing benchmark (8,000-token shared prefixes); "+
-				"outputs: Azure LLM inference trace 2023, conversation (p50 129, mean 211)"),
-		shared8k("shared-8k-uniform", 256, 0,
-			"256 documents of 8,000 tokens, equal popularity, same questions and outputs as shared-8k",
+		shared8k("shared-8k", 200, 1.0, "Zipf(1) over 200 documents of 8,000 tokens + a 50-300-token question",
+			"SageMaker's long-context prefix-aware routing benchmark (8,000-token shared prefixes); outputs: Azure LLM inference trace 2023, conversation (p50 129, mean 211)"),
+		shared8k("shared-8k-uniform", 256, 0, "256 documents of 8,000 tokens, equal popularity, same questions and outputs as shared-8k",
 			"derived from shared-8k: checks the hashing's balance with no hot document"),
-		shared8k("shared-8k-seed", 200, 0.6,
-			"Zipf(0.6) over 200 documents of 8,000 tokens + a 50-300-token question: RANDOM hits 20-30 % (the seed's baseline)",
-			"shared-8k with the popularity exponent lowered until RANDOM's modelled hit rate over the demo's fleet "+
-				"(7 instances x 300k KV tokens) sits in the seed's 20-30 % baseline; see docs/workloads.md (BaselineRun)"),
-		shared8k("shared-8k-hot", 200, 1.5,
-			"Zipf(1.5) over 200 documents of 8,000 tokens: the top document draws about 40 % of requests",
+		shared8k("shared-8k-seed", 200, 0.6, "Zipf(0.6) over 200 documents of 8,000 tokens + a 50-300-token question: RANDOM hits 20-30 % (the seed's baseline)",
+			"shared-8k with the popularity exponent lowered until RANDOM's modelled hit rate over the demo's fleet (7 instances x 300k KV tokens) sits in the seed's 20-30 % baseline; see docs/workloads.md (BaselineRun)"),
+		shared8k("shared-8k-hot", 200, 1.5, "Zipf(1.5) over 200 documents of 8,000 tokens: the top document draws about 40 % of requests",
 			"derived from shared-8k: a few very hot prefixes (issue 10's hot-key workload, top keys > 30 % of traffic)"),
 		{
 			Name: "bot", Kind: KindSharedPrefix,
