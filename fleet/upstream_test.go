@@ -103,10 +103,7 @@ func TestUpstreamsRefuseOwnListeners(t *testing.T) {
 		{Prefix: netip.MustParsePrefix("192.168.1.9/32"), Port: 9002}, // ... an interface
 	}
 	u := Upstreams{}.WithSelf(self)
-	tests := []struct {
-		addr string
-		ok   bool
-	}{
+	tests := []upstreamCase{
 		{"http://127.0.0.1:8080", false},
 		{"http://localhost:8080/v1", false},
 		{"http://api.localhost:8080", false},
@@ -120,15 +117,7 @@ func TestUpstreamsRefuseOwnListeners(t *testing.T) {
 		{"http://192.168.1.9:8080", true}, // the data port is bound to loopback only
 		{"http://localhost:8000", true},
 	}
-	for _, tt := range tests {
-		err := u.Check(tt.addr)
-		if (err == nil) != tt.ok {
-			t.Errorf("Check(%q) = %v, want ok=%v", tt.addr, err, tt.ok)
-		}
-		if err != nil && !errors.Is(err, ErrUpstreamNotAllowed) {
-			t.Errorf("Check(%q) = %v, does not wrap ErrUpstreamNotAllowed", tt.addr, err)
-		}
-	}
+	checkUpstreams(t, u, tests)
 }
 
 // TestUpstreamsResolveNames: with a resolver, an allowed host name is
@@ -157,10 +146,7 @@ func TestUpstreamsResolveNames(t *testing.T) {
 		t.Fatal(err)
 	}
 	u = u.WithSelf([]Listener{{Prefix: netip.MustParsePrefix("127.0.0.0/8"), Port: 8080}}).WithResolver(resolve)
-	tests := []struct {
-		addr string
-		ok   bool
-	}{
+	tests := []upstreamCase{
 		{"http://router.internal:8080", false}, // one of its addresses is the router's
 		{"http://mapped.internal:8080", false},
 		{"http://router.internal:8000", true}, // another port
@@ -170,15 +156,7 @@ func TestUpstreamsResolveNames(t *testing.T) {
 		{"http://gone.internal:8000", true},  // does not resolve: let through
 		{"http://other.example:8000", false}, // not allowed, resolved or not
 	}
-	for _, tt := range tests {
-		err := u.Check(tt.addr)
-		if (err == nil) != tt.ok {
-			t.Errorf("Check(%q) = %v, want ok=%v", tt.addr, err, tt.ok)
-		}
-		if err != nil && !errors.Is(err, ErrUpstreamNotAllowed) {
-			t.Errorf("Check(%q) = %v, does not wrap ErrUpstreamNotAllowed", tt.addr, err)
-		}
-	}
+	checkUpstreams(t, u, tests)
 	// Listing the metadata range itself lets its name through, as its address.
 	listed, _ := ParseUpstreams([]string{"169.254.169.254", ".internal"})
 	if err := listed.WithResolver(resolve).Check("http://meta.internal"); err != nil {
@@ -194,5 +172,26 @@ func TestUpstreamsResolveNames(t *testing.T) {
 	}
 	if n := len(u.names.entries); n > nameCacheSize {
 		t.Fatalf("%d names cached, want at most %d", n, nameCacheSize)
+	}
+}
+
+// upstreamCase is an address and whether Check lets it through.
+type upstreamCase struct {
+	addr string
+	ok   bool
+}
+
+// checkUpstreams checks every case on u; a refusal must wrap
+// ErrUpstreamNotAllowed.
+func checkUpstreams(t *testing.T, u Upstreams, cases []upstreamCase) {
+	t.Helper()
+	for _, tt := range cases {
+		err := u.Check(tt.addr)
+		if (err == nil) != tt.ok {
+			t.Errorf("Check(%q) = %v, want ok=%v", tt.addr, err, tt.ok)
+		}
+		if err != nil && !errors.Is(err, ErrUpstreamNotAllowed) {
+			t.Errorf("Check(%q) = %v, does not wrap ErrUpstreamNotAllowed", tt.addr, err)
+		}
 	}
 }

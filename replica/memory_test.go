@@ -85,54 +85,12 @@ func TestModelLastBodiesBoundedRSS(t *testing.T) {
 		_, _ = io.WriteString(w, `{"choices":[]}`)
 	}))
 	defer up.Close()
-	rep, err := replica.Start(context.Background(), replica.Options{
-		Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler),
+	const clients, size = 64, router.DefaultMaxBodyBytes // 6 MiB, the default limit
+	_, send := bigBodies(t, replica.Options{
 		Static: []fleet.Instance{{ID: "a", Addr: up.URL, Labels: map[string]string{"model": "base"}}},
 		Router: router.Options{DefaultEndpoint: "chat"},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rep.Close(context.Background())
-	const (
-		clients = 64
-		size    = router.DefaultMaxBodyBytes // 6 MiB, the default limit
-	)
-	prefix, suffix := `{"messages":[{"role":"user","content":"`, `"}],"stream":false,"model":"base"}`
-	tr := &http.Transport{MaxIdleConnsPerHost: clients}
-	defer tr.CloseIdleConnections()
-	client := &http.Client{Transport: tr, Timeout: 60 * time.Second}
-	send := func() (int, error) {
-		body := io.MultiReader(strings.NewReader(prefix), &filler{n: size - len(prefix) - len(suffix)}, strings.NewReader(suffix))
-		req, err := http.NewRequest(http.MethodPost, rep.URL()+"/v1/chat/completions", body)
-		if err != nil {
-			return 0, err
-		}
-		req.ContentLength = size
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := client.Do(req)
-		if err != nil {
-			return 0, err
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		if resp.StatusCode != 200 {
-			return resp.StatusCode, fmt.Errorf("%s", bytes.TrimSpace(b))
-		}
-		return 200, nil
-	}
-	// Warm up with a small request; then the baseline.
-	if resp, err := client.Post(rep.URL()+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"base","messages":[{"role":"user","content":"hi"}]}`)); err != nil {
-		t.Fatal(err)
-	} else {
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-	}
-	growth, took := peakRSSGrowth(t, clients, send)
-	t.Logf("%d concurrent %d-byte bodies with model last: peak RSS +%d MiB, %v", clients, size, growth>>20, took.Round(time.Millisecond))
-	if growth >= 64<<20 {
-		t.Fatalf("peak RSS grew by %d MiB, want < 64 MiB", growth>>20)
-	}
+	}, clients, size, "/v1/chat/completions", `{"messages":[{"role":"user","content":"`, `"}],"stream":false,"model":"base"}`)
+	rssUnder64MiB(t, "6 MiB bodies with model last", clients, send)
 }
 
 // peakRSSGrowth runs send on clients goroutines at once and returns how
@@ -199,10 +157,9 @@ func tailServer(t *testing.T, check func(tail []byte) error) string {
 	return up.URL
 }
 
-// bigBodies starts a replica with opts over the instances at addrs and
-// returns a sender of one body of size bytes (prefix, 'a's, suffix) to
-// path, declared, as a client of clients connections sends it.
-func bigBodies(t *testing.T, opts replica.Options, clients, size int, path, prefix, suffix string) (*replica.Replica, func() (int, error)) {
+// startQuiet starts a replica with opts on loopback ports, logging nothing;
+// it is closed when the test ends.
+func startQuiet(t *testing.T, opts replica.Options) *replica.Replica {
 	t.Helper()
 	opts.Listen, opts.AdminListen, opts.Logger = "127.0.0.1:0", "127.0.0.1:0", slog.New(slog.DiscardHandler)
 	rep, err := replica.Start(context.Background(), opts)
@@ -210,6 +167,15 @@ func bigBodies(t *testing.T, opts replica.Options, clients, size int, path, pref
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { rep.Close(context.Background()) })
+	return rep
+}
+
+// bigBodies starts a replica with opts over the instances at addrs and
+// returns a sender of one body of size bytes (prefix, 'a's, suffix) to
+// path, declared, as a client of clients connections sends it.
+func bigBodies(t *testing.T, opts replica.Options, clients, size int, path, prefix, suffix string) (*replica.Replica, func() (int, error)) {
+	t.Helper()
+	rep := startQuiet(t, opts)
 	tr := &http.Transport{MaxIdleConnsPerHost: clients}
 	t.Cleanup(tr.CloseIdleConnections)
 	client := &http.Client{Transport: tr, Timeout: 60 * time.Second}
@@ -257,11 +223,18 @@ func TestSaltedBodiesBoundedRSS(t *testing.T) {
 		Routing: fleet.RoutingConfig{RoutingStrategy: fleet.PrefixAware, TenantCacheSalt: true},
 		Router:  router.Options{DefaultEndpoint: "chat"},
 	}, clients, size, "/v1/chat/completions", `{"model":"base","prompt_cache_key":"tenant-1","messages":[{"role":"user","content":"`, `"}]}`)
-	if code, err := send(); err != nil { // warm up; and the salt is there
+	rssUnder64MiB(t, "salted bodies", clients, send)
+}
+
+// rssUnder64MiB sends one body to warm up (it must succeed), then runs
+// peakRSSGrowth and fails at a growth of 64 MiB or more.
+func rssUnder64MiB(t *testing.T, what string, clients int, send func() (int, error)) {
+	t.Helper()
+	if code, err := send(); err != nil {
 		t.Fatalf("status %d: %v", code, err)
 	}
 	growth, took := peakRSSGrowth(t, clients, send)
-	t.Logf("%d concurrent %d-byte salted bodies: peak RSS +%d MiB, %v", clients, size, growth>>20, took.Round(time.Millisecond))
+	t.Logf("%d concurrent %s: peak RSS +%d MiB, %v", clients, what, growth>>20, took.Round(time.Millisecond))
 	if growth >= 64<<20 {
 		t.Fatalf("peak RSS grew by %d MiB, want < 64 MiB", growth>>20)
 	}
@@ -305,14 +278,7 @@ func TestHotKeyBodiesBoundedRSS(t *testing.T) {
 		_, _ = io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 	}
-	if code, err := send(); err != nil {
-		t.Fatalf("status %d: %v", code, err)
-	}
-	growth, took := peakRSSGrowth(t, clients, send)
-	t.Logf("%d concurrent %d-byte bodies of a hot key: peak RSS +%d MiB, %v", clients, size, growth>>20, took.Round(time.Millisecond))
-	if growth >= 64<<20 {
-		t.Fatalf("peak RSS grew by %d MiB, want < 64 MiB", growth>>20)
-	}
+	rssUnder64MiB(t, "6 MiB bodies of a hot key", clients, send)
 }
 
 // TestExtProcBigBodiesPassedInChunks: 16 concurrent ext_proc streams of
@@ -330,20 +296,13 @@ func TestExtProcBigBodiesPassedInChunks(t *testing.T) {
 		t.Skip("RSS under the race detector means nothing")
 	}
 	defer debug.SetGCPercent(debug.SetGCPercent(replica.DefaultGCPercent))
-	rep, err := replica.Start(context.Background(), replica.Options{
-		Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", ExtProcListen: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler),
-		Static: []fleet.Instance{{ID: "a", Addr: "http://127.0.0.1:9", Labels: map[string]string{"model": "base"}}},
-		Router: router.Options{DefaultEndpoint: "chat"},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rep.Close(context.Background())
+	rep := startQuiet(t, replica.Options{ExtProcListen: "127.0.0.1:0", Router: router.Options{DefaultEndpoint: "chat"},
+		Static: []fleet.Instance{{ID: "a", Addr: "http://127.0.0.1:9", Labels: map[string]string{"model": "base"}}}})
 	conn, err := grpc.NewClient(rep.ExtProcAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
+	t.Cleanup(func() { conn.Close() })
 	const (
 		clients = 16
 		size    = router.DefaultMaxBodyBytes
