@@ -191,8 +191,11 @@ func (r *Router) putHead(ctx context.Context, b []byte) {
 // been sent the body.
 func (r *Router) readRest(req *http.Request, head []byte, rest io.Reader, limit int64) ([]byte, io.Reader, *routeError) {
 	var h *heldBuf
+	var buf []byte
 	if hr, ok := rest.(*heldRest); ok {
-		h, rest = hr.h, hr.r // the buffer was sized for the whole body
+		// head starts the arena's buffer, which was sized for the whole
+		// body.
+		h, rest, buf = hr.h, hr.r, head
 	} else {
 		held, err := r.arena.acquire(req.Context(), heldNeed(req.ContentLength, limit))
 		if err != nil {
@@ -200,10 +203,9 @@ func (r *Router) readRest(req *http.Request, head []byte, rest io.Reader, limit 
 			return nil, nil, r.arena.fullError(err)
 		}
 		h = held
-		h.buf = append(h.buf, head...)
+		buf = append(h.buf, head...)
 		putHead(head)
 	}
-	buf := h.buf
 	for rest != nil {
 		if len(buf) == cap(buf) {
 			r.arena.recycle(h)
@@ -219,7 +221,6 @@ func (r *Router) readRest(req *http.Request, head []byte, rest io.Reader, limit 
 			return nil, nil, bodyError(err, limit)
 		}
 	}
-	h.buf = buf
 	return buf, &heldRest{a: r.arena, h: h}, nil
 }
 

@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -452,4 +454,74 @@ func holdOpen(t *testing.T, h *harness, bs []*backend, body string, n int) map[s
 	}
 	wg.Wait()
 	return held
+}
+
+// TestHotKeyBodiesHeldWhole: a hot key's bodies are read whole for the
+// spread hash into the body arena (issue 19: they were grown outside any
+// bound), and reach the instance byte for byte, salted: one whose key is
+// on its head (its rest read on into a buffer of the arena) and one whose
+// model is last (already held in the arena, read on in place). Their
+// buffers go back to the arena.
+func TestHotKeyBodiesHeldWhole(t *testing.T) {
+	bs := newBackends(t, 2)
+	var mu sync.Mutex
+	got := map[int]int{} // body length received → how many times
+	var want map[int]string
+	for _, b := range bs {
+		b.handler = func(w http.ResponseWriter, r *http.Request) {
+			body, _ := io.ReadAll(r.Body)
+			mu.Lock()
+			defer mu.Unlock()
+			if exp, ok := want[len(body)]; ok && exp != string(body) {
+				t.Errorf("%s received a body of %d bytes that differs from the salted body", b.id, len(body))
+			}
+			got[len(body)]++
+			_, _ = io.WriteString(w, `{}`)
+		}
+	}
+	cfg := fleet.RoutingConfig{RoutingStrategy: fleet.PrefixAware, TenantCacheSalt: true, PrefixAwareRoutingConfig: &fleet.PrefixAwareConfig{
+		PrefixLength: fleet.MinPrefixLength, ConcurrencyThreshold: 100, FixedLengthKeys: true, HotKeyReplication: true,
+	}}
+	h := newHarness(t, hopts{cfg: cfg, maxBody: 1 << 20}, bs...)
+	system := `{"role":"system","content":"` + strings.Repeat("shared tool prompt. ", fleet.MinPrefixLength/10) + `"}`
+	chat := func(before, user, after string) string {
+		return `{` + before + `"messages":[` + system + `,{"role":"user","content":"` + user + `"}]` + after + `}`
+	}
+	for i := 0; ; i++ {
+		ex, err := h.r.Explain(context.Background(), PickRequest{Path: "/v1/chat/completions", Body: []byte(chat(`"prompt_cache_key":"t","model":"m",`, "q", ""))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ex.HotReplicas > 1 {
+			break
+		}
+		if i == 1000 {
+			t.Fatal("the key is not hot after 1,000 requests")
+		}
+		h.mustDo("/v1/chat/completions", chat(`"prompt_cache_key":"t","model":"m",`, fmt.Sprint("q", i), ""), nil)
+	}
+	bodies := []string{
+		chat(`"prompt_cache_key":"t","model":"m",`, strings.Repeat("x", 40<<10), ""),  // key on the head
+		chat(`"prompt_cache_key":"t",`, strings.Repeat("y", 200<<10), `,"model":"m"`), // model last: held
+	}
+	mu.Lock()
+	want = map[int]string{}
+	for _, b := range bodies {
+		salted := string(h.r.salter.withCacheSalt([]byte(b), "ep", "t"))
+		want[len(salted)] = salted
+	}
+	mu.Unlock()
+	for _, b := range bodies {
+		if res := h.mustDo("/v1/chat/completions", b, nil); res.status != 200 {
+			t.Fatalf("a hot key's body of %d bytes: %d %s", len(b), res.status, res.body)
+		}
+	}
+	mu.Lock()
+	for n := range want {
+		if got[n] != 1 {
+			t.Errorf("the salted body of %d bytes reached an instance %d times, want once", n, got[n])
+		}
+	}
+	mu.Unlock()
+	testsupport.Eventually(t, 5*time.Second, "the arena's buffers given back", func() bool { return h.r.BodiesHeld() == 0 })
 }
