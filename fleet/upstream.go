@@ -188,19 +188,41 @@ func (u Upstreams) checkName(addr, name, port string) error {
 		return fmt.Errorf("%w (host %q resolves to %v)", err, name, as)
 	}
 	for _, a := range as {
-		res, isReserved := reservedRange(a)
-		if !isReserved {
-			continue
-		}
-		named := false
-		for _, pre := range u.prefixes {
-			named = named || (pre.Contains(a) && pre.Bits() >= res.Bits() && res.Contains(pre.Addr()))
-		}
-		if !named {
+		if res, isReserved := reservedRange(a); isReserved && !u.listsReserved(a, res) {
 			return fmt.Errorf("%w: host %q resolves to %s, link-local or a cloud metadata address (%s): list it, or a part of %s, to allow it", ErrUpstreamNotAllowed, name, a, res, res)
 		}
 	}
 	return nil
+}
+
+// CheckDial reports whether a connection to ap may be opened: an address
+// a host name led to when the router dialled it, which may differ from what
+// it resolved to when its record was accepted (DNS answers change). It
+// refuses the router's own listeners (WithSelf) and Reserved addresses the
+// list does not name itself; other addresses of an allowed name are its
+// DNS's to choose.
+func (u Upstreams) CheckDial(ap netip.AddrPort) error {
+	a := ap.Addr().Unmap()
+	for _, l := range u.self {
+		if l.Port == ap.Port() && l.Prefix.Contains(a) {
+			return fmt.Errorf("%w: %s is this router's own listener on port %d", ErrUpstreamNotAllowed, ap, l.Port)
+		}
+	}
+	if res, isReserved := reservedRange(a); isReserved && !u.listsReserved(a, res) {
+		return fmt.Errorf("%w: %s is link-local or a cloud metadata address (%s): list it, or a part of %s, to allow it", ErrUpstreamNotAllowed, a, res, res)
+	}
+	return nil
+}
+
+// listsReserved reports whether the list names a, inside the Reserved
+// range res, itself: with res or a part of it, not a broader range.
+func (u Upstreams) listsReserved(a netip.Addr, res netip.Prefix) bool {
+	for _, pre := range u.prefixes {
+		if pre.Contains(a) && pre.Bits() >= res.Bits() && res.Contains(pre.Addr()) {
+			return true
+		}
+	}
+	return false
 }
 
 // Resolver looks up a host name's addresses (as

@@ -195,3 +195,36 @@ func checkUpstreams(t *testing.T, u Upstreams, cases []upstreamCase) {
 		}
 	}
 }
+
+// TestUpstreamsCheckDial: the addresses a name leads to when the router
+// dials it are refused when they are its own listeners or Reserved
+// addresses the list does not name (a DNS answer may change after the
+// record was accepted); other addresses of an allowed name pass.
+func TestUpstreamsCheckDial(t *testing.T) {
+	u, err := ParseUpstreams([]string{".internal", "fe80::/10"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u = u.WithSelf([]Listener{{Prefix: netip.MustParsePrefix("127.0.0.0/8"), Port: 8080}})
+	for _, tt := range []struct {
+		addr string
+		ok   bool
+	}{
+		{"127.0.0.1:8080", false},
+		{"[::ffff:127.0.0.2]:8080", false},
+		{"127.0.0.1:8000", true},
+		{"169.254.169.254:80", false},
+		{"[fd00:ec2::254]:80", false},
+		{"[64:ff9b::a9fe:a9fe]:80", false},
+		{"[fe80::1]:8000", true}, // the list names fe80::/10 itself
+		{"203.0.113.9:8000", true},
+	} {
+		err := u.CheckDial(netip.MustParseAddrPort(tt.addr))
+		if (err == nil) != tt.ok {
+			t.Errorf("CheckDial(%s) = %v, want ok=%v", tt.addr, err, tt.ok)
+		}
+		if err != nil && !errors.Is(err, ErrUpstreamNotAllowed) {
+			t.Errorf("CheckDial(%s) = %v, does not wrap ErrUpstreamNotAllowed", tt.addr, err)
+		}
+	}
+}

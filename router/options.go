@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/overload"
 	"github.com/prefixrouter/prefixrouter/probe"
 	"github.com/prefixrouter/prefixrouter/ring"
+	"github.com/prefixrouter/prefixrouter/upstream"
 )
 
 // DefaultMaxBodyBytes is SageMaker's InvokeEndpoint payload limit.
@@ -203,8 +205,14 @@ type Options struct {
 	// cost on the request path.
 	TracerProvider trace.TracerProvider
 	// Transport sends upstream requests; nil means
-	// NewTransport(UpstreamHeaderTimeout).
+	// NewTransport(UpstreamHeaderTimeout), with DialCheck.
 	Transport http.RoundTripper
+	// DialCheck, when set, judges the address of every connection the
+	// default Transport opens (after name resolution): an error refuses
+	// it (issue 19: a record's host name may lead back to the router, or
+	// to a metadata address, after its record was accepted). Nil means
+	// none.
+	DialCheck func(netip.AddrPort) error
 	// Rand returns a uniform int in [0, n); it must be safe for concurrent
 	// use. Nil means math/rand/v2.IntN.
 	Rand func(n int) int
@@ -262,7 +270,11 @@ func (o Options) withDefaults() Options {
 		o.Logger = slog.Default()
 	}
 	if o.Transport == nil {
-		o.Transport = NewTransport(o.UpstreamHeaderTimeout)
+		uo := upstream.Options{ResponseHeaderTimeout: o.UpstreamHeaderTimeout}
+		if o.DialCheck != nil {
+			uo.Control = upstream.CheckAddr(o.DialCheck)
+		}
+		o.Transport = upstream.New(uo)
 	}
 	if o.Rand == nil {
 		o.Rand = rand.IntN
