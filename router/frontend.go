@@ -74,7 +74,8 @@ type Picked struct {
 	SetHeaders http.Header
 	// Body, when not nil, replaces the request body held so far: a
 	// tenant's body with the endpoint's cache salt, or when the body goes
-	// on, its start, and then the chunks that follow go through Rest.
+	// on, its start, and then the chunks that follow go through Rest. It
+	// may share the buffers of PickRequest.Held: valid until its Release.
 	Body []byte
 	tail *tailSalter // salts the end of a body that goes on; nil otherwise
 
