@@ -679,3 +679,59 @@ func TestBodyBuffer(t *testing.T) {
 		t.Fatalf("the held body was passed on as %d bytes, want its %d", len(got), len(first))
 	}
 }
+
+// TestTrailersAfterThePick: a body that ends with trailers after the pick
+// was made on its head gets every chunk passed on, then the trailers
+// answer; a salted body's end (its salt) goes on before the trailers.
+func TestTrailersAfterThePick(t *testing.T) {
+	insts := fleetOf(t, 2)
+	c := startCluster(t, insts, extproc.Options{})
+	cfg := fleet.RoutingConfig{RoutingStrategy: fleet.PrefixAware, TenantCacheSalt: true,
+		PrefixAwareRoutingConfig: &fleet.PrefixAwareConfig{PrefixLength: fleet.MinPrefixLength}}
+	c.router.Update(fleet.NewSnapshot([]fleet.Endpoint{{Name: endpoint, Config: cfg, Instances: insts}}, 0, 1, time.Now()))
+	system := `{"role":"system","content":"` + strings.Repeat("be brief. ", fleet.MinPrefixLength/5) + `"}`
+	for _, tc := range []struct {
+		name, path string
+		body       []byte
+		salted     bool
+	}{
+		{"invoke", "/invocations", bytes.Repeat([]byte("i"), 40<<10), false},
+		{"salted chat", "/v1/chat/completions", []byte(`{"prompt_cache_key":"t","model":"m","messages":[` + system + `,{"role":"user","content":"` + strings.Repeat("u", 40<<10) + `"}]}`), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := c.open(t)
+			e.headers(tc.path, map[string]string{"content-length": fmt.Sprint(len(tc.body))}, nil, false)
+			const chunk = 20 << 10
+			e.body(tc.body[:chunk], false)
+			e.pickAnswer() // on the head
+			got, eos := e.bodyAnswer()
+			e.body(tc.body[chunk:], false)
+			e.trailers()
+			for !eos {
+				r := e.recv()
+				if r.GetRequestTrailers() != nil {
+					break
+				}
+				sr := r.GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse()
+				if sr == nil {
+					t.Fatalf("want a body or trailers answer, got %v", r)
+				}
+				got, eos = append(got, sr.GetBody()...), sr.GetEndOfStream()
+			}
+			if eos {
+				t.Fatal("a body answer ended the stream: trailers follow")
+			}
+			want := tc.body
+			if tc.salted {
+				var m map[string]json.RawMessage
+				if err := json.Unmarshal(got, &m); err != nil || len(m["cache_salt"]) == 0 {
+					t.Fatalf("the body passed on is not salted JSON: %v", err)
+				}
+				want = append(tc.body[:len(tc.body)-1:len(tc.body)-1], got[len(tc.body)-1:]...)
+			}
+			if !bytes.Equal(got, want) {
+				t.Fatalf("passed on %d bytes, want %d", len(got), len(want))
+			}
+		})
+	}
+}

@@ -131,7 +131,7 @@ func (st *stream) handle(req *extprocv3.ProcessingRequest) (done bool, err error
 			if done, err := st.tryPick(true, false); done || err != nil {
 				return done, err
 			}
-		} else if err := st.sendRest(nil, false, true); err != nil {
+		} else if err := st.sendRest(nil, true, false); err != nil {
 			return true, err
 		}
 		return false, st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}})
