@@ -190,26 +190,33 @@ func (r *Router) putHead(ctx context.Context, b []byte) {
 // empty rest whose first read gives the buffer back once the instance has
 // been sent the body.
 func (r *Router) readRest(req *http.Request, head []byte, rest io.Reader, limit int64) ([]byte, io.Reader, *routeError) {
+	// On an error head stays the caller's (it gives it back with the
+	// request); on success it is given back here, or it is the start of
+	// the arena's buffer returned.
 	var h *heldBuf
 	var buf []byte
-	if hr, ok := rest.(*heldRest); ok {
+	hr, inArena := rest.(*heldRest)
+	if inArena {
 		// head starts the arena's buffer, which was sized for the whole
 		// body.
 		h, rest, buf = hr.h, hr.r, head
 	} else {
 		held, err := r.arena.acquire(req.Context(), heldNeed(req.ContentLength, limit))
 		if err != nil {
-			putHead(head)
 			return nil, nil, r.arena.fullError(err)
 		}
 		h = held
 		buf = append(h.buf, head...)
-		putHead(head)
+	}
+	fail := func(e *routeError) ([]byte, io.Reader, *routeError) {
+		if !inArena {
+			r.arena.recycle(h) // head's own buffer, if it is one, goes back with the request
+		}
+		return nil, nil, e
 	}
 	for rest != nil {
 		if len(buf) == cap(buf) {
-			r.arena.recycle(h)
-			return nil, nil, &routeError{http.StatusBadRequest, codeBadBody, "reading the request body: longer than declared"}
+			return fail(&routeError{http.StatusBadRequest, codeBadBody, "reading the request body: longer than declared"})
 		}
 		n, err := rest.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
@@ -217,9 +224,11 @@ func (r *Router) readRest(req *http.Request, head []byte, rest io.Reader, limit 
 			break
 		}
 		if err != nil {
-			r.arena.recycle(h)
-			return nil, nil, bodyError(err, limit)
+			return fail(bodyError(err, limit))
 		}
+	}
+	if !inArena {
+		putHead(head)
 	}
 	return buf, &heldRest{a: r.arena, h: h}, nil
 }
