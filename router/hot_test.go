@@ -521,4 +521,27 @@ func TestHotKeyBodiesHeldWhole(t *testing.T) {
 	}
 	mu.Unlock()
 	testsupport.Eventually(t, 5*time.Second, "the arena's buffers given back", func() bool { return h.r.BodiesHeld() == 0 })
+	// Past the bound: with the buffer taken and no room coming, a hot
+	// key's body is refused with 503 body_buffer_full; once room comes
+	// back it passes.
+	fired := make(chan time.Time)
+	close(fired)
+	h.r.arena.after = func(time.Duration) <-chan time.Time { return fired }
+	var taken []*heldBuf
+	for {
+		hb, err := h.r.arena.acquire(context.Background(), minHeldClass)
+		if err != nil {
+			break
+		}
+		taken = append(taken, hb)
+	}
+	if res := h.mustDo("/v1/chat/completions", bodies[0], nil); res.status != http.StatusServiceUnavailable || res.header.Get(HeaderError) != codeBodyBuffer {
+		t.Fatalf("a hot key's body with the buffer taken: %d %s, want 503 %s", res.status, res.header.Get(HeaderError), codeBodyBuffer)
+	}
+	for _, hb := range taken {
+		h.r.arena.recycle(hb)
+	}
+	if res := h.mustDo("/v1/chat/completions", bodies[0], nil); res.status != 200 {
+		t.Fatalf("after room came back: %d %s", res.status, res.body)
+	}
 }
