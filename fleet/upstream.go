@@ -112,8 +112,9 @@ func ParseUpstreams(list []string) (Upstreams, error) {
 // Check reports whether addr, an instance's base URL, may be proxied to and
 // probed: scheme http or https, no user info, query or fragment (a probe
 // would send them), and a host inside the list. A host name must be listed
-// (or match a listed suffix); an IP must fall in a listed prefix. Names are
-// not resolved: listing a name trusts its DNS.
+// (or match a listed suffix); an IP must fall in a listed prefix. Listing
+// a name trusts its DNS, but WithResolver resolves it to refuse the
+// router's own listeners and Reserved addresses (checkName).
 func (u Upstreams) Check(addr string) error {
 	if u.hosts == nil {
 		var err error
