@@ -640,6 +640,22 @@ func TestBodyLimit(t *testing.T) {
 	}
 }
 
+// TestDeclaredBodyOverLimit: a body declared (content-length) over the
+// router's MaxBodyBytes gets its 413 on its first chunk, from the declared
+// length, as on the HTTP data plane; it was held until its bytes crossed
+// the limit.
+func TestDeclaredBodyOverLimit(t *testing.T) {
+	c := startCluster(t, fleetOf(t, 1), extproc.Options{})
+	for _, path := range []string{"/v1/chat/completions", "/invocations"} {
+		e := c.open(t)
+		e.headers(path, map[string]string{"content-length": fmt.Sprint(router.DefaultMaxBodyBytes + 1)}, nil, false)
+		e.body([]byte(`{"messages":[`), false)
+		if ir := e.recv().GetImmediateResponse(); ir.GetStatus().GetCode() != http.StatusRequestEntityTooLarge {
+			t.Fatalf("%s: want an immediate 413, got %v", path, ir.GetStatus())
+		}
+	}
+}
+
 // TestBodyBuffer: the ext_proc picker holds bodies in the router's body
 // buffer, as the HTTP data plane does (issue 19: it held every OpenAI body
 // whole, outside any bound). With a buffer for one 1 MiB body, a stream

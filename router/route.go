@@ -465,6 +465,10 @@ type heldBody struct {
 }
 
 func (b heldBody) read(ev *endpointView, kind apiKind) ([]byte, io.Reader, *routeError) {
+	if b.held != nil && b.held.declared > b.limit {
+		// As on the HTTP data plane: at once, from the declared length.
+		return nil, nil, &routeError{http.StatusRequestEntityTooLarge, codeTooLarge, fmt.Sprintf("request body of %d bytes exceeds the limit of %d bytes", b.held.declared, b.limit)}
+	}
 	if int64(len(b.body)) > b.limit {
 		return nil, nil, &routeError{http.StatusRequestEntityTooLarge, codeTooLarge, fmt.Sprintf("request body exceeds the limit of %d bytes", b.limit)}
 	}
