@@ -1,6 +1,7 @@
 package demo
 
 import (
+	"cmp"
 	"fmt"
 	"time"
 
@@ -28,7 +29,7 @@ const (
 // figures, and says why where a figure falls short, from the measurements
 // and the simulator's cost model rather than from prose written in advance.
 func headline(cmp *bench.Comparison, prof sim.Profile) []string {
-	notes := capacityNotes(cmp)
+	notes := capacityNotes(cmp, prof)
 	for _, preset := range cmp.Presets() {
 		pa, rnd := runOf(cmp, preset, fleet.PrefixAware), runOf(cmp, preset, fleet.Random)
 		if pa == nil || rnd == nil || rnd.TTFT.P50 <= 0 || rnd.TTFT.P90 <= 0 {
@@ -160,9 +161,10 @@ func runOfLabel(cmp *bench.Comparison, preset, label string) *bench.Result {
 	return nil
 }
 
-// capacityNotes compares the capacity searches: PREFIX_AWARE's rate and
-// goodput within the target against RANDOM's, beside the seed's +16 %.
-func capacityNotes(cmp *bench.Comparison) []string {
+// capacityNotes compares the capacity searches: PREFIX_AWARE's best
+// goodput within the target against RANDOM's, beside the seed's +16 %, and
+// what the simulator's cost model says cache hits can buy at those points.
+func capacityNotes(cmp *bench.Comparison, prof sim.Profile) []string {
 	var pa, rnd *bench.CapacityResult
 	for _, c := range cmp.Capacity {
 		switch fleet.Strategy(c.Label) {
@@ -177,12 +179,53 @@ func capacityNotes(cmp *bench.Comparison) []string {
 	}
 	gain, err := bench.CapacityGain(pa, rnd)
 	if err != nil {
-		return []string{fmt.Sprintf("Capacity on `%s` at TTFT p90 ≤ %.0f ms: %v (PREFIX_AWARE %.3g req/s, RANDOM %.3g req/s).", pa.Preset, pa.TargetP90Ms, err, pa.Rate, rnd.Rate)}
+		return []string{fmt.Sprintf("Capacity on `%s` at TTFT p90 ≤ %.0f ms: %v (PREFIX_AWARE %d steps, RANDOM %d).", pa.Preset, pa.TargetP90Ms, err, len(pa.Steps), len(rnd.Steps))}
 	}
-	line := fmt.Sprintf("Capacity on `%s` at TTFT p90 ≤ %.0f ms: PREFIX_AWARE's best goodput %.3g req/s (offered %.3g), RANDOM's %.3g req/s (offered %.3g): %.2f× the goodput at the same latency target.",
-		pa.Preset, pa.TargetP90Ms, pa.BestGoodput, pa.BestRate, rnd.BestGoodput, rnd.BestRate, gain)
+	ps, rs := pa.Steps[pa.BestStep], rnd.Steps[rnd.BestStep]
+	line := fmt.Sprintf("Capacity on `%s` at TTFT p90 ≤ %.0f ms: PREFIX_AWARE's best goodput %.3g req/s (at %s, hit rate %.1f%%), RANDOM's %.3g req/s (at %s, hit rate %.1f%%): %.2f× the goodput at the same latency target.",
+		pa.Preset, pa.TargetP90Ms, pa.BestGoodput, capLoad(ps), 100*ps.HitRate, rnd.BestGoodput, capLoad(rs), 100*rs.HitRate, gain)
 	if pa.Bounded {
 		line += " PREFIX_AWARE's search stopped at its cap still holding: its capacity is at least that."
 	}
-	return []string{line, "  - " + verdict(gain >= targetThroughput, fmt.Sprintf("the seed's throughput gain of +16 %%: %+.0f %%", 100*(gain-1)))}
+	notes := []string{line, "  - " + verdict(gain >= targetThroughput, fmt.Sprintf("the seed's throughput gain of +16 %%: %+.0f %%", 100*(gain-1)))}
+	if why := ceilingNote(pa, rnd, prof); why != "" {
+		notes = append(notes, "  - why: "+why)
+	}
+	return notes
+}
+
+// capLoad names a capacity step's load for the notes.
+func capLoad(s bench.CapacityStep) string {
+	if s.Concurrency > 0 {
+		return fmt.Sprintf("%d in flight", s.Concurrency)
+	}
+	return fmt.Sprintf("%.3g req/s offered", s.Rate)
+}
+
+// ceilingNote explains the measured gain with the cost model at the best
+// steps' own lengths, hit rates and requests in flight per instance.
+func ceilingNote(pa, rnd *bench.CapacityResult, prof sim.Profile) string {
+	ps, rs := pa.Steps[pa.BestStep], rnd.Steps[rnd.BestStep]
+	n := float64(cmp.Or(rnd.Instances, pa.Instances))
+	p, err := bench.LookupPreset(rnd.Preset)
+	if err != nil || n == 0 || p.DocumentTokens == 0 || rs.PromptTokens == 0 || ps.PromptTokens == 0 || rs.InFlight == 0 || ps.InFlight == 0 {
+		return ""
+	}
+	doc := p.DocumentTokens / sim.BlockTokens * sim.BlockTokens
+	rm := newServiceModel(prof, rs.PromptTokens, rs.OutputTokens, doc, rs.InFlight/n)
+	pm := newServiceModel(prof, ps.PromptTokens, ps.OutputTokens, doc, ps.InFlight/n)
+	rSvc, rShare := rm.Service(rs.HitRate)
+	pSvc, pShare := pm.Service(ps.HitRate)
+	sameBatch, _ := rm.Service(ps.HitRate)
+	ms := func(d time.Duration) string { return fmt.Sprintf("%.0f ms", float64(d)/1e6) }
+	return fmt.Sprintf("in the simulator's cost model a request here (%.0f prompt tokens, %.0f output) costs an instance %s of prefill on a miss and %s on a hit; "+
+		"its share of the decode steps is %s at RANDOM's %.1f requests in flight per instance (a step reads the weights once for the whole batch, so few requests per instance make decode dear) "+
+		"and %s at PREFIX_AWARE's %.1f. Prefill is %.0f%% of RANDOM's service time (%s at its hit rate of %.1f%%) and %.0f%% of PREFIX_AWARE's (%s at %.1f%%). "+
+		"A fleet kept busy finishes instances ÷ service time: %.3g vs %.3g req/s, a ceiling of %.2f× (%.2f× from the hit rates alone, at RANDOM's batch); "+
+		"the measured throughputs there were %.3g vs %.3g req/s and the goodput gain %.2f×.",
+		rs.PromptTokens, rs.OutputTokens, ms(rm.MissPrefill), ms(rm.HitPrefill),
+		ms(rm.Decode), rm.Batch, ms(pm.Decode), pm.Batch,
+		100*rShare, ms(rSvc), 100*rs.HitRate, 100*pShare, ms(pSvc), 100*ps.HitRate,
+		n/pSvc.Seconds(), n/rSvc.Seconds(), float64(rSvc)/float64(pSvc), float64(rSvc)/float64(sameBatch),
+		ps.Throughput, rs.Throughput, pa.BestGoodput/rnd.BestGoodput)
 }
