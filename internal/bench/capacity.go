@@ -88,17 +88,17 @@ type CapacityStep struct {
 	// InFlight is the mean number of requests in flight: the closed loop's
 	// concurrency, or an open loop's throughput × mean E2E (Little's law).
 	InFlight float64 `json:"in_flight,omitempty"`
-	Held         bool    `json:"held"`
+	Held     bool    `json:"held"`
 }
 
 // CapacityResult is a search's outcome for one fleet and strategy.
 type CapacityResult struct {
-	Label       string         `json:"label"`
-	Preset      string         `json:"preset"`
-	TargetP90Ms float64        `json:"target_p90_ms"`
+	Label       string  `json:"label"`
+	Preset      string  `json:"preset"`
+	TargetP90Ms float64 `json:"target_p90_ms"`
 	// Instances is the fleet's size as the runs saw it (0: unknown).
-	Instances int `json:"instances,omitempty"`
-	Steps       []CapacityStep `json:"steps"`
+	Instances int            `json:"instances,omitempty"`
+	Steps     []CapacityStep `json:"steps"`
 	// Rate is the highest offered rate at which the target held (0: none
 	// did; in a closed loop, Concurrency is the highest concurrency),
 	// Goodput the requests per second that met the TTFT target there, and
@@ -122,7 +122,9 @@ type CapacityResult struct {
 }
 
 // closed reports whether the search ran a closed loop.
-func (c *CapacityResult) closed() bool { return c.Concurrency > 0 || len(c.Steps) > 0 && c.Steps[0].Concurrency > 0 }
+func (c *CapacityResult) closed() bool {
+	return c.Concurrency > 0 || len(c.Steps) > 0 && c.Steps[0].Concurrency > 0
+}
 
 // x is the step's load as a number: its rate or its concurrency.
 func (s CapacityStep) x() float64 {

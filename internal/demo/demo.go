@@ -87,8 +87,8 @@ type Capacity struct {
 	StartRate, MaxRate               float64 // MaxRate 0: 64 × StartRate
 	StartConcurrency, MaxConcurrency int     // MaxConcurrency 0: 64 × StartConcurrency
 	Warmup, Requests                 int
-	Refine             int
-	Strategies         []fleet.Strategy
+	Refine                           int
+	Strategies                       []fleet.Strategy
 }
 
 // HotLabel labels the runs of PREFIX_AWARE with fixed-length keys and
