@@ -277,4 +277,13 @@ func TestBenchCapacity(t *testing.T) {
 	if err != nil || !strings.Contains(string(b), `"steps"`) {
 		t.Fatalf("JSON report: %v\n%s", err, b)
 	}
+	// --rate 0: a closed loop from --concurrency up, to its cap.
+	stdout, stderr, code = runCLI(t, "bench", "--target", srv.URL, "--preset", "sharegpt-like", "--rate", "0", "--concurrency", "2", "--requests", "10", "--warmup", "0",
+		"--capacity-p90", "1m", "--capacity-max-concurrency", "3")
+	if code != 0 || !strings.Contains(stdout, "at least 3 in flight (the search's cap)") {
+		t.Fatalf("closed loop: exit %d: %s\n%s", code, stderr, stdout)
+	}
+	if _, stderr, code = runCLI(t, "bench", "--target", srv.URL, "--rate", "0", "--capacity-p90", "1m"); code == 0 || !strings.Contains(stderr, "--concurrency") {
+		t.Fatalf("a closed loop without --concurrency: exit %d: %s", code, stderr)
+	}
 }
