@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -97,7 +98,12 @@ type CapacityResult struct {
 	Preset      string  `json:"preset"`
 	TargetP90Ms float64 `json:"target_p90_ms"`
 	// Instances is the fleet's size as the runs saw it (0: unknown).
-	Instances int            `json:"instances,omitempty"`
+	Instances int `json:"instances,omitempty"`
+	// LoadAverage is the machine's load average (1, 5 and 15 minutes) at
+	// the search's start and end, where the system reports it: with the
+	// simulator's time scale, a busy machine's delays in the client and
+	// router count many times over.
+	LoadAverage [2]string `json:"load_average,omitzero"`
 	Steps     []CapacityStep `json:"steps"`
 	// Rate is the highest offered rate at which the target held (0: none
 	// did; in a closed loop, Concurrency is the highest concurrency),
@@ -175,6 +181,8 @@ func Capacity(ctx context.Context, o CapacityOptions) (*CapacityResult, error) {
 		return nil, err
 	}
 	res := &CapacityResult{Label: o.Run.Label, Preset: o.Run.Preset, TargetP90Ms: ms(o.TargetP90), Step: -1, BestStep: -1}
+	res.LoadAverage[0] = loadAverage()
+	defer func() { res.LoadAverage[1] = loadAverage() }()
 	closed := o.StartConcurrency > 0
 	// The load x is a rate, or a concurrency (a whole number) in a closed
 	// loop.
@@ -501,4 +509,14 @@ func (c *Comparison) capacityChart(colors []string) *capChart {
 		}
 	}
 	return ch
+}
+
+// loadAverage is /proc/loadavg's 1, 5 and 15 minute figures, or "" where
+// there is none.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(b)); err == nil && len(f) >= 3 {
+		return strings.Join(f[:3], " ")
+	}
+	return ""
 }

@@ -191,6 +191,11 @@ func capacityNotes(cmp *bench.Comparison, prof sim.Profile) []string {
 	if why := ceilingNote(pa, rnd, prof); why != "" {
 		notes = append(notes, "  - why: "+why)
 	}
+	if pa.LoadAverage[0] != "" && rnd.LoadAverage[0] != "" {
+		notes = append(notes, fmt.Sprintf("  - the machine's load average (1, 5, 15 min) over the searches: RANDOM %s → %s, PREFIX_AWARE %s → %s; "+
+			"the servers run faster than real time, so a busy machine's delays in the client and router count that many times over.",
+			rnd.LoadAverage[0], rnd.LoadAverage[1], pa.LoadAverage[0], pa.LoadAverage[1]))
+	}
 	return notes
 }
 

@@ -77,7 +77,8 @@ func TestCapacityNotes(t *testing.T) {
 		t.Fatal(err)
 	}
 	res := func(label string, goodput, hit float64) *bench.CapacityResult {
-		c := &bench.CapacityResult{Label: label, Preset: "shared-8k-seed", TargetP90Ms: 2000, Instances: 7, Step: -1, BestStep: -1}
+		c := &bench.CapacityResult{Label: label, Preset: "shared-8k-seed", TargetP90Ms: 2000, Instances: 7, Step: -1, BestStep: -1,
+			LoadAverage: [2]string{"0.50 0.40 0.30", "1.50 0.60 0.35"}}
 		if goodput > 0 {
 			c.Step, c.BestStep, c.Concurrency, c.Goodput, c.BestGoodput = 0, 0, 21, goodput, goodput
 			c.Steps = []bench.CapacityStep{{Concurrency: 21, InFlight: 21, Held: true, Goodput: goodput, Throughput: goodput,
@@ -89,7 +90,8 @@ func TestCapacityNotes(t *testing.T) {
 		pa, rnd float64
 		want    []string
 	}{
-		{12, 10, []string{"meets: the seed's throughput gain of +16 %: +20 %", "PREFIX_AWARE's best goodput 12 req/s (at 21 in flight, hit rate 83.0%)"}},
+		{12, 10, []string{"meets: the seed's throughput gain of +16 %: +20 %", "PREFIX_AWARE's best goodput 12 req/s (at 21 in flight, hit rate 83.0%)",
+			"RANDOM 0.50 0.40 0.30 → 1.50 0.60 0.35"}},
 		// 21 in flight over 7 instances: 3 per instance. Prefill 260 ms on
 		// a miss, 9.6 ms on a hit; decode 217 × (5.461 ms / 3 + 8,290.5 ×
 		// 36.4 ns) = 460.5 ms. RANDOM (28 % of tokens: 28.6 % of requests
