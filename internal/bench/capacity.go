@@ -103,8 +103,8 @@ type CapacityResult struct {
 	// the search's start and end, where the system reports it: with the
 	// simulator's time scale, a busy machine's delays in the client and
 	// router count many times over.
-	LoadAverage [2]string `json:"load_average,omitzero"`
-	Steps     []CapacityStep `json:"steps"`
+	LoadAverage [2]string      `json:"load_average,omitzero"`
+	Steps       []CapacityStep `json:"steps"`
 	// Rate is the highest offered rate at which the target held (0: none
 	// did; in a closed loop, Concurrency is the highest concurrency),
 	// Goodput the requests per second that met the TTFT target there, and
