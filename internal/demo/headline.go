@@ -3,6 +3,8 @@ package demo
 import (
 	"cmp"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
@@ -191,6 +193,9 @@ func capacityNotes(cmp *bench.Comparison, prof sim.Profile) []string {
 	if why := ceilingNote(pa, rnd, prof); why != "" {
 		notes = append(notes, "  - why: "+why)
 	}
+	if eq := equalLoadNote(pa, rnd, prof); eq != "" {
+		notes = append(notes, "  - "+eq)
+	}
 	if pa.LoadAverage[0] != "" && rnd.LoadAverage[0] != "" {
 		notes = append(notes, fmt.Sprintf("  - the machine's load average (1, 5, 15 min) over the searches: RANDOM %s → %s, PREFIX_AWARE %s → %s; "+
 			"the servers run faster than real time, so a busy machine's delays in the client and router count that many times over.",
@@ -233,4 +238,43 @@ func ceilingNote(pa, rnd *bench.CapacityResult, prof sim.Profile) string {
 		100*rShare, ms(rSvc), 100*rs.HitRate, 100*pShare, ms(pSvc), 100*ps.HitRate,
 		n/pSvc.Seconds(), n/rSvc.Seconds(), float64(rSvc)/float64(pSvc), float64(rSvc)/float64(sameBatch),
 		ps.Throughput, rs.Throughput, pa.BestGoodput/rnd.BestGoodput)
+}
+
+// equalLoadNote compares the two searches' throughput at each closed-loop
+// concurrency both ran (the seed's own comparison: a fixed number of
+// requests in flight), with the cost model's ratio at that load beside
+// it. It needs no latency judgement, so it is steadier than the best
+// goodput, which a single slow step can move.
+func equalLoadNote(pa, rnd *bench.CapacityResult, prof sim.Profile) string {
+	n := float64(cmp.Or(rnd.Instances, pa.Instances))
+	p, err := bench.LookupPreset(rnd.Preset)
+	if err != nil || n == 0 || p.DocumentTokens == 0 {
+		return ""
+	}
+	doc := p.DocumentTokens / sim.BlockTokens * sim.BlockTokens
+	byC := map[int]bench.CapacityStep{}
+	for _, s := range pa.Steps {
+		if s.Concurrency > 0 {
+			byC[s.Concurrency] = s
+		}
+	}
+	var parts []string
+	seen := map[int]bool{}
+	steps := slices.Clone(rnd.Steps)
+	slices.SortFunc(steps, func(a, b bench.CapacityStep) int { return a.Concurrency - b.Concurrency })
+	for _, rs := range steps {
+		ps, ok := byC[rs.Concurrency]
+		if rs.Concurrency == 0 || !ok || seen[rs.Concurrency] || rs.Throughput <= 0 || rs.PromptTokens == 0 || ps.PromptTokens == 0 {
+			continue
+		}
+		seen[rs.Concurrency] = true
+		b := float64(rs.Concurrency) / n
+		rSvc, _ := newServiceModel(prof, rs.PromptTokens, rs.OutputTokens, doc, b).Service(rs.HitRate)
+		pSvc, _ := newServiceModel(prof, ps.PromptTokens, ps.OutputTokens, doc, b).Service(ps.HitRate)
+		parts = append(parts, fmt.Sprintf("%d: %.2f× (model %.2f×)", rs.Concurrency, ps.Throughput/rs.Throughput, float64(rSvc)/float64(pSvc)))
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return "throughput at equal concurrency (requests in flight: PREFIX_AWARE's over RANDOM's, whether or not the target held): " + strings.Join(parts, ", ") + "."
 }

@@ -110,6 +110,20 @@ func TestCapacityNotes(t *testing.T) {
 			}
 		}
 	}
+	// Equal concurrency: two loads both searches ran, one only RANDOM ran.
+	rnd, pa := res("RANDOM", 10, 0.28), res("PREFIX_AWARE", 12, 0.83)
+	step := func(c int, thr, hit float64) bench.CapacityStep {
+		return bench.CapacityStep{Concurrency: c, InFlight: float64(c), Throughput: thr, HitRate: hit, PromptTokens: 8182, OutputTokens: 217}
+	}
+	rnd.Steps = append(rnd.Steps, step(7, 4, 0.28), step(35, 12, 0.28))
+	pa.Steps = append(pa.Steps, step(7, 4.6, 0.83))
+	notes := strings.Join(capacityNotes(&bench.Comparison{Capacity: []*bench.CapacityResult{rnd, pa}}, prof), "\n")
+	// At 1 request per instance: decode 217 × 5.763 ms = 1,250.6 ms; RANDOM
+	// 188.3 + 1,250.6 = 1,438.9 ms, PREFIX_AWARE 47.5 + 1,250.6 = 1,298.1:
+	// 1.11×. At 21 in flight, 1.28× (above).
+	if want := "7: 1.15× (model 1.11×), 21: 1.20× (model 1.28×)."; !strings.Contains(notes, want) {
+		t.Errorf("notes lack %q:\n%s", want, notes)
+	}
 	if n := capacityNotes(&bench.Comparison{}, prof); n != nil {
 		t.Errorf("no search, notes %q", n)
 	}
