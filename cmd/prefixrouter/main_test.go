@@ -97,6 +97,7 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"adapter remove bad name", []string{"adapter", "remove", "--name", "a/b"}, "--name"},
 		{"adapter list bad endpoint", []string{"adapter", "list", "--endpoint", "a b"}, "--endpoint"},
 		{"demo unknown workload", []string{"demo", "--workload", "nope"}, "nope"},
+		{"demo unknown capacity mode", []string{"demo", "--capacity", "maybe"}, "maybe"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
