@@ -33,9 +33,9 @@ func TestRecordsAtOwnListenersRefused(t *testing.T) {
 		}
 	}
 	testsupport.Eventually(t, 5*time.Second, "loop records counted as invalid upstreams", func() bool {
-		return counterValue(t, rep.Registry(), "prefixrouter_membership_invalid_records_total", map[string]string{"kind": "upstream"}) == float64(len(loops))
+		return testsupport.Sum(t, rep.Registry(), "prefixrouter_membership_invalid_records_total", map[string]string{"kind": "upstream"}) == float64(len(loops))
 	})
-	before := counterValue(t, rep.Registry(), "prefixrouter_requests_total", nil)
+	before := testsupport.Sum(t, rep.Registry(), "prefixrouter_requests_total", nil)
 	hc := &http.Client{Transport: &http.Transport{}}
 	defer hc.CloseIdleConnections()
 	for i := range 30 {
@@ -49,7 +49,7 @@ func TestRecordsAtOwnListenersRefused(t *testing.T) {
 			t.Fatalf("request %d: status %d from %q", i, resp.StatusCode, resp.Header.Get(router.HeaderInstance))
 		}
 	}
-	if got := counterValue(t, rep.Registry(), "prefixrouter_requests_total", nil) - before; got != 30 {
+	if got := testsupport.Sum(t, rep.Registry(), "prefixrouter_requests_total", nil) - before; got != 30 {
 		t.Fatalf("the router served %v requests for 30 sent: records loop back to it", got)
 	}
 }

@@ -340,6 +340,10 @@ func settings(t reflect.Type, prefix string) []string {
 	for i := range t.NumField() {
 		f := t.Field(i)
 		path := prefix + f.Name
+		if f.Anonymous { // an embedded struct's fields are promoted: Admin.TLSCert
+			out = append(out, settings(f.Type, prefix)...)
+			continue
+		}
 		if f.Type == reflect.TypeFor[*fleet.PrefixAwareConfig]() {
 			out = append(out, settings(f.Type.Elem(), path+".")...)
 			continue

@@ -502,7 +502,7 @@ func (r *Replica) startExtProc(context.Context) error {
 		return nil
 	}
 	sec := r.opts.ExtProc
-	tc, err := serverTLS("ext_proc", sec.TLSCert, sec.TLSKey, sec.ClientCA, "h2")
+	tc, err := sec.config("ext_proc", "h2")
 	if err != nil {
 		return err
 	}

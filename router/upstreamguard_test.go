@@ -117,14 +117,8 @@ func TestUpstreamIdleTimeoutCutsAStalledStream(t *testing.T) {
 		http.NewResponseController(w).Flush()
 		<-r.Context().Done()
 	}
-	r, err := New(Options{DefaultEndpoint: "ep", Logger: slog.New(slog.DiscardHandler), UpstreamIdleTimeout: 200 * time.Millisecond, Breaker: overload.BreakerOptions{ConsecutiveFailures: 2, OpenTimeout: time.Hour, MaxEjectionPercent: 100}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	r.Update(fleet.NewSnapshot([]fleet.Endpoint{{Name: "ep", Instances: []fleet.Instance{{ID: "stalls", Addr: b.srv.URL}}}}, 0, 1, time.Now()))
-	srv := httptest.NewServer(r)
-	defer srv.Close()
+	h := newHarness(t, hopts{idle: 200 * time.Millisecond, breaker: overload.BreakerOptions{ConsecutiveFailures: 2, OpenTimeout: time.Hour, MaxEjectionPercent: 100}}, b)
+	r, srv := h.r, h.srv
 	for i := range 2 {
 		start := time.Now()
 		resp, err := srv.Client().Post(srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(`{"stream":true,"messages":[{"role":"user","content":"x"}]}`))
