@@ -3,7 +3,9 @@ package demo
 import (
 	"cmp"
 	"fmt"
+	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -197,9 +199,14 @@ func capacityNotes(cmp *bench.Comparison, prof sim.Profile) []string {
 		notes = append(notes, "  - "+eq)
 	}
 	if pa.LoadAverage[0] != "" && rnd.LoadAverage[0] != "" {
-		notes = append(notes, fmt.Sprintf("  - the machine's load average (1, 5, 15 min) over the searches: RANDOM %s → %s, PREFIX_AWARE %s → %s; "+
+		line := fmt.Sprintf("  - the machine's load average (1, 5, 15 min) over the searches: RANDOM %s → %s, PREFIX_AWARE %s → %s; "+
 			"the servers run faster than real time, so a busy machine's delays in the client and router count that many times over.",
-			rnd.LoadAverage[0], rnd.LoadAverage[1], pa.LoadAverage[0], pa.LoadAverage[1]))
+			rnd.LoadAverage[0], rnd.LoadAverage[1], pa.LoadAverage[0], pa.LoadAverage[1])
+		if busiest := maxLoad(rnd.LoadAverage[:], pa.LoadAverage[:]); busiest > float64(runtime.NumCPU()) {
+			line += fmt.Sprintf(" BUSY: a 1-minute load of %.1f on %d CPUs; these capacity figures measure the machine as much as the fleet "+
+				"(docs/benchmarks.md: rerun on a quiet machine, or with a lower --time-scale).", busiest, runtime.NumCPU())
+		}
+		notes = append(notes, line)
 	}
 	return notes
 }
@@ -277,4 +284,20 @@ func equalLoadNote(pa, rnd *bench.CapacityResult, prof sim.Profile) string {
 		return ""
 	}
 	return "throughput at equal concurrency (requests in flight: PREFIX_AWARE's over RANDOM's, whether or not the target held): " + strings.Join(parts, ", ") + "."
+}
+
+// maxLoad is the highest 1-minute figure of the load averages given
+// ("1.5 0.9 0.7"); unreadable ones count 0.
+func maxLoad(lists ...[]string) float64 {
+	var m float64
+	for _, l := range lists {
+		for _, la := range l {
+			if f := strings.Fields(la); len(f) > 0 {
+				if v, err := strconv.ParseFloat(f[0], 64); err == nil {
+					m = max(m, v)
+				}
+			}
+		}
+	}
+	return m
 }

@@ -1,7 +1,9 @@
 package demo
 
 import (
+	"fmt"
 	"math"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -78,7 +80,7 @@ func TestCapacityNotes(t *testing.T) {
 	}
 	res := func(label string, goodput, hit float64) *bench.CapacityResult {
 		c := &bench.CapacityResult{Label: label, Preset: "shared-8k-seed", TargetP90Ms: 2000, Instances: 7, Step: -1, BestStep: -1,
-			LoadAverage: [2]string{"0.50 0.40 0.30", "1.50 0.60 0.35"}}
+			LoadAverage: [2]string{"0.50 0.40 0.30", "0.90 0.60 0.35"}}
 		if goodput > 0 {
 			c.Step, c.BestStep, c.Concurrency, c.Goodput, c.BestGoodput = 0, 0, 21, goodput, goodput
 			c.Steps = []bench.CapacityStep{{Concurrency: 21, InFlight: 21, Held: true, Goodput: goodput, Throughput: goodput,
@@ -91,7 +93,7 @@ func TestCapacityNotes(t *testing.T) {
 		want    []string
 	}{
 		{12, 10, []string{"meets: the seed's throughput gain of +16 %: +20 %", "PREFIX_AWARE's best goodput 12 req/s (at 21 in flight, hit rate 83.0%)",
-			"RANDOM 0.50 0.40 0.30 → 1.50 0.60 0.35"}},
+			"RANDOM 0.50 0.40 0.30 → 0.90 0.60 0.35"}},
 		// 21 in flight over 7 instances: 3 per instance. Prefill 260 ms on
 		// a miss, 9.6 ms on a hit; decode 217 × (5.461 ms / 3 + 8,290.5 ×
 		// 36.4 ns) = 460.5 ms. RANDOM (28 % of tokens: 28.6 % of requests
@@ -123,6 +125,17 @@ func TestCapacityNotes(t *testing.T) {
 	// 1.11×. At 21 in flight, 1.28× (above).
 	if want := "7: 1.15× (model 1.11×), 21: 1.20× (model 1.28×)."; !strings.Contains(notes, want) {
 		t.Errorf("notes lack %q:\n%s", want, notes)
+	}
+	if strings.Contains(notes, "BUSY") {
+		t.Errorf("a load of 0.9 called busy:\n%s", notes)
+	}
+	pa.LoadAverage[1] = fmt.Sprintf("%d.5 1.0 1.0", runtime.NumCPU()) // above the CPUs at the end of one search
+	notes = strings.Join(capacityNotes(&bench.Comparison{Capacity: []*bench.CapacityResult{rnd, pa}}, prof), "\n")
+	if want := fmt.Sprintf("BUSY: a 1-minute load of %d.5 on %d CPUs", runtime.NumCPU(), runtime.NumCPU()); !strings.Contains(notes, want) {
+		t.Errorf("notes lack %q:\n%s", want, notes)
+	}
+	if maxLoad([]string{"", "x y z", "0.5 9 9"}) != 0.5 {
+		t.Error("maxLoad must read the 1-minute figures and skip unreadable ones")
 	}
 	if n := capacityNotes(&bench.Comparison{}, prof); n != nil {
 		t.Errorf("no search, notes %q", n)
