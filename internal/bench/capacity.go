@@ -140,8 +140,8 @@ func (s CapacityStep) x() float64 {
 	return s.Rate
 }
 
-// load names a step's load: "23.6 req/s" or "48 in flight".
-func (s CapacityStep) load() string {
+// Load names a step's load: "23.6 req/s" or "48 in flight".
+func (s CapacityStep) Load() string {
 	if s.Concurrency > 0 {
 		return fmt.Sprintf("%d in flight", s.Concurrency)
 	}
@@ -203,13 +203,13 @@ func Capacity(ctx context.Context, o CapacityOptions) (*CapacityResult, error) {
 		}
 		r, err := o.run(ctx, run)
 		if err != nil {
-			return false, fmt.Errorf("bench: capacity step at %s: %w", CapacityStep{Rate: run.Rate, Concurrency: run.Concurrency}.load(), err)
+			return false, fmt.Errorf("bench: capacity step at %s: %w", CapacityStep{Rate: run.Rate, Concurrency: run.Concurrency}.Load(), err)
 		}
 		s := capacityStep(r, run.Rate, run.Concurrency, o.TargetP90, o.MinSuccess)
 		res.Steps = append(res.Steps, s)
 		res.Instances = cmp.Or(res.Instances, r.Regime.Instances)
 		fmt.Fprintf(o.Progress, "capacity %s %s: %s: TTFT p90 %.0f ms, goodput %.3g req/s (throughput %.3g), success %.1f%% → %s\n",
-			res.Label, res.Preset, s.load(), s.TTFTP90Ms, s.Goodput, s.Throughput, 100*s.SuccessRate, map[bool]string{true: "held", false: "missed"}[s.Held])
+			res.Label, res.Preset, s.Load(), s.TTFTP90Ms, s.Goodput, s.Throughput, 100*s.SuccessRate, map[bool]string{true: "held", false: "missed"}[s.Held])
 		if s.Held && x >= highest {
 			highest = x
 			res.Rate, res.Concurrency, res.Goodput, res.Step = run.Rate, run.Concurrency, s.Goodput, len(res.Steps)-1
@@ -352,9 +352,9 @@ func (c *CapacityResult) WriteTable(w io.Writer) error {
 	case c.Step < 0:
 		fmt.Fprintln(w, "no load tried held the target")
 	case c.Bounded:
-		fmt.Fprintf(w, "at least %s (the search's cap), goodput %.3g req/s\n", c.Steps[c.Step].load(), c.Goodput)
+		fmt.Fprintf(w, "at least %s (the search's cap), goodput %.3g req/s\n", c.Steps[c.Step].Load(), c.Goodput)
 	default:
-		fmt.Fprintf(w, "%s, goodput %.3g req/s; best goodput %.3g req/s at %s\n", c.Steps[c.Step].load(), c.Goodput, c.BestGoodput, c.Steps[c.BestStep].load())
+		fmt.Fprintf(w, "%s, goodput %.3g req/s; best goodput %.3g req/s at %s\n", c.Steps[c.Step].Load(), c.Goodput, c.BestGoodput, c.Steps[c.BestStep].Load())
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, strings.Join(capacityStepHeader[1:], "\t")+"\t")
@@ -389,12 +389,12 @@ func (c *Comparison) capacityRows() [][]string {
 		row := []string{r.Label, r.Preset, fmt.Sprintf("%.0f", r.TargetP90Ms), "none held", "-", "-", "-", "-", "-", "-", fmt.Sprint(len(r.Steps))}
 		if r.Step >= 0 {
 			s, best := r.Steps[r.Step], r.Steps[r.BestStep]
-			row[3] = s.load()
+			row[3] = s.Load()
 			if r.Bounded {
 				row[3] = "≥ " + row[3]
 			}
 			row[4], row[5], row[6] = fmt.Sprintf("%.3g", r.Goodput), fmt.Sprintf("%.0f", s.TTFTP90Ms), pct(s.HitRate)
-			row[7], row[8], row[9] = fmt.Sprintf("%.3g", r.BestGoodput), best.load(), pct(best.HitRate)
+			row[7], row[8], row[9] = fmt.Sprintf("%.3g", r.BestGoodput), best.Load(), pct(best.HitRate)
 		}
 		rows = append(rows, row)
 	}
@@ -406,7 +406,7 @@ func (c *Comparison) capacityRows() [][]string {
 func (c *CapacityResult) stepRows() [][]string {
 	var rows [][]string
 	for i, s := range c.Steps {
-		rows = append(rows, []string{fmt.Sprint(i + 1), s.load(), fmt.Sprintf("%.1f", s.TTFTP50Ms), fmt.Sprintf("%.1f", s.TTFTP90Ms),
+		rows = append(rows, []string{fmt.Sprint(i + 1), s.Load(), fmt.Sprintf("%.1f", s.TTFTP50Ms), fmt.Sprintf("%.1f", s.TTFTP90Ms),
 			fmt.Sprintf("%.3g", s.Throughput), fmt.Sprintf("%.3g", s.Goodput), fmt.Sprintf("%.3g", s.RunThroughput),
 			pct(s.SuccessRate), pct(s.HitRate), map[bool]string{true: "held", false: "missed"}[s.Held]})
 	}

@@ -187,7 +187,7 @@ func capacityNotes(cmp *bench.Comparison, prof sim.Profile) []string {
 	}
 	ps, rs := pa.Steps[pa.BestStep], rnd.Steps[rnd.BestStep]
 	line := fmt.Sprintf("Capacity on `%s` at TTFT p90 ≤ %.0f ms: PREFIX_AWARE's best goodput %.3g req/s (at %s, hit rate %.1f%%), RANDOM's %.3g req/s (at %s, hit rate %.1f%%): %.2f× the goodput at the same latency target.",
-		pa.Preset, pa.TargetP90Ms, pa.BestGoodput, capLoad(ps), 100*ps.HitRate, rnd.BestGoodput, capLoad(rs), 100*rs.HitRate, gain)
+		pa.Preset, pa.TargetP90Ms, pa.BestGoodput, ps.Load(), 100*ps.HitRate, rnd.BestGoodput, rs.Load(), 100*rs.HitRate, gain)
 	if pa.Bounded {
 		line += " PREFIX_AWARE's search stopped at its cap still holding: its capacity is at least that."
 	}
@@ -209,14 +209,6 @@ func capacityNotes(cmp *bench.Comparison, prof sim.Profile) []string {
 		notes = append(notes, line)
 	}
 	return notes
-}
-
-// capLoad names a capacity step's load for the notes.
-func capLoad(s bench.CapacityStep) string {
-	if s.Concurrency > 0 {
-		return fmt.Sprintf("%d in flight", s.Concurrency)
-	}
-	return fmt.Sprintf("%.3g req/s offered", s.Rate)
 }
 
 // ceilingNote explains the measured gain with the cost model at the best
