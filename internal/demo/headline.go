@@ -203,7 +203,7 @@ func capacityNotes(cmp *bench.Comparison, prof sim.Profile) []string {
 			"the servers run faster than real time, so a busy machine's delays in the client and router count that many times over.",
 			rnd.LoadAverage[0], rnd.LoadAverage[1], pa.LoadAverage[0], pa.LoadAverage[1])
 		if busiest := maxLoad(rnd.LoadAverage[:], pa.LoadAverage[:]); busiest > float64(runtime.NumCPU()) {
-			line += fmt.Sprintf(" BUSY: a 1-minute load of %.1f on %d CPUs; these capacity figures measure the machine as much as the fleet "+
+			line += fmt.Sprintf(" BUSY: a 1-minute load of %.1f on %d CPUs: the machine's delays may have moved these capacity figures "+
 				"(docs/benchmarks.md: rerun on a quiet machine, or with a lower --time-scale).", busiest, runtime.NumCPU())
 		}
 		notes = append(notes, line)
