@@ -408,7 +408,7 @@ func BenchmarkPickPrompt64KiB(b *testing.B) {
 					pick()
 				}
 				if pop, ok := r.Popularity("ep", time.Now()); ok {
-					ep.Popular = fleet.MergePopularity([]fleet.Popularity{pop})
+					ep.Popular, ep.Served = fleet.MergePopularity([]fleet.Popularity{pop}), fleet.MergeServed([]fleet.Popularity{pop})
 					r.Update(fleet.NewSnapshot([]fleet.Endpoint{ep}, 0, 1, time.Now()))
 				}
 				b.SetBytes(int64(len(tc.body)))

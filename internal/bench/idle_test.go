@@ -98,7 +98,7 @@ func idleRunWith(t *testing.T, p Preset, mode idleMode, replicas, instances, kvT
 			ps = append(ps, written[i])
 		}
 		e := ep
-		e.Popular = fleet.MergePopularity(ps)
+		e.Popular, e.Served = fleet.MergePopularity(ps), fleet.MergeServed(ps)
 		s := fleet.NewSnapshot([]fleet.Endpoint{e}, 0, replicas, time.Now())
 		for _, r := range rs {
 			r.Update(s)
