@@ -273,8 +273,8 @@ func rendezvous(cands []int, key uint64, buf []int) []int {
 // loaded, and a session that moves there moves once (docs/balance.md
 // measured the constants).
 const (
-	childFloor     = 1.1
-	childSharpness = 4
+	childFloor     = 1.15
+	childSharpness = 5
 )
 
 // childWeights returns nd's candidates' weights (see above), nil when
@@ -462,12 +462,12 @@ type published struct {
 }
 
 // servedDecay is what a publication keeps of the served counts before it:
-// a half-life of about 6.6 intervals (33 s at the default 5 s), long enough
+// a half-life of about 10 intervals (48 s at the default 5 s), long enough
 // that one session's turns do not swing an instance's weight, short enough
 // that a fleet's warm-up (every request on one instance until the first
 // publication) is forgotten within a minute. Measured load-free with the
 // weights of childWeights (docs/balance.md).
-const servedDecay = 0.9
+const servedDecay = 0.93
 
 // countServed decays prev's served counts, adds the requests admitted to
 // each instance of ev since prev, and returns each instance's share of
