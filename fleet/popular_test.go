@@ -20,8 +20,8 @@ func TestMergePopularity(t *testing.T) {
 	got := MergePopularity([]Popularity{a, b})
 	want := []PopularKey{
 		{Key: 5, Parent: 9, Level: 1, Model: "m", Share: 0.15, K: 1, Since: 120, At: "i-1"}, // 3/4 × 0.2 + 1/4 × 0; the first publication's instance
-		{Key: 7, Share: 0.025, K: 1, Since: 130},                                 // 1/4 × 0.1
-		{Key: 9, Share: 0.5, K: 5, Since: 90},                                    // 3/4 × 0.4 + 1/4 × 0.8; the larger k, the earlier since
+		{Key: 7, Share: 0.025, K: 1, Since: 130},                                            // 1/4 × 0.1
+		{Key: 9, Share: 0.5, K: 5, Since: 90},                                               // 3/4 × 0.4 + 1/4 × 0.8; the larger k, the earlier since
 	}
 	if len(got) != len(want) {
 		t.Fatalf("merged %+v", got)
