@@ -573,25 +573,8 @@ func TestPanicRecoveredLoggedAndCounted(t *testing.T) {
 // handled returns grpc_server_handled_total for the Admin method and code.
 func handled(t *testing.T, reg *prometheus.Registry, method, code string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "grpc_server_handled_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			l := map[string]string{}
-			for _, lp := range m.GetLabel() {
-				l[lp.GetName()] = lp.GetValue()
-			}
-			if l["grpc_service"] == adminpb.Admin_ServiceDesc.ServiceName && l["grpc_method"] == method && l["grpc_code"] == code {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return 0
+	return testsupport.Sum(t, reg, "grpc_server_handled_total", map[string]string{
+		"grpc_service": adminpb.Admin_ServiceDesc.ServiceName, "grpc_method": method, "grpc_code": code})
 }
 
 func TestMetrics(t *testing.T) {

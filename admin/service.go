@@ -187,10 +187,7 @@ func (s *service) SetRoutingConfig(ctx context.Context, req *adminpb.SetRoutingC
 		return nil, status.Error(codes.Unavailable, "admin: routing config cannot be set: the router runs without etcd (static fleet)")
 	}
 	if err := s.o.Configs.PutConfig(ctx, req.GetEndpoint(), c); err != nil {
-		if errors.Is(err, fleet.ErrInvalidConfig) {
-			return nil, status.Error(codes.InvalidArgument, err.Error())
-		}
-		return nil, storeError("write", err)
+		return nil, writeError(err)
 	}
 	from := ""
 	if p, ok := peer.FromContext(ctx); ok {
@@ -276,6 +273,19 @@ func storeError(op string, err error) error {
 	return status.Errorf(codes.Unavailable, "admin: %s routing config: %v", op, err)
 }
 
+// writeError maps a store write's error: a record the store refuses as
+// invalid is InvalidArgument, one that is not there NotFound, anything else
+// the store's own failure.
+func writeError(err error) error {
+	switch {
+	case errors.Is(err, fleet.ErrInvalid):
+		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, fleet.ErrAdapterNotFound):
+		return status.Error(codes.NotFound, err.Error())
+	}
+	return storeError("write", err)
+}
+
 func explainError(err error) error {
 	if st, ok := status.FromError(err); ok {
 		return st.Err()
@@ -329,10 +339,7 @@ func (s *service) PutAdapter(ctx context.Context, req *adminpb.PutAdapterRequest
 		return nil, status.Error(codes.Unavailable, "admin: no adapter catalogue: the router runs without etcd (static fleet)")
 	}
 	if err := s.o.Adapters.PutAdapter(ctx, req.GetEndpoint(), a); err != nil {
-		if errors.Is(err, fleet.ErrInvalid) {
-			return nil, status.Error(codes.InvalidArgument, err.Error())
-		}
-		return nil, storeError("write", err)
+		return nil, writeError(err)
 	}
 	s.o.Logger.InfoContext(ctx, "admin: adapter put", "endpoint", req.GetEndpoint(), "adapter", a.Name, "source", a.Source, "min", a.Min(), "max", a.Max())
 	return &adminpb.PutAdapterResponse{Adapter: adapterToPB(a)}, nil
@@ -349,10 +356,7 @@ func (s *service) DeleteAdapter(ctx context.Context, req *adminpb.DeleteAdapterR
 		return nil, status.Error(codes.Unavailable, "admin: no adapter catalogue: the router runs without etcd (static fleet)")
 	}
 	if err := s.o.Adapters.DeleteAdapter(ctx, req.GetEndpoint(), req.GetName()); err != nil {
-		if errors.Is(err, fleet.ErrAdapterNotFound) {
-			return nil, status.Error(codes.NotFound, err.Error())
-		}
-		return nil, storeError("write", err)
+		return nil, writeError(err)
 	}
 	s.o.Logger.InfoContext(ctx, "admin: adapter deleted", "endpoint", req.GetEndpoint(), "adapter", req.GetName())
 	return &adminpb.DeleteAdapterResponse{}, nil

@@ -120,6 +120,16 @@ func TestThresholdAtManyReplicas(t *testing.T) {
 	if testing.Short() {
 		t.Skip("32 replicas under load")
 	}
+	// A measurement in real time of 32 replicas and 6 simulated instances
+	// at 60 requests/s: its bound has room for the light replicas' bursts
+	// on a machine that keeps the schedule, not for the CPU starvation of a
+	// loaded one (on 2 cores beside the rest of make test, requests took
+	// several times longer and the schedule was dropped). It runs alone, in
+	// make test-threshold (docs/concurrency.md); the shares' logic is
+	// tested in make test (router, membership, replica).
+	if !thrRequested() {
+		t.Skip("a real-time measurement: make test-threshold (PREFIXROUTER_E2E_THRESHOLD=1) runs it alone")
+	}
 	sweep := os.Getenv("PREFIXROUTER_E2E_THRESHOLD_SWEEP") != ""
 	// The warm-up is not counted: the caches fill, and every replica
 	// measures and writes its rate; a light replica (0.5 requests/s here
@@ -213,6 +223,17 @@ func TestThresholdAtManyReplicas(t *testing.T) {
 			t.Errorf("R=32 %s: hit rate %.1f %%, %.1f points below R=1's %.1f %%", r.option, 100*r.hitRate(), d, 100*base.hitRate())
 		}
 	}
+}
+
+// thrRequested reports whether the environment asks for the threshold
+// measurement: PREFIXROUTER_E2E_THRESHOLD=1, or any of its settings.
+func thrRequested() bool {
+	for _, v := range []string{"", "_SWEEP", "_RUNS", "_WINDOW", "_SCALE"} {
+		if os.Getenv("PREFIXROUTER_E2E_THRESHOLD"+v) != "" {
+			return true
+		}
+	}
+	return false
 }
 
 // thrInstance is a simulated instance behind a handler that counts its
@@ -524,17 +545,8 @@ func (h *thrHarness) countWrites(ctx context.Context, stop <-chan struct{}, n *a
 // metrics (prefixrouter_endpoint_threshold_share).
 func thresholdShare(t *testing.T, r *replica.Replica) int {
 	t.Helper()
-	mfs, err := r.Registry().Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "prefixrouter_endpoint_threshold_share" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			return int(m.GetGauge().GetValue())
-		}
+	for _, m := range testsupport.Series(t, r.Registry(), "prefixrouter_endpoint_threshold_share", nil) {
+		return int(m.GetGauge().GetValue())
 	}
 	return -1
 }

@@ -48,10 +48,12 @@ const (
 	DefaultReadyInterval = time.Second
 )
 
-// Picker is the one-method view of the data plane the server needs;
+// Picker is the view of the data plane the server needs: where a request
+// goes, and the bounded buffers its body waits in until then (issue 19);
 // *router.Router implements it.
 type Picker interface {
 	Pick(router.PickRequest) (*router.Picked, error)
+	HoldBody(ctx context.Context, path string, declared int64) *router.HeldBody
 }
 
 var _ Picker = (*router.Router)(nil)
@@ -216,9 +218,16 @@ func (s *Server) refreshReady() {
 
 // serverOptions are the gRPC server's: WaitForHandlers, so that Stop
 // returns only once every Process call has returned (every in-flight slot
-// is released by then), and TLS when set.
+// is released by then); fixed flow-control windows; and TLS when set.
 func serverOptions(opts Options) []grpc.ServerOption {
-	o := []grpc.ServerOption{grpc.WaitForHandlers(true)}
+	o := []grpc.ServerOption{grpc.WaitForHandlers(true),
+		// Fixed windows (which turn off gRPC's BDP estimation, whose
+		// windows grow to 16 MiB a stream): a stream whose body waits
+		// for room in the router's body buffer has at most streamWindow
+		// bytes buffered, and a proxy's connection at most connWindow
+		// (issue 19: 64 streams of 6 MiB bodies took +1 GiB RSS in the
+		// transport's buffers).
+		grpc.InitialWindowSize(streamWindow), grpc.InitialConnWindowSize(connWindow)}
 	if opts.TLS != nil {
 		tc := opts.TLS.Clone()
 		tc.NextProtos = []string{"h2"}
@@ -226,6 +235,12 @@ func serverOptions(opts Options) []grpc.ServerOption {
 	}
 	return o
 }
+
+// Flow-control windows of the ext_proc server (serverOptions).
+const (
+	streamWindow = 256 << 10
+	connWindow   = 4 << 20
+)
 
 // Peers and their outcome reports (issue 19: the ext_proc port had no
 // authentication, and 17 forged "served with :status 500" reports opened

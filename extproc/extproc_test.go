@@ -639,3 +639,115 @@ func TestBodyLimit(t *testing.T) {
 		t.Fatalf("want an immediate 413, got %v", ir.GetStatus())
 	}
 }
+
+// TestDeclaredBodyOverLimit: a body declared (content-length) over the
+// router's MaxBodyBytes gets its 413 on its first chunk, from the declared
+// length, as on the HTTP data plane; it was held until its bytes crossed
+// the limit.
+func TestDeclaredBodyOverLimit(t *testing.T) {
+	c := startCluster(t, fleetOf(t, 1), extproc.Options{})
+	for _, path := range []string{"/v1/chat/completions", "/invocations"} {
+		e := c.open(t)
+		e.headers(path, map[string]string{"content-length": fmt.Sprint(router.DefaultMaxBodyBytes + 1)}, nil, false)
+		e.body([]byte(`{"messages":[`), false)
+		if ir := e.recv().GetImmediateResponse(); ir.GetStatus().GetCode() != http.StatusRequestEntityTooLarge {
+			t.Fatalf("%s: want an immediate 413, got %v", path, ir.GetStatus())
+		}
+	}
+}
+
+// TestBodyBuffer: the ext_proc picker holds bodies in the router's body
+// buffer, as the HTTP data plane does (issue 19: it held every OpenAI body
+// whole, outside any bound). With a buffer for one 1 MiB body, a stream
+// whose model-last body fills it holds it; a second stream's body past its
+// first 64 KiB finds no room and, once the wait runs out, is answered 503
+// body_buffer_full, as the HTTP data plane answers; the first is then
+// picked at its end.
+func TestBodyBuffer(t *testing.T) {
+	const limit = 1 << 20
+	c := startClusterWith(t, fleetOf(t, 1), router.Options{
+		DefaultEndpoint: endpoint, MaxBodyBytes: limit, BodyBufferBytes: limit + 64, BodyBufferWait: time.Millisecond,
+	}, extproc.Options{})
+	modelLast := func(n int) []byte {
+		return []byte(`{"messages":[{"role":"user","content":"` + strings.Repeat("w", n) + `"}],"model":"m"}`)
+	}
+	first := modelLast(900 << 10)
+	a := c.open(t)
+	a.headers("/v1/chat/completions", map[string]string{"content-length": fmt.Sprint(limit)}, nil, false)
+	a.body(first[:len(first)-20], false) // past 64 KiB, model not yet seen: held in the buffer
+	testsupport.Eventually(t, 5*time.Second, "the first body held in the buffer", func() bool { return c.router.BodiesHeld() == 1 })
+	b := c.open(t)
+	b.headers("/v1/chat/completions", map[string]string{"content-length": fmt.Sprint(len(first))}, nil, false)
+	b.body(first, true)
+	ir := b.recv().GetImmediateResponse()
+	if ir.GetStatus().GetCode() != http.StatusServiceUnavailable || !bytes.Contains(ir.GetBody(), []byte("body_buffer_full")) {
+		t.Fatalf("a second held body with no room: %v %s, want 503 body_buffer_full", ir.GetStatus(), ir.GetBody())
+	}
+	a.body(first[len(first)-20:], true)
+	a.pickAnswer()
+	var got []byte
+	for eos := false; !eos; {
+		var chunk []byte
+		chunk, eos = a.bodyAnswer()
+		got = append(got, chunk...)
+	}
+	if !bytes.Equal(got, first) {
+		t.Fatalf("the held body was passed on as %d bytes, want its %d", len(got), len(first))
+	}
+}
+
+// TestTrailersAfterThePick: a body that ends with trailers after the pick
+// was made on its head gets every chunk passed on, then the trailers
+// answer; a salted body's end (its salt) goes on before the trailers.
+func TestTrailersAfterThePick(t *testing.T) {
+	insts := fleetOf(t, 2)
+	c := startCluster(t, insts, extproc.Options{})
+	cfg := fleet.RoutingConfig{RoutingStrategy: fleet.PrefixAware, TenantCacheSalt: true,
+		PrefixAwareRoutingConfig: &fleet.PrefixAwareConfig{PrefixLength: fleet.MinPrefixLength}}
+	c.router.Update(fleet.NewSnapshot([]fleet.Endpoint{{Name: endpoint, Config: cfg, Instances: insts}}, 0, 1, time.Now()))
+	system := `{"role":"system","content":"` + strings.Repeat("be brief. ", fleet.MinPrefixLength/5) + `"}`
+	for _, tc := range []struct {
+		name, path string
+		body       []byte
+		salted     bool
+	}{
+		{"invoke", "/invocations", bytes.Repeat([]byte("i"), 40<<10), false},
+		{"salted chat", "/v1/chat/completions", []byte(`{"prompt_cache_key":"t","model":"m","messages":[` + system + `,{"role":"user","content":"` + strings.Repeat("u", 40<<10) + `"}]}`), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := c.open(t)
+			e.headers(tc.path, map[string]string{"content-length": fmt.Sprint(len(tc.body))}, nil, false)
+			const chunk = 20 << 10
+			e.body(tc.body[:chunk], false)
+			e.pickAnswer() // on the head
+			got, eos := e.bodyAnswer()
+			e.body(tc.body[chunk:], false)
+			e.trailers()
+			for !eos {
+				r := e.recv()
+				if r.GetRequestTrailers() != nil {
+					break
+				}
+				sr := r.GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse()
+				if sr == nil {
+					t.Fatalf("want a body or trailers answer, got %v", r)
+				}
+				got, eos = append(got, sr.GetBody()...), sr.GetEndOfStream()
+			}
+			if eos {
+				t.Fatal("a body answer ended the stream: trailers follow")
+			}
+			want := tc.body
+			if tc.salted {
+				var m map[string]json.RawMessage
+				if err := json.Unmarshal(got, &m); err != nil || len(m["cache_salt"]) == 0 {
+					t.Fatalf("the body passed on is not salted JSON: %v", err)
+				}
+				want = append(tc.body[:len(tc.body)-1:len(tc.body)-1], got[len(tc.body)-1:]...)
+			}
+			if !bytes.Equal(got, want) {
+				t.Fatalf("passed on %d bytes, want %d", len(got), len(want))
+			}
+		})
+	}
+}

@@ -87,6 +87,12 @@ type parityRow struct {
 	header map[string]string
 	body   []byte
 	subset []string // ext_proc and Explain only: the HTTP data plane has no subset hint
+	// chunks, when set, is the size of the chunks ext_proc sends the body
+	// in, declaring its length (the HTTP data plane gets it declared too).
+	chunks int
+	// head: the key is on the body's head, ext_proc picks before the
+	// body's end (the chunks after the pick are passed on one by one).
+	head bool
 	// load, when set, runs while the request is in flight (it publishes
 	// a snapshot in which a catalogued adapter is loaded).
 	load func()
@@ -220,6 +226,16 @@ func TestFrontEndsAgree(t *testing.T) {
 		{name: "tenant with salt", path: "/v1/chat/completions", body: chat(map[string]any{"prompt_cache_key": "tenant-1"}, "salted prompt"), in: ids, salted: true},
 		{name: "subset hint", path: "/invocations", body: prompt("zeta"), subset: []string{c.addrs["i2"], c.addrs["i4"]}, in: []string{"i2", "i4"}},
 		{name: "empty subset", path: "/invocations", body: prompt("zeta"), subset: []string{}, class: fleet.ErrNoInstance},
+		// Bodies that stream (issue 19): both front ends decide an OpenAI
+		// key on a head that holds it, and hold the body whole only when
+		// it does not; a salted body streams with its salt put in at the
+		// end.
+		{name: "tenant with salt, body in chunks, key on its head", path: "/v1/chat/completions", chunks: 4 << 10,
+			body: longChat(`"prompt_cache_key":"tenant-1","model":"llama",`, ""), in: ids, salted: true, head: true},
+		{name: "model after the messages, body in chunks", path: "/v1/chat/completions", chunks: 4 << 10,
+			body: longChat("", `,"model":"lora-x"`), in: []string{"i0", "i1"}},
+		{name: "oversized body in chunks", path: "/v1/chat/completions", chunks: 16 << 10,
+			body: longChat("", strings.Repeat(" ", 30<<10)+`,"model":"lora-x"`), class: router.ErrInvalidRequest},
 		{name: "oversized body", path: "/invocations", body: bytes.Repeat([]byte("x"), 65<<10), class: router.ErrInvalidRequest},
 		{name: "malformed JSON", path: "/v1/chat/completions", body: []byte(`{"messages": [`), class: router.ErrInvalidRequest},
 		{name: "unknown endpoint", path: "/endpoints/nope/invocations", body: prompt("eta"), class: router.ErrUnknownEndpoint},
@@ -330,8 +346,17 @@ func (c *cluster) parityExtProc(t *testing.T, row parityRow) outcome {
 	for k, v := range row.header {
 		h[strings.ToLower(k)] = v
 	}
-	e.headers(row.path, h, row.subset, false)
-	e.body(row.body, true)
+	if row.chunks == 0 {
+		e.headers(row.path, h, row.subset, false)
+		e.body(row.body, true)
+	} else {
+		h["content-length"] = fmt.Sprint(len(row.body))
+		e.headers(row.path, h, row.subset, false)
+		for i := 0; i < len(row.body); i += row.chunks {
+			end := min(i+row.chunks, len(row.body))
+			e.body(row.body[i:end], end == len(row.body))
+		}
+	}
 	r := e.recv()
 	if ir := r.GetImmediateResponse(); ir != nil {
 		for _, hv := range ir.GetHeaders().GetSetHeaders() {
@@ -365,9 +390,34 @@ func (c *cluster) parityExtProc(t *testing.T, row parityRow) outcome {
 			t.Fatalf("ext_proc: candidate %s (%s) of %v is outside %v", d, c.ids[d], dest, row.in)
 		}
 	}
-	body, _ := e.bodyAnswer()
-	o.salted = bytes.Contains(body, []byte(`"cache_salt"`))
+	// What the instance would receive: every chunk passed on.
+	var body []byte
+	answers := 0
+	for eos := false; !eos; answers++ {
+		var b []byte
+		b, eos = e.bodyAnswer()
+		body = append(body, b...)
+	}
+	if row.head && answers < 2 {
+		t.Fatalf("ext_proc: the body was passed on in %d message: the pick waited for its end", answers)
+	}
+	if strings.HasSuffix(row.path, "completions") && !json.Valid(body) {
+		t.Fatalf("ext_proc: the body passed on is not JSON: %.200s", body)
+	}
+	if !bytes.Equal(body, row.body) {
+		var m map[string]json.RawMessage
+		_ = json.Unmarshal(body, &m)
+		o.salted = len(m["cache_salt"]) > 0 && bytes.HasSuffix(bytes.TrimSpace(body), []byte(`"}`))
+	}
 	return o
+}
+
+// longChat is a chat body of about 40 KiB: before, its other members
+// ahead of the messages (a first message longer than the prefix, then a
+// long one); after, those behind them.
+func longChat(before, after string) []byte {
+	return []byte(`{` + before + `"messages":[{"role":"system","content":"` + strings.Repeat("be brief. ", 2*fleet.MinPrefixLength/10) + `"},{"role":"user","content":"` +
+		strings.Repeat("long prompt ", 40<<10/12) + `"}]` + after + `}`)
 }
 
 func (c *cluster) parityExplain(t *testing.T, row parityRow) outcome {

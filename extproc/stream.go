@@ -59,8 +59,14 @@ type stream struct {
 	path   string
 	header http.Header
 	subset []string // nil: no hint
-	body   []byte   // request body held before the pick
+	// held is the request body held before the pick, in the router's
+	// bounded buffers (issue 19); nil before the first chunk and after
+	// the pick.
+	held   *router.HeldBody
 	picked *router.Picked
+	// sent is the pick whose Rest rewrites the chunks after it (a salted
+	// body's end); it outlives picked, which the response releases.
+	sent   *router.Picked
 	span   trace.Span // nil unless tracing
 	status int        // response status; 0 until the response headers
 
@@ -125,6 +131,8 @@ func (st *stream) handle(req *extprocv3.ProcessingRequest) (done bool, err error
 			if done, err := st.tryPick(true, false); done || err != nil {
 				return done, err
 			}
+		} else if err := st.sendRest(nil, true, false); err != nil {
+			return true, err
 		}
 		return false, st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}})
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
@@ -191,13 +199,44 @@ func subsetHint(md *corev3.Metadata) []string {
 // requestBody holds chunks until the pick, then passes them on.
 func (st *stream) requestBody(b *extprocv3.HttpBody) (bool, error) {
 	if st.answered {
-		return false, st.sendBody(b.GetBody(), b.GetEndOfStream())
+		return false, st.sendRest(b.GetBody(), b.GetEndOfStream(), b.GetEndOfStream())
 	}
 	// The router bounds the held body: past its MaxBodyBytes, Pick answers
-	// 413 whatever the key needs.
+	// 413 whatever the key needs; past its body buffer, 503.
 	st.bodySeen = true
-	st.body = append(st.body, b.GetBody()...)
+	if st.held == nil {
+		declared := int64(-1)
+		if n, err := strconv.ParseInt(st.header.Get("Content-Length"), 10, 64); err == nil && n >= 0 {
+			declared = n
+		}
+		st.held = st.s.opts.Picker.HoldBody(st.srv.Context(), st.path, declared)
+	}
+	if err := st.held.Append(b.GetBody()); err != nil {
+		st.answered = true
+		st.trace(nil, err)
+		return true, st.reject(err)
+	}
 	return st.tryPick(b.GetEndOfStream(), b.GetEndOfStream())
+}
+
+// sendRest passes on a chunk that arrived after the pick, as the pick
+// rewrites it (a salted body's end); end says the body ends with it (eos:
+// and the stream, not trailers).
+func (st *stream) sendRest(chunk []byte, end, eos bool) error {
+	if st.sent == nil {
+		if !end || len(chunk) > 0 || eos {
+			return st.sendBody(chunk, eos)
+		}
+		return nil
+	}
+	out, err := st.sent.Rest(chunk, end)
+	if err != nil {
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	if len(out) == 0 && !eos {
+		return nil
+	}
+	return st.sendBody(out, eos)
 }
 
 // tryPick asks the router; when the key is known it answers the held
@@ -205,7 +244,7 @@ func (st *stream) requestBody(b *extprocv3.HttpBody) (bool, error) {
 // last chunk ended the stream (not trailers).
 func (st *stream) tryPick(complete, eos bool) (bool, error) {
 	p, err := st.s.opts.Picker.Pick(router.PickRequest{
-		Path: st.path, Header: st.header, Body: st.body, Complete: complete,
+		Path: st.path, Header: st.header, Held: st.held, Complete: complete,
 		Subset: st.subset, MaxCandidates: st.s.opts.MaxCandidates,
 		Context: st.srv.Context(), // ends an adapter wait when Envoy gives up
 	})
@@ -215,11 +254,7 @@ func (st *stream) tryPick(complete, eos bool) (bool, error) {
 	st.answered = true
 	st.trace(p, err)
 	if err != nil {
-		var rej *router.Rejection
-		if errors.As(err, &rej) {
-			return true, st.immediate(rej.Status, rej.Header, rej.Body, err.Error())
-		}
-		return true, st.immediate(http.StatusInternalServerError, nil, nil, err.Error())
+		return true, st.reject(err)
 	}
 	st.picked = p
 	dest := strings.Join(p.Candidates, ",")
@@ -233,9 +268,8 @@ func (st *stream) tryPick(complete, eos bool) (bool, error) {
 		}
 	}
 	if p.Body != nil {
-		// The router salted the body (it held all of it): its length
-		// changed, so the proxy sends it chunked.
-		st.body = p.Body
+		// The router salted the body (or will at its end): its length
+		// changes, so the proxy sends it chunked.
 		mutation.RemoveHeaders = append(mutation.RemoveHeaders, "content-length")
 	}
 	headers := &extprocv3.ProcessingResponse{
@@ -255,13 +289,42 @@ func (st *stream) tryPick(complete, eos bool) (bool, error) {
 	if err := st.send(headers); err != nil {
 		return true, err
 	}
-	if st.bodySeen {
-		body := st.body
-		st.body = nil
-		return false, st.sendBody(body, eos)
+	if !st.bodySeen {
+		return false, nil
 	}
-	return false, nil
+	body := st.held.Bytes()
+	if p.Body != nil {
+		body = p.Body
+	}
+	if !complete {
+		st.sent = p // the chunks to come go through p.Rest
+	}
+	// In messages of at most maxBodyMessage: gRPC copies each message
+	// whole, and a held body may be MaxBodyBytes long.
+	for len(body) > maxBodyMessage && err == nil {
+		err = st.sendBody(body[:maxBodyMessage], false)
+		body = body[maxBodyMessage:]
+	}
+	if err == nil {
+		err = st.sendBody(body, eos)
+	}
+	// Sent (gRPC has encoded the messages) or failed: the buffers go back.
+	st.held.Release()
+	st.held = nil
+	return false, err
 }
+
+// reject ends the request with a rejection's answer.
+func (st *stream) reject(err error) error {
+	var rej *router.Rejection
+	if errors.As(err, &rej) {
+		return st.immediate(rej.Status, rej.Header, rej.Body, err.Error())
+	}
+	return st.immediate(http.StatusInternalServerError, nil, nil, err.Error())
+}
+
+// maxBodyMessage bounds the body chunks the stream sends after the pick.
+const maxBodyMessage = 64 << 10
 
 // setHeader overwrites: a client must not choose its own destination by
 // sending the header itself.
@@ -403,7 +466,13 @@ func (st *stream) trace(p *router.Picked, err error) {
 // finish runs when Process returns: a pick still held means the response
 // never ended on this stream (cancelled, or Envoy does not send the response
 // body), so the slot is released with the status seen, if any.
-func (st *stream) finish() { st.release() }
+func (st *stream) finish() {
+	st.release()
+	if st.held != nil {
+		st.held.Release()
+		st.held = nil
+	}
+}
 
 func (st *stream) send(r *extprocv3.ProcessingResponse) error {
 	if err := st.srv.Send(r); err != nil {

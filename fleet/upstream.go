@@ -1,12 +1,15 @@
 package fleet
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"net/url"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 )
 
 // ErrUpstreamNotAllowed is wrapped by Upstreams.Check's refusals: an instance
@@ -55,6 +58,7 @@ type Upstreams struct {
 	hosts    map[string]bool // lower-case names; ".example.com" matches subdomains
 	suffixes []string
 	self     []Listener // the router's own listeners (WithSelf)
+	names    *nameCache // resolves allowed host names (WithResolver); nil: names are not resolved
 }
 
 // Listener is one of the router's own listening sockets as records may
@@ -108,8 +112,9 @@ func ParseUpstreams(list []string) (Upstreams, error) {
 // Check reports whether addr, an instance's base URL, may be proxied to and
 // probed: scheme http or https, no user info, query or fragment (a probe
 // would send them), and a host inside the list. A host name must be listed
-// (or match a listed suffix); an IP must fall in a listed prefix. Names are
-// not resolved: listing a name trusts its DNS.
+// (or match a listed suffix); an IP must fall in a listed prefix. Listing
+// a name trusts its DNS, but WithResolver resolves it to refuse the
+// router's own listeners and Reserved addresses (checkName).
 func (u Upstreams) Check(addr string) error {
 	if u.hosts == nil {
 		var err error
@@ -156,15 +161,134 @@ func (u Upstreams) Check(addr string) error {
 			return err
 		}
 	}
-	if u.hosts[name] {
+	allowed := u.hosts[name]
+	for _, s := range u.suffixes {
+		allowed = allowed || strings.HasSuffix(name, s)
+	}
+	if !allowed {
+		return fmt.Errorf("%w: host %q is not an allowed upstream", ErrUpstreamNotAllowed, host)
+	}
+	return u.checkName(addr, name, port)
+}
+
+// checkName resolves an allowed host name (WithResolver) and refuses it
+// when an address it leads to is one of the router's own listeners, or a
+// Reserved address the list does not name itself (issue 19: only IP
+// literals were refused). A name that does not resolve is let through:
+// the instance's health checks will fail, and a later record is checked
+// again.
+func (u Upstreams) checkName(addr, name, port string) error {
+	if u.names == nil {
 		return nil
 	}
-	for _, s := range u.suffixes {
-		if strings.HasSuffix(name, s) {
-			return nil
+	as, err := u.names.lookup(name)
+	if err != nil {
+		return nil
+	}
+	if err := u.checkSelf(addr, as, port); err != nil {
+		return fmt.Errorf("%w (host %q resolves to %v)", err, name, as)
+	}
+	for _, a := range as {
+		if res, isReserved := reservedRange(a); isReserved && !u.listsReserved(a, res) {
+			return fmt.Errorf("%w: host %q resolves to %s, link-local or a cloud metadata address (%s): list it, or a part of %s, to allow it", ErrUpstreamNotAllowed, name, a, res, res)
 		}
 	}
-	return fmt.Errorf("%w: host %q is not an allowed upstream", ErrUpstreamNotAllowed, host)
+	return nil
+}
+
+// CheckDial reports whether a connection to ap may be opened: an address
+// a host name led to when the router dialled it, which may differ from what
+// it resolved to when its record was accepted (DNS answers change). It
+// refuses the router's own listeners (WithSelf) and Reserved addresses the
+// list does not name itself; other addresses of an allowed name are its
+// DNS's to choose.
+func (u Upstreams) CheckDial(ap netip.AddrPort) error {
+	a := ap.Addr().Unmap()
+	for _, l := range u.self {
+		if l.Port == ap.Port() && l.Prefix.Contains(a) {
+			return fmt.Errorf("%w: %s is this router's own listener on port %d", ErrUpstreamNotAllowed, ap, l.Port)
+		}
+	}
+	if res, isReserved := reservedRange(a); isReserved && !u.listsReserved(a, res) {
+		return fmt.Errorf("%w: %s is link-local or a cloud metadata address (%s): list it, or a part of %s, to allow it", ErrUpstreamNotAllowed, a, res, res)
+	}
+	return nil
+}
+
+// listsReserved reports whether the list names a, inside the Reserved
+// range res, itself: with res or a part of it, not a broader range.
+func (u Upstreams) listsReserved(a netip.Addr, res netip.Prefix) bool {
+	for _, pre := range u.prefixes {
+		if pre.Contains(a) && pre.Bits() >= res.Bits() && res.Contains(pre.Addr()) {
+			return true
+		}
+	}
+	return false
+}
+
+// Resolver looks up a host name's addresses (as
+// net.Resolver.LookupNetIP does for network "ip").
+type Resolver func(ctx context.Context, host string) ([]netip.Addr, error)
+
+// WithResolver returns u resolving the host names it allows with r, so
+// that Check refuses a name that leads back to the router (WithSelf) or to
+// a metadata address. Answers are cached (nameCacheSize names for
+// nameCacheTTL; a lookup is bounded by nameLookupTimeout). Check is called
+// when a record is accepted, never per request.
+func (u Upstreams) WithResolver(r Resolver) Upstreams {
+	if u.hosts == nil {
+		u, _ = ParseUpstreams(nil)
+	}
+	u.names = &nameCache{resolve: r, entries: map[string]nameEntry{}, now: time.Now}
+	return u
+}
+
+// Bounds of the name cache.
+const (
+	nameCacheSize     = 1024
+	nameCacheTTL      = 30 * time.Second
+	nameLookupTimeout = 2 * time.Second
+)
+
+// nameCache caches a Resolver's answers.
+type nameCache struct {
+	resolve Resolver
+	now     func() time.Time
+	mu      sync.Mutex           // guards entries
+	entries map[string]nameEntry // at most nameCacheSize
+}
+
+type nameEntry struct {
+	addrs []netip.Addr
+	err   error
+	at    time.Time
+}
+
+func (c *nameCache) lookup(name string) ([]netip.Addr, error) {
+	now := c.now()
+	c.mu.Lock()
+	e, ok := c.entries[name]
+	c.mu.Unlock()
+	if ok && now.Sub(e.at) < nameCacheTTL {
+		return e.addrs, e.err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), nameLookupTimeout)
+	defer cancel()
+	as, err := c.resolve(ctx, name)
+	for i, a := range as {
+		as[i] = a.Unmap()
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.entries) >= nameCacheSize {
+		for k, old := range c.entries {
+			if now.Sub(old.at) >= nameCacheTTL || len(c.entries) >= nameCacheSize {
+				delete(c.entries, k)
+			}
+		}
+	}
+	c.entries[name] = nameEntry{addrs: as, err: err, at: now}
+	return as, err
 }
 
 // checkAddr allows an IP inside a listed prefix, unless it is Reserved and
@@ -206,8 +330,8 @@ func reservedRange(a netip.Addr) (netip.Prefix, bool) {
 // WithSelf returns u refusing, besides, every address among self: the
 // router's own listeners (data plane, admin, ext_proc). A record pointing
 // at one would make the router send requests to itself (issue 19: 30
-// requests became 180). Host names other than localhost are not resolved,
-// so a name that leads back to the router is not caught here.
+// requests became 180). Host names other than localhost are resolved only
+// WithResolver.
 func (u Upstreams) WithSelf(self []Listener) Upstreams {
 	if u.hosts == nil {
 		u, _ = ParseUpstreams(nil)

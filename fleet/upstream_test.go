@@ -1,8 +1,11 @@
 package fleet
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"net/netip"
+	"slices"
 	"testing"
 )
 
@@ -100,10 +103,7 @@ func TestUpstreamsRefuseOwnListeners(t *testing.T) {
 		{Prefix: netip.MustParsePrefix("192.168.1.9/32"), Port: 9002}, // ... an interface
 	}
 	u := Upstreams{}.WithSelf(self)
-	tests := []struct {
-		addr string
-		ok   bool
-	}{
+	tests := []upstreamCase{
 		{"http://127.0.0.1:8080", false},
 		{"http://localhost:8080/v1", false},
 		{"http://api.localhost:8080", false},
@@ -117,13 +117,114 @@ func TestUpstreamsRefuseOwnListeners(t *testing.T) {
 		{"http://192.168.1.9:8080", true}, // the data port is bound to loopback only
 		{"http://localhost:8000", true},
 	}
-	for _, tt := range tests {
+	checkUpstreams(t, u, tests)
+}
+
+// TestUpstreamsResolveNames: with a resolver, an allowed host name is
+// refused when it leads to one of the router's own listeners or to a
+// Reserved address the list does not name (issue 19: only IP literals were
+// refused); a name that does not resolve is let through; answers are
+// cached, and the cache stays bounded.
+func TestUpstreamsResolveNames(t *testing.T) {
+	names := map[string][]netip.Addr{
+		"router.internal": {netip.MustParseAddr("10.0.0.9"), netip.MustParseAddr("127.0.0.1")},
+		"mapped.internal": {netip.MustParseAddr("::ffff:127.0.0.1")},
+		"meta.internal":   {netip.MustParseAddr("169.254.169.254")},
+		"meta6.internal":  {netip.MustParseAddr("fd00:ec2::254")},
+		"vllm.internal":   {netip.MustParseAddr("10.0.0.7")},
+	}
+	lookups := 0
+	resolve := func(_ context.Context, host string) ([]netip.Addr, error) {
+		lookups++
+		if as, ok := names[host]; ok {
+			return slices.Clone(as), nil
+		}
+		return nil, errors.New("no such host")
+	}
+	u, err := ParseUpstreams(append(slices.Clone(DefaultUpstreams), ".internal"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u = u.WithSelf([]Listener{{Prefix: netip.MustParsePrefix("127.0.0.0/8"), Port: 8080}}).WithResolver(resolve)
+	tests := []upstreamCase{
+		{"http://router.internal:8080", false}, // one of its addresses is the router's
+		{"http://mapped.internal:8080", false},
+		{"http://router.internal:8000", true}, // another port
+		{"http://meta.internal", false},
+		{"http://meta6.internal:8000", false},
+		{"http://vllm.internal:8000", true},
+		{"http://gone.internal:8000", true},  // does not resolve: let through
+		{"http://other.example:8000", false}, // not allowed, resolved or not
+	}
+	checkUpstreams(t, u, tests)
+	// Listing the metadata range itself lets its name through, as its address.
+	listed, _ := ParseUpstreams([]string{"169.254.169.254", ".internal"})
+	if err := listed.WithResolver(resolve).Check("http://meta.internal"); err != nil {
+		t.Errorf("a name of a listed metadata address: %v", err)
+	}
+	// Cached: checking again looks nothing up; the cache stays bounded.
+	before := lookups
+	if err := u.Check("http://vllm.internal:8000"); err != nil || lookups != before {
+		t.Fatalf("a second check: %v, %d lookups, want none", err, lookups-before)
+	}
+	for i := range nameCacheSize + 10 {
+		_ = u.Check(fmt.Sprintf("http://n%d.internal:8000", i))
+	}
+	if n := len(u.names.entries); n > nameCacheSize {
+		t.Fatalf("%d names cached, want at most %d", n, nameCacheSize)
+	}
+}
+
+// upstreamCase is an address and whether Check lets it through.
+type upstreamCase struct {
+	addr string
+	ok   bool
+}
+
+// checkUpstreams checks every case on u; a refusal must wrap
+// ErrUpstreamNotAllowed.
+func checkUpstreams(t *testing.T, u Upstreams, cases []upstreamCase) {
+	t.Helper()
+	for _, tt := range cases {
 		err := u.Check(tt.addr)
 		if (err == nil) != tt.ok {
 			t.Errorf("Check(%q) = %v, want ok=%v", tt.addr, err, tt.ok)
 		}
 		if err != nil && !errors.Is(err, ErrUpstreamNotAllowed) {
 			t.Errorf("Check(%q) = %v, does not wrap ErrUpstreamNotAllowed", tt.addr, err)
+		}
+	}
+}
+
+// TestUpstreamsCheckDial: the addresses a name leads to when the router
+// dials it are refused when they are its own listeners or Reserved
+// addresses the list does not name (a DNS answer may change after the
+// record was accepted); other addresses of an allowed name pass.
+func TestUpstreamsCheckDial(t *testing.T) {
+	u, err := ParseUpstreams([]string{".internal", "fe80::/10"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u = u.WithSelf([]Listener{{Prefix: netip.MustParsePrefix("127.0.0.0/8"), Port: 8080}})
+	for _, tt := range []struct {
+		addr string
+		ok   bool
+	}{
+		{"127.0.0.1:8080", false},
+		{"[::ffff:127.0.0.2]:8080", false},
+		{"127.0.0.1:8000", true},
+		{"169.254.169.254:80", false},
+		{"[fd00:ec2::254]:80", false},
+		{"[64:ff9b::a9fe:a9fe]:80", false},
+		{"[fe80::1]:8000", true}, // the list names fe80::/10 itself
+		{"203.0.113.9:8000", true},
+	} {
+		err := u.CheckDial(netip.MustParseAddrPort(tt.addr))
+		if (err == nil) != tt.ok {
+			t.Errorf("CheckDial(%s) = %v, want ok=%v", tt.addr, err, tt.ok)
+		}
+		if err != nil && !errors.Is(err, ErrUpstreamNotAllowed) {
+			t.Errorf("CheckDial(%s) = %v, does not wrap ErrUpstreamNotAllowed", tt.addr, err)
 		}
 	}
 }

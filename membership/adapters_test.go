@@ -58,12 +58,12 @@ func TestAdapterCatalogue(t *testing.T) {
 	})
 
 	// An invalid record written behind our back is ignored and counted.
-	before := counterValue(t, m.invalid.WithLabelValues("adapter"))
+	before := testsupport.Value(t, m.invalid.WithLabelValues("adapter"))
 	if _, err := cli.Put(ctx, l.AdapterKey("ep", "c"), `{"source":"x","minReplicas":5,"maxReplicas":1}`); err != nil {
 		t.Fatal(err)
 	}
 	testsupport.Eventually(t, 2*time.Second, "invalid record counted", func() bool {
-		return counterValue(t, m.invalid.WithLabelValues("adapter")) == before+1
+		return testsupport.Value(t, m.invalid.WithLabelValues("adapter")) == before+1
 	})
 	if _, ok := w.Snapshot().Endpoint("ep").Adapter("c"); ok {
 		t.Fatal("invalid adapter in the snapshot")
@@ -123,7 +123,7 @@ func TestPopularityMerged(t *testing.T) {
 		t.Fatal(err)
 	}
 	testsupport.Eventually(t, 5*time.Second, "invalid record counted", func() bool {
-		return counterValue(t, m.invalid.WithLabelValues("popularity")) == 1
+		return testsupport.Value(t, m.invalid.WithLabelValues("popularity")) == 1
 	})
 	if len(popular()) != 2 {
 		t.Fatalf("an invalid record changed the view: %+v", popular())

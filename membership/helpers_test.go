@@ -6,23 +6,11 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
-
 	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 )
 
 func TestMain(m *testing.M) { testsupport.VerifyNoLeaks(m) }
-
-func counterValue(t *testing.T, c prometheus.Counter) float64 {
-	t.Helper()
-	var m dto.Metric
-	if err := c.Write(&m); err != nil {
-		t.Fatal(err)
-	}
-	return m.GetCounter().GetValue()
-}
 
 func instanceOf(s *fleet.Snapshot, ep, id string) (fleet.Instance, bool) {
 	e := s.Endpoint(ep)

@@ -187,7 +187,7 @@ func TestExternallyRevokedLeaseIsRestored(t *testing.T) {
 	})
 	t.Logf("re-registered %v after the revoke", time.Since(revoked))
 	_ = took
-	if got := counterValue(t, m.regrants); got < 1 {
+	if got := testsupport.Value(t, m.regrants); got < 1 {
 		t.Fatalf("lease_regrants_total = %v, want >= 1", got)
 	}
 }
@@ -257,7 +257,7 @@ func TestRoutingConfig(t *testing.T) {
 
 	// Bad values written behind our back are ignored: the previous config stays.
 	for i, raw := range []string{`{not json`, `{"RoutingStrategy":"ROUND_ROBIN"}`, `{"RoutingStrategy":"PREFIX_AWARE","PrefixAwareRoutingConfig":{"ConcurrencyThreshold":99999}}`} {
-		before := counterValue(t, m.invalid.WithLabelValues("config"))
+		before := testsupport.Value(t, m.invalid.WithLabelValues("config"))
 		if _, err := cli.Put(ctx, l.ConfigKey("ep1"), raw); err != nil {
 			t.Fatal(err)
 		}
@@ -271,7 +271,7 @@ func TestRoutingConfig(t *testing.T) {
 		if got := w.Snapshot().Endpoint("ep1").Config.RoutingStrategy; got != fleet.LeastOutstanding {
 			t.Fatalf("%s: strategy = %s, want the previous LEAST_OUTSTANDING_REQUESTS", raw, got)
 		}
-		if after := counterValue(t, m.invalid.WithLabelValues("config")); after != before+1 {
+		if after := testsupport.Value(t, m.invalid.WithLabelValues("config")); after != before+1 {
 			t.Fatalf("%s: invalid config counter %v → %v", raw, before, after)
 		}
 		if _, _, err := GetConfig(ctx, cli, l, "ep1"); !errors.Is(err, fleet.ErrInvalidConfig) {
@@ -314,7 +314,7 @@ func TestInvalidInstanceRecordsSkipped(t *testing.T) {
 	if n := len(w.Snapshot().Endpoint("ep1").Instances); n != 1 {
 		t.Fatalf("instances = %d, want only the valid one", n)
 	}
-	if got := counterValue(t, m.invalid.WithLabelValues("instance")); got != float64(len(records)) {
+	if got := testsupport.Value(t, m.invalid.WithLabelValues("instance")); got != float64(len(records)) {
 		t.Fatalf("invalid instance counter = %v, want %d", got, len(records))
 	}
 	// A valid record that turns invalid leaves the fleet.
@@ -379,7 +379,7 @@ func TestCompactionRelists(t *testing.T) {
 		return !a && b && c
 	})
 	t.Logf("converged %v after reconnecting", took)
-	if got := counterValue(t, m.relists.WithLabelValues("compacted")); got < 1 {
+	if got := testsupport.Value(t, m.relists.WithLabelValues("compacted")); got < 1 {
 		t.Fatalf("relists{compacted} = %v, want >= 1", got)
 	}
 	if got := w.Snapshot().Endpoint("ep1").Config.RoutingStrategy; got != fleet.Random {
@@ -585,7 +585,7 @@ func TestReplicaRates(t *testing.T) {
 		s := w.Snapshot()
 		return s.Replicas == len(want) && s.Endpoint("ep1") != nil && fmt.Sprint(s.ReplicaRates) == fmt.Sprint(want)
 	})
-	if got := counterValue(t, m.invalid.WithLabelValues("router")); got != 3 {
+	if got := testsupport.Value(t, m.invalid.WithLabelValues("router")); got != 3 {
 		t.Fatalf("invalid router records counted %v, want 3", got)
 	}
 	before := w.Snapshot()

@@ -33,7 +33,7 @@ func TestAdminTLSAndToken(t *testing.T) {
 	rep, err := Start(context.Background(), Options{
 		Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", Static: backends(t, 1), Logger: quiet,
 		Router: router.Options{DefaultEndpoint: "chat"},
-		Admin:  AdminSecurity{Token: token, TLSCert: pki.ServerCert, TLSKey: pki.ServerKey, ClientCA: pki.CACert},
+		Admin:  AdminSecurity{Token: token, ListenerTLS: ListenerTLS{TLSCert: pki.ServerCert, TLSKey: pki.ServerKey, ClientCA: pki.CACert}},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -111,7 +111,7 @@ func TestAdminTLSBadFilesFailAtStart(t *testing.T) {
 	_, err := Start(context.Background(), Options{
 		Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", Static: backends(t, 1), Logger: quiet,
 		Router: router.Options{DefaultEndpoint: "chat"},
-		Admin:  AdminSecurity{TLSCert: "/nonexistent/cert.pem", TLSKey: "/nonexistent/key.pem"},
+		Admin:  AdminSecurity{ListenerTLS: ListenerTLS{TLSCert: "/nonexistent/cert.pem", TLSKey: "/nonexistent/key.pem"}},
 	})
 	if err == nil || !containsAll(err.Error(), "admin TLS", "/nonexistent/cert.pem") {
 		t.Fatalf("Start = %v, want an admin TLS error naming the file", err)

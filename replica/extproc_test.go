@@ -104,7 +104,7 @@ func TestExtProcPeersAuthenticated(t *testing.T) {
 	defer cancel()
 	rep, err := Start(ctx, Options{
 		Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", ExtProcListen: "127.0.0.1:0",
-		ExtProc: ExtProcSecurity{Token: "envoy-token", TLSCert: pki.ServerCert, TLSKey: pki.ServerKey},
+		ExtProc: ExtProcSecurity{Token: "envoy-token", ListenerTLS: ListenerTLS{TLSCert: pki.ServerCert, TLSKey: pki.ServerKey}},
 		Router:  router.Options{DefaultEndpoint: "chat"}, Static: backends(t, 2), Logger: quiet,
 	})
 	if err != nil {

@@ -91,7 +91,7 @@ func TestFirstByteTimeoutPerEndpointFromEtcd(t *testing.T) {
 		t.Fatal(err)
 	}
 	testsupport.Eventually(t, 10*time.Second, "invalid config counted", func() bool {
-		return counterValue(t, rep.Registry(), "prefixrouter_membership_invalid_records_total", map[string]string{"kind": "config"}) == 1
+		return testsupport.Sum(t, rep.Registry(), "prefixrouter_membership_invalid_records_total", map[string]string{"kind": "config"}) == 1
 	})
 	if d := rep.Router().Snapshot().Endpoint("chat").Resolved.FirstByteTimeout; d != 0 {
 		t.Fatalf("after an invalid config the endpoint's first-byte timeout is %v, want unset", d)

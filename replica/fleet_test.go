@@ -33,6 +33,13 @@ import (
 // under endpoint "chat", and one replica that sees them all.
 func startFleet(t *testing.T, n int) (*localfleet.Fleet, *replica.Replica, []*localfleet.Instance) {
 	t.Helper()
+	return startFleetWith(t, n, nil)
+}
+
+// startFleetWith is startFleet with tune applied to the replica's options
+// (nil: none).
+func startFleetWith(t *testing.T, n int, tune func(*replica.Options)) (*localfleet.Fleet, *replica.Replica, []*localfleet.Instance) {
+	t.Helper()
 	ctx := testsupport.Context(t, 30*time.Second)
 	f, err := localfleet.Start(ctx, localfleet.Options{Endpoint: "chat", FastEtcd: true})
 	if err != nil {
@@ -50,7 +57,7 @@ func startFleet(t *testing.T, n int) (*localfleet.Fleet, *replica.Replica, []*lo
 		}
 		ins = append(ins, in)
 	}
-	rep, err := f.AddReplica(ctx)
+	rep, err := f.AddReplicaWith(ctx, tune)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/prefixrouter/prefixrouter/fleet"
 	"github.com/prefixrouter/prefixrouter/internal/localfleet"
 	"github.com/prefixrouter/prefixrouter/internal/testsupport"
@@ -20,38 +18,6 @@ import (
 	"github.com/prefixrouter/prefixrouter/replica"
 	"github.com/prefixrouter/prefixrouter/router"
 )
-
-// counterValue sums the samples of a counter (or gauge) family whose
-// labels include every pair of match.
-func counterValue(t *testing.T, reg *prometheus.Registry, name string, match map[string]string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	total := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	metric:
-		for _, m := range mf.GetMetric() {
-			for k, v := range match {
-				found := false
-				for _, lp := range m.GetLabel() {
-					if lp.GetName() == k && lp.GetValue() == v {
-						found = true
-					}
-				}
-				if !found {
-					continue metric
-				}
-			}
-			total += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-		}
-	}
-	return total
-}
 
 // TestWeightBombIgnored reproduces issue 12's crash: a record of weight 1e9
 // (and one of 2^31, which overflows int32 offsets) beside normal instances.
@@ -87,7 +53,7 @@ func TestWeightBombIgnored(t *testing.T) {
 		}
 	}
 	testsupport.Eventually(t, 5*time.Second, "both records counted as invalid", func() bool {
-		return counterValue(t, rep.Registry(), "prefixrouter_membership_invalid_records_total", map[string]string{"kind": "instance"}) == 2
+		return testsupport.Sum(t, rep.Registry(), "prefixrouter_membership_invalid_records_total", map[string]string{"kind": "instance"}) == 2
 	})
 	for range 50 {
 		if code := invoke(); code != 200 {
@@ -188,7 +154,7 @@ func TestSSRFRecordsGetNoConnection(t *testing.T) {
 		}
 	}
 	testsupport.Eventually(t, 5*time.Second, "hostile records counted", func() bool {
-		return counterValue(t, rep.Registry(), "prefixrouter_membership_invalid_records_total", map[string]string{"kind": "upstream"}) == float64(len(hostile))
+		return testsupport.Sum(t, rep.Registry(), "prefixrouter_membership_invalid_records_total", map[string]string{"kind": "upstream"}) == float64(len(hostile))
 	})
 	hc := &http.Client{Transport: &http.Transport{}}
 	defer hc.CloseIdleConnections()
@@ -232,7 +198,7 @@ func TestInvalidEndpointKeyIgnored(t *testing.T) {
 		}
 	}
 	testsupport.Eventually(t, 5*time.Second, "bad endpoint records counted", func() bool {
-		return counterValue(t, rep.Registry(), "prefixrouter_membership_invalid_records_total", map[string]string{"kind": "endpoint"}) == 6
+		return testsupport.Sum(t, rep.Registry(), "prefixrouter_membership_invalid_records_total", map[string]string{"kind": "endpoint"}) == 6
 	})
 	hc := &http.Client{Transport: &http.Transport{}}
 	defer hc.CloseIdleConnections()

@@ -222,23 +222,15 @@ type AdminSecurity struct {
 	// OpenReads lets gRPC reads through without the token
 	// (--admin-open-reads).
 	OpenReads bool
-	// TLSCert and TLSKey are the PEM certificate and key the admin port
-	// serves TLS with (--admin-tls-cert, --admin-tls-key): HTTP/1.1 and
-	// HTTP/2 by ALPN. Both or neither; empty means plaintext (h2c).
-	TLSCert, TLSKey string
-	// ClientCA, with TLS, is a PEM bundle of the CAs client certificates
-	// must chain to (--admin-client-ca): mTLS, a client without such a
-	// certificate is refused in the handshake.
-	ClientCA string
+	// ListenerTLS is the port's TLS (--admin-tls-cert, --admin-tls-key,
+	// --admin-client-ca), served to HTTP/1.1 and HTTP/2 by ALPN; without
+	// it the port is plaintext (h2c). With ClientCA, a client without such
+	// a certificate is refused in the handshake.
+	ListenerTLS
 }
 
 func (a AdminSecurity) validate(bad func(format string, args ...any)) {
-	if (a.TLSCert == "") != (a.TLSKey == "") {
-		bad("Admin.TLSCert (--admin-tls-cert) and Admin.TLSKey (--admin-tls-key) must be given together")
-	}
-	if a.ClientCA != "" && a.TLSCert == "" {
-		bad("Admin.ClientCA (--admin-client-ca) needs --admin-tls-cert and --admin-tls-key")
-	}
+	a.ListenerTLS.validate(bad, "Admin", "admin")
 	if a.OpenReads && a.Token == "" {
 		bad("Admin.OpenReads (--admin-open-reads) only means something with --admin-token")
 	}
@@ -246,13 +238,37 @@ func (a AdminSecurity) validate(bad func(format string, args ...any)) {
 
 // tlsConfig loads the admin port's TLS configuration, nil without TLS.
 func (a AdminSecurity) tlsConfig() (*tls.Config, error) {
-	return serverTLS("admin", a.TLSCert, a.TLSKey, a.ClientCA, "h2", "http/1.1")
+	return a.config("admin", "h2", "http/1.1")
 }
 
-// serverTLS loads a listener's TLS configuration from PEM files, nil
-// without a certificate; with clientCA, client certificates from it are
-// required and verified (mTLS).
-func serverTLS(what, cert, key, clientCA string, protos ...string) (*tls.Config, error) {
+// ListenerTLS is the TLS a listener serves, the same for the admin and the
+// ext_proc listener: the zero value is plaintext.
+type ListenerTLS struct {
+	// TLSCert and TLSKey are the PEM certificate and key the listener
+	// serves TLS with. Both or neither.
+	TLSCert, TLSKey string
+	// ClientCA, with TLS, is a PEM bundle of the CAs client certificates
+	// must chain to: mTLS.
+	ClientCA string
+}
+
+// validate reports a key without its certificate (or the reverse) and a
+// client CA without TLS; field and flag name the listener as the options
+// tree (Admin) and its flags (--admin-...) do.
+func (l ListenerTLS) validate(bad func(format string, args ...any), field, flag string) {
+	if (l.TLSCert == "") != (l.TLSKey == "") {
+		bad("%s.TLSCert (--%s-tls-cert) and %s.TLSKey (--%s-tls-key) must be given together", field, flag, field, flag)
+	}
+	if l.ClientCA != "" && l.TLSCert == "" {
+		bad("%s.ClientCA (--%s-client-ca) needs --%s-tls-cert and --%s-tls-key", field, flag, flag, flag)
+	}
+}
+
+// config loads the listener's TLS configuration from its PEM files, nil
+// without a certificate; with ClientCA, client certificates from it are
+// required and verified (mTLS). what names the listener in errors.
+func (l ListenerTLS) config(what string, protos ...string) (*tls.Config, error) {
+	cert, key, clientCA := l.TLSCert, l.TLSKey, l.ClientCA
 	if cert == "" {
 		return nil, nil
 	}
@@ -287,20 +303,11 @@ type ExtProcSecurity struct {
 	// Bearer <token>" (--ext-proc-token; prefer
 	// $PREFIXROUTER_EXT_PROC_TOKEN to a flag). Empty means none.
 	Token string
-	// TLSCert and TLSKey are the PEM certificate and key the listener
-	// serves TLS with (--ext-proc-tls-cert, --ext-proc-tls-key); both or
-	// neither.
-	TLSCert, TLSKey string
-	// ClientCA, with TLS, requires client certificates that chain to it
-	// (--ext-proc-client-ca): mTLS.
-	ClientCA string
+	// ListenerTLS is the listener's TLS (--ext-proc-tls-cert,
+	// --ext-proc-tls-key); with ClientCA (--ext-proc-client-ca), mTLS.
+	ListenerTLS
 }
 
 func (e ExtProcSecurity) validate(bad func(format string, args ...any)) {
-	if (e.TLSCert == "") != (e.TLSKey == "") {
-		bad("ExtProc.TLSCert (--ext-proc-tls-cert) and ExtProc.TLSKey (--ext-proc-tls-key) must be given together")
-	}
-	if e.ClientCA != "" && e.TLSCert == "" {
-		bad("ExtProc.ClientCA (--ext-proc-client-ca) needs --ext-proc-tls-cert and --ext-proc-tls-key")
-	}
+	e.ListenerTLS.validate(bad, "ExtProc", "ext-proc")
 }

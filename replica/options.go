@@ -84,6 +84,12 @@ type Options struct {
 	// counted; static instances outside are refused at start. Empty means
 	// fleet.DefaultUpstreams: loopback and private ranges, not link-local.
 	AllowedUpstreams []string
+	// Resolver looks up the host names of instance addresses when a record
+	// (or a static instance) is accepted: a name that leads to one of the
+	// replica's own listeners, or to a link-local or metadata address, is
+	// refused like the address itself (issue 19). Nil means the system's
+	// resolver.
+	Resolver fleet.Resolver
 	// Routing is the routing config of a static fleet and, with etcd, of
 	// every endpoint whose config key is not set (--strategy,
 	// --prefix-length, --concurrency-threshold). Zero fields mean

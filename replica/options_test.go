@@ -203,6 +203,9 @@ var validateCases = []validateCase{
 	{"Router.BodyBufferBytes", validStatic, func(o *Options) { o.Router.BodyBufferBytes = router.DefaultMaxBodyBytes }, "--body-buffer-bytes"},
 	{"Router.BodyBufferBytes", validStatic, func(o *Options) { o.Router.MaxBodyBytes, o.Router.BodyBufferBytes = 1<<20, 2<<20 }, ""},
 	{"Router.BodyBufferBytes", validStatic, func(o *Options) { o.Router.BodyBufferBytes = 0 }, ""},
+	{"Router.BodyBufferWait", validStatic, func(o *Options) { o.Router.BodyBufferWait = time.Second }, ""},
+	{"Router.BodyBufferWait", validStatic, func(o *Options) { o.Router.BodyBufferWait = -1 }, "--body-buffer-wait"},
+	{"Router.BodyBufferWait", validStatic, func(o *Options) { o.Router.BodyBufferWait = 0 }, ""},
 	{"Router.UpstreamIdleTimeout", validStatic, func(o *Options) { o.Router.UpstreamIdleTimeout = time.Minute }, ""},
 	{"Router.UpstreamIdleTimeout", validStatic, func(o *Options) { o.Router.UpstreamIdleTimeout = -1 }, "--upstream-idle-timeout"},
 	{"Router.UpstreamIdleTimeout", validStatic, func(o *Options) { o.Router.UpstreamIdleTimeout = 0 }, ""},
@@ -340,6 +343,10 @@ func settings(t reflect.Type, prefix string) []string {
 	for i := range t.NumField() {
 		f := t.Field(i)
 		path := prefix + f.Name
+		if f.Anonymous { // an embedded struct's fields are promoted: Admin.TLSCert
+			out = append(out, settings(f.Type, prefix)...)
+			continue
+		}
 		if f.Type == reflect.TypeFor[*fleet.PrefixAwareConfig]() {
 			out = append(out, settings(f.Type.Elem(), path+".")...)
 			continue

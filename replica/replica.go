@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"runtime/debug"
 	"strings"
@@ -32,6 +33,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/membership"
 	"github.com/prefixrouter/prefixrouter/router"
 	"github.com/prefixrouter/prefixrouter/tracing"
+	"github.com/prefixrouter/prefixrouter/upstream"
 )
 
 // Version is reported in the replica's etcd record.
@@ -62,6 +64,10 @@ type Replica struct {
 	// stale writes the router's stale-adapter reports to etcd; nil for a
 	// static fleet and until the watcher starts.
 	stale atomic.Pointer[staleMarker]
+	// allowed is where records may point, set once the listeners are
+	// open (startFleet); the router's connections are checked against it
+	// as they are dialled (dialCheck).
+	allowed atomic.Pointer[fleet.Upstreams]
 	// static probes a static fleet's instances; nil with etcd.
 	static *staticProber
 	// popular publishes the router's popular prefixes (issue 21).
@@ -256,6 +262,9 @@ func (r *Replica) startRouter(context.Context) error {
 		r.keys = k
 		opts.SessionKeys = k.key
 	}
+	if opts.DialCheck == nil {
+		opts.DialCheck = r.dialCheck
+	}
 	var err error
 	if r.router, err = router.New(*opts); err != nil {
 		return err
@@ -286,6 +295,18 @@ func (r *Replica) listen(context.Context) error {
 	return nil
 }
 
+// dialCheck judges the address of a connection to an instance as it is
+// dialled: a record's host name may lead, after its record was accepted,
+// to one of the replica's own listeners or to a metadata address (issue
+// 19); the connection is then refused, and the request fails over as on
+// a dial error. Before the listeners are open nothing is refused.
+func (r *Replica) dialCheck(ap netip.AddrPort) error {
+	if u := r.allowed.Load(); u != nil {
+		return u.CheckDial(ap)
+	}
+	return nil
+}
+
 // startFleet gives the router its fleet: the static one at once, or etcd's
 // through a watcher, waiting for its first snapshot. Instances at one of the
 // replica's own listeners are refused (issue 19): a static one fails start,
@@ -298,7 +319,14 @@ func (r *Replica) startFleet(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	allowed = allowed.WithSelf(self)
+	resolve := opts.Resolver
+	if resolve == nil {
+		resolve = func(ctx context.Context, host string) ([]netip.Addr, error) {
+			return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+		}
+	}
+	allowed = allowed.WithSelf(self).WithResolver(resolve)
+	r.allowed.Store(&allowed)
 	if !opts.usesEtcd() {
 		for i, in := range opts.Static {
 			if err := allowed.Check(in.Addr); err != nil {
@@ -312,6 +340,7 @@ func (r *Replica) startFleet(ctx context.Context) error {
 			// Its own connections, none kept between rounds 30 s apart.
 			own := http.DefaultTransport.(*http.Transport).Clone()
 			own.DisableKeepAlives = true
+			own.DialContext = (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second, Control: upstream.CheckAddr(r.dialCheck)}).DialContext
 			tr = own
 		}
 		if r.static, err = startStaticProber(ep, tr, opts.Clock, r.log, r.router.Update); err != nil {
@@ -502,7 +531,7 @@ func (r *Replica) startExtProc(context.Context) error {
 		return nil
 	}
 	sec := r.opts.ExtProc
-	tc, err := serverTLS("ext_proc", sec.TLSCert, sec.TLSKey, sec.ClientCA, "h2")
+	tc, err := sec.config("ext_proc", "h2")
 	if err != nil {
 		return err
 	}

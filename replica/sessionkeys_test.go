@@ -97,8 +97,8 @@ func TestSessionKeyFromEtcd(t *testing.T) {
 		t.Fatal(err)
 	}
 	testsupport.Eventually(t, 10*time.Second, "the invalid key counted", func() bool {
-		return counterValue(t, a.Registry(), "prefixrouter_membership_invalid_records_total", map[string]string{"kind": "session-key"}) >= 1 &&
-			counterValue(t, b.Registry(), "prefixrouter_membership_invalid_records_total", map[string]string{"kind": "session-key"}) >= 1
+		return testsupport.Sum(t, a.Registry(), "prefixrouter_membership_invalid_records_total", map[string]string{"kind": "session-key"}) >= 1 &&
+			testsupport.Sum(t, b.Registry(), "prefixrouter_membership_invalid_records_total", map[string]string{"kind": "session-key"}) >= 1
 	})
 	for _, rep := range []string{a.URL(), b.URL()} {
 		if code, _ := invoke(rep, id); code != http.StatusBadRequest {

@@ -117,12 +117,12 @@ func TestStaticFleetEngines(t *testing.T) {
 	reg := rep.Registry()
 	labels := map[string]string{"model": "tiny", "instance": "llama"}
 	testsupport.Eventually(t, 10*time.Second, "tokens counted under the listed model", func() bool {
-		return counterValue(t, reg, "prefixrouter_prompt_tokens_total", labels) == 657
+		return testsupport.Sum(t, reg, "prefixrouter_prompt_tokens_total", labels) == 657
 	})
-	if got := counterValue(t, reg, "prefixrouter_cached_prompt_tokens_total", labels); got != 656 {
+	if got := testsupport.Sum(t, reg, "prefixrouter_cached_prompt_tokens_total", labels); got != 656 {
 		t.Fatalf("cached prompt tokens %v, want 656", got)
 	}
-	if got := counterValue(t, reg, "prefixrouter_prompt_tokens_total", map[string]string{"model": "unlisted"}); got != 0 {
+	if got := testsupport.Sum(t, reg, "prefixrouter_prompt_tokens_total", map[string]string{"model": "unlisted"}); got != 0 {
 		t.Fatalf("%v tokens labelled unlisted", got)
 	}
 
@@ -131,6 +131,6 @@ func TestStaticFleetEngines(t *testing.T) {
 		t.Fatalf("adapter request reached llama-server as %s", last())
 	}
 	testsupport.Eventually(t, 10*time.Second, "the adapter's tokens counted under its name", func() bool {
-		return counterValue(t, reg, "prefixrouter_cached_prompt_tokens_total", map[string]string{"model": "chat-lora"}) == 656
+		return testsupport.Sum(t, reg, "prefixrouter_cached_prompt_tokens_total", map[string]string{"model": "chat-lora"}) == 656
 	})
 }

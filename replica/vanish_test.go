@@ -99,7 +99,7 @@ func send(t *testing.T, rep *replica.Replica, n int, tag string) (failed int, by
 }
 
 func heldGauge(t *testing.T, rep *replica.Replica) float64 {
-	return counterValue(t, rep.Registry(), "prefixrouter_membership_vanish_guard_held_instances", map[string]string{"endpoint": "chat"})
+	return testsupport.Sum(t, rep.Registry(), "prefixrouter_membership_vanish_guard_held_instances", map[string]string{"endpoint": "chat"})
 }
 
 // TestVanishGuardAgentsLoseEtcd is the case the guard exists for: every

@@ -1,7 +1,6 @@
 package router
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -140,11 +139,7 @@ func (r *Router) readOpenAIHead(w http.ResponseWriter, req *http.Request, limit 
 			// in the MaxBytesReader first).
 			return fail(&routeError{http.StatusBadRequest, codeBadBody, "reading the request body: longer than declared"})
 		}
-		need := int(limit) + 1
-		if req.ContentLength >= 0 {
-			need = int(req.ContentLength) + 1
-		}
-		h, err := r.arena.acquire(req.Context(), need)
+		h, err := r.arena.acquire(req.Context(), heldNeed(req.ContentLength, limit))
 		if err != nil {
 			return fail(r.arena.fullError(err))
 		}
@@ -187,14 +182,69 @@ func (r *Router) putHead(ctx context.Context, b []byte) {
 }
 
 // readRest reads the rest of a streamed body after head: for the callers
-// that need the whole body after all (a hot key's spread hash).
-func readRest(head []byte, rest io.Reader, limit int64) ([]byte, *routeError) {
-	buf := bytes.NewBuffer(head)
-	if _, err := buf.ReadFrom(rest); err != nil {
-		return nil, bodyError(err, limit)
+// that need the whole body after all (a hot key's spread hash reads its
+// end). The whole body is held in a buffer lent by the body arena, as a
+// body whose key comes late is (issue 19: it was grown outside any bound):
+// head's own when head is one, else one sized by the declared length,
+// waiting for room as readOpenAIHead does. It returns the body and the
+// empty rest whose first read gives the buffer back once the instance has
+// been sent the body.
+func (r *Router) readRest(req *http.Request, head []byte, rest io.Reader, limit int64) ([]byte, io.Reader, *routeError) {
+	// On an error head stays the caller's (it gives it back with the
+	// request); on success it is given back here, or it is the start of
+	// the arena's buffer returned.
+	var h *heldBuf
+	var buf []byte
+	hr, inArena := rest.(*heldRest)
+	if inArena {
+		// head starts the arena's buffer, which was sized for the whole
+		// body.
+		h, rest, buf = hr.h, hr.r, head
+	} else {
+		held, err := r.arena.acquire(req.Context(), heldNeed(req.ContentLength, limit))
+		if err != nil {
+			return nil, nil, r.arena.fullError(err)
+		}
+		h = held
+		buf = append(h.buf, head...)
 	}
-	return buf.Bytes(), nil
+	fail := func(e *routeError) ([]byte, io.Reader, *routeError) {
+		if !inArena {
+			r.arena.recycle(h) // head's own buffer, if it is one, goes back with the request
+		}
+		return nil, nil, e
+	}
+	for rest != nil {
+		if len(buf) == cap(buf) {
+			return fail(&routeError{http.StatusBadRequest, codeBadBody, "reading the request body: longer than declared"})
+		}
+		n, err := rest.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return fail(bodyError(err, limit))
+		}
+	}
+	if !inArena {
+		putHead(head)
+	}
+	return buf, &heldRest{a: r.arena, h: h}, nil
 }
+
+// heldNeed is the arena buffer a body declared at declared bytes (-1: not
+// declared) needs: all of it, room for its EOF read and for a tenant's
+// cache salt (a salted body streams through tailSalter, which adds it).
+func heldNeed(declared, limit int64) int {
+	if declared < 0 {
+		declared = limit
+	}
+	return int(declared) + 1 + saltRoom
+}
+
+// saltRoom is what a tenant's cache salt adds to a body at most.
+const saltRoom = len(`,"cache_salt":""}`) + saltLen
 
 // bodyError is the client-facing rejection of a body that could not be read:
 // 413 past the limit, 400 otherwise.

@@ -393,42 +393,24 @@ func TestStreamedBodyHeapPerRequest(t *testing.T) {
 		t.Skip("150 connections")
 	}
 	const senders, sent = 150, 128 << 10
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	reached := make(chan struct{}, senders)
 	release := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			c, err := l.Accept()
+	defer close(release) // before the listener's cleanup waits for the connections
+	instance := testsupport.ServeEachConn(t, func(c net.Conn) {
+		buf := make([]byte, 512)
+		total := 0
+		for total < sent {
+			n, err := c.Read(buf)
 			if err != nil {
 				return
 			}
-			wg.Go(func() {
-				defer c.Close()
-				buf := make([]byte, 512)
-				total := 0
-				for total < sent {
-					n, err := c.Read(buf)
-					if err != nil {
-						return
-					}
-					total += n
-				}
-				reached <- struct{}{}
-				<-release
-			})
+			total += n
 		}
+		reached <- struct{}{}
+		<-release
 	})
-	defer func() {
-		close(release)
-		l.Close()
-		wg.Wait()
-	}()
 	h := newHarness(t, hopts{cfg: fleet.RoutingConfig{RoutingStrategy: fleet.LeastOutstanding}}, newBackend(t, "unused"))
-	h.ep.Instances = []fleet.Instance{{ID: "i-count", Addr: "http://" + l.Addr().String()}}
+	h.ep.Instances = []fleet.Instance{{ID: "i-count", Addr: "http://" + instance}}
 	h.update()
 	addr := h.srv.Listener.Addr().String()
 	defer func() {

@@ -35,6 +35,10 @@ type PickRequest struct {
 	Header http.Header
 	// Body is the body received so far.
 	Body []byte
+	// Held, when set, holds the body received so far instead of Body
+	// (Router.HoldBody): an OpenAI key is then decided on its head, as
+	// on the HTTP data plane.
+	Held *HeldBody
 	// Complete is true when Body is the whole body.
 	Complete bool
 	// Subset, if non-nil, restricts the pick to instances whose address
@@ -68,9 +72,12 @@ type Picked struct {
 	// the request on, as the HTTP data plane does: a stateful session's
 	// id becomes the container's own (X-Amzn-SageMaker-Session-Id).
 	SetHeaders http.Header
-	// Body, when not nil, replaces the request body held so far (which
-	// was all of it): a tenant's body with the endpoint's cache salt.
+	// Body, when not nil, replaces the request body held so far: a
+	// tenant's body with the endpoint's cache salt, or when the body goes
+	// on, its start, and then the chunks that follow go through Rest. It
+	// may share the buffers of PickRequest.Held: valid until its Release.
 	Body []byte
+	tail *tailSalter // salts the end of a body that goes on; nil otherwise
 
 	r       *Router
 	kind    apiKind
@@ -127,8 +134,9 @@ func (e *Rejection) Unwrap() error { return e.err }
 // components, the bounded wait for a catalogued adapter, the tenant salt)
 // and admits an instance, once the body holds enough of the prompt for the
 // key: the first PrefixLength bytes on invoke paths; on OpenAI paths the
-// whole body, since model and prompt_cache_key may follow the messages.
-// Before that it returns ErrNeedBody. Otherwise the error is a *Rejection.
+// whole body (model and prompt_cache_key may follow the messages), or with
+// req.Held a head that holds them, as on the HTTP data plane. Before that
+// it returns ErrNeedBody. Otherwise the error is a *Rejection.
 // The caller must call Done on the result when the response ends.
 func (r *Router) Pick(req PickRequest) (*Picked, error) {
 	kind := kindForPath(req.Path)
@@ -140,9 +148,13 @@ func (r *Router) Pick(req PickRequest) (*Picked, error) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
+	src := heldBody{body: req.Body, complete: req.Complete, limit: r.opts.MaxBodyBytes}
+	if req.Held != nil {
+		src.body, src.held = req.Held.Bytes(), req.Held
+	}
 	rt, err := r.route(routeInput{
 		ctx: ctx, kind: kind, endpoint: cmp.Or(req.Endpoint, r.endpointOf(req.Path)), header: header,
-		src:    heldBody{body: req.Body, complete: req.Complete, limit: r.opts.MaxBodyBytes},
+		src:    src,
 		subset: req.Subset,
 	})
 	if err != nil {
@@ -164,7 +176,26 @@ func (r *Router) Pick(req PickRequest) (*Picked, error) {
 		out.Candidates = fallbacks(rt, rt.skip, max(req.MaxCandidates, 1))
 	}
 	if rt.salted {
-		out.Body = rt.body
+		out.Body, out.tail = rt.body, rt.tail
+	}
+	return out, nil
+}
+
+// Rest returns what the proxy sends for a chunk of the request body that
+// arrives after the pick (end: the body's last): the chunk itself, or for
+// a salted body that goes on, the chunk with the salt put in at the
+// body's end. An error ends the request (a salted body with more than 4
+// KiB of whitespace after a closing brace).
+func (p *Picked) Rest(chunk []byte, end bool) ([]byte, error) {
+	if p.tail == nil {
+		return chunk, nil
+	}
+	out, err := p.tail.next(nil, chunk)
+	if err != nil {
+		return nil, err
+	}
+	if end {
+		out = p.tail.end(out)
 	}
 	return out, nil
 }

@@ -1,8 +1,6 @@
 package router
 
 import (
-	"bytes"
-	"fmt"
 	"io"
 	"net/http"
 	"runtime/debug"
@@ -127,28 +125,6 @@ func parseRoute(kind apiKind, h http.Header, body []byte, prefixLen int, head bo
 	rr.tenant, rr.model, rr.digests, rr.stream = o.tenant, o.model, o.digests, o.stream
 	rr.key = routingKey(rr.tenant, rr.model, o.prefix)
 	return rr, nil
-}
-
-// initialBodyBuffer caps the buffer readBody allocates before any byte of
-// the body has arrived.
-const initialBodyBuffer = 64 << 10
-
-// readBody reads the whole body, up to limit bytes.
-func readBody(w http.ResponseWriter, req *http.Request, limit int64) ([]byte, *routeError) {
-	if req.ContentLength > limit {
-		return nil, &routeError{http.StatusRequestEntityTooLarge, codeTooLarge, fmt.Sprintf("request body of %d bytes exceeds the limit of %d bytes", req.ContentLength, limit)}
-	}
-	var buf bytes.Buffer
-	// Never allocate what a client only declares: 200 sockets announcing
-	// 6 MiB and sending nothing held 1.2 GiB (issue 12). Start small and
-	// grow with the bytes that actually arrive.
-	if req.ContentLength > 0 {
-		buf.Grow(int(min(req.ContentLength, initialBodyBuffer)) + bytes.MinRead)
-	}
-	if _, err := buf.ReadFrom(http.MaxBytesReader(w, req.Body, limit)); err != nil {
-		return nil, bodyError(err, limit)
-	}
-	return buf.Bytes(), nil
 }
 
 // reject answers a router-made error and counts it.

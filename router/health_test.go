@@ -102,24 +102,11 @@ func healthyGauge(t *testing.T, h *healthHarness, id string) float64 {
 // gaugeValue is the value of the gauge name whose label is value.
 func gaugeValue(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
 	t.Helper()
-	fams, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
+	ms := testsupport.Series(t, reg, name, map[string]string{label: value})
+	if len(ms) == 0 {
+		t.Fatalf("%s{%s=%q} missing", name, label, value)
 	}
-	for _, f := range fams {
-		if f.GetName() != name {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == label && l.GetValue() == value {
-					return m.GetGauge().GetValue()
-				}
-			}
-		}
-	}
-	t.Fatalf("%s{%s=%q} missing", name, label, value)
-	return 0
+	return ms[0].GetGauge().GetValue()
 }
 
 // TestHealthCheckSkipsUnhealthy marks one instance down through its /health

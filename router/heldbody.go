@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/bits"
 	"net/http"
 	"sync"
@@ -26,7 +27,8 @@ import (
 // the body's declared length. The buffer goes back to the arena as soon as
 // the instance has been sent the bytes it holds (the body is then no longer
 // replayable), not at the end of the answer. When the budget is taken, a
-// body waits for room in arrival order for at most bodyBufferWait, then is
+// body waits for room in arrival order for at most Options.BodyBufferWait
+// (10 s by default), then is
 // refused with 503 (ServiceUnavailable, Retry-After): memory stays bounded
 // and the client may retry.
 
@@ -34,8 +36,9 @@ import (
 // is zero (unless MaxBodyBytes needs more).
 const DefaultBodyBufferBytes = 32 << 20
 
-// bodyBufferWait bounds a body's wait for room in the arena.
-const bodyBufferWait = 10 * time.Second
+// DefaultBodyBufferWait bounds a body's wait for room in the arena when
+// Options.BodyBufferWait is zero.
+const DefaultBodyBufferWait = 10 * time.Second
 
 // minHeldClass is the smallest arena buffer: twice the largest head class.
 const minHeldClass = 128 << 10
@@ -48,8 +51,9 @@ var errArenaFull = errors.New("router: no room in the body buffer")
 
 // bodyArena lends the buffers of bodies held before the pick.
 type bodyArena struct {
-	limit int64 // bytes of buffers made and kept (in use or idle)
-	top   int   // the largest buffer: MaxBodyBytes + 1
+	limit int64         // bytes of buffers made and kept (in use or idle)
+	top   int           // the largest buffer: heldNeed(MaxBodyBytes)
+	wait  time.Duration // a body's wait for room
 	// after starts the wait's timer (time.After; tests shorten it).
 	after func(time.Duration) <-chan time.Time
 
@@ -76,8 +80,8 @@ type heldBuf struct {
 	done bool            // given back (recycled) or dropped
 }
 
-func newBodyArena(limit int64, top int) *bodyArena {
-	return &bodyArena{limit: limit, top: top, after: time.After, free: map[int][][]byte{}, lent: map[*byte]*heldBuf{}}
+func newBodyArena(limit int64, top int, wait time.Duration) *bodyArena {
+	return &bodyArena{limit: limit, top: top, wait: wait, after: time.After, free: map[int][][]byte{}, lent: map[*byte]*heldBuf{}}
 }
 
 // class is the capacity of the buffer for a body of n bytes: a power of
@@ -90,7 +94,7 @@ func (a *bodyArena) class(n int) int {
 }
 
 // acquire lends a buffer of at least n bytes (n <= top), waiting for room
-// until ctx ends or bodyBufferWait passes. When ctx ends (the request is
+// until ctx ends or the arena's wait passes. When ctx ends (the request is
 // over, or its client gone) a buffer not given back by then is dropped:
 // its budget returns, and the collector takes it once nothing refers to it.
 func (a *bodyArena) acquire(ctx context.Context, n int) (*heldBuf, error) {
@@ -108,7 +112,7 @@ func (a *bodyArena) acquire(ctx context.Context, n int) (*heldBuf, error) {
 	select {
 	case <-w.ready:
 		return a.lend(ctx, w.buf), nil
-	case <-a.after(bodyBufferWait):
+	case <-a.after(a.wait):
 		err = errArenaFull
 	case <-ctx.Done():
 		err = ctx.Err()
@@ -224,7 +228,92 @@ func (a *bodyArena) lookup(ctx context.Context, b []byte) *heldBuf {
 // fullError is the rejection of a body that found no room.
 func (a *bodyArena) fullError(err error) *routeError {
 	if errors.Is(err, errArenaFull) {
-		return &routeError{http.StatusServiceUnavailable, codeBodyBuffer, fmt.Sprintf("the router holds as many request bodies as its body buffer takes (%d bytes) and none freed room within %v: a body whose model or prompt_cache_key comes after its first 64 KiB is read whole before routing; retry, or put model and prompt_cache_key first", a.limit, bodyBufferWait)}
+		return &routeError{http.StatusServiceUnavailable, codeBodyBuffer, fmt.Sprintf("the router holds as many request bodies as its body buffer takes (%d bytes) and none freed room within %v: a body whose model or prompt_cache_key comes after its first 64 KiB is read whole before routing, and so is a hot key's; retry, or put model and prompt_cache_key first", a.limit, a.wait)}
 	}
 	return &routeError{statusClientClosed, codeBadBody, "the client went away while its body waited for room"}
+}
+
+// HeldBody is a request body a front end holds while it arrives, until the
+// pick: the ext_proc picker's (issue 19: it held every OpenAI body whole,
+// in a buffer grown by doubling outside any bound). It is held as the HTTP
+// data plane holds a body it reads: in pooled head buffers up to 64 KiB,
+// then in a buffer the body arena lends (waiting for room up to 10 s, then
+// 503 body_buffer_full). Pick, given it in PickRequest.Held, decides an
+// OpenAI key on the head as the HTTP data plane does, from 16 KiB and at
+// each doubling; the front end then sends what it holds and Releases it.
+// A HeldBody belongs to the goroutine serving its request.
+type HeldBody struct {
+	r        *Router
+	ctx      context.Context
+	kind     apiKind
+	declared int64
+	buf      []byte
+	h        *heldBuf // the arena's buffer buf is in; nil while in a head buffer
+	// try is the length from which Pick tries an OpenAI key on the head.
+	try int
+}
+
+// HoldBody starts holding the body of a request to path (its API, as in
+// PickRequest.Path) with context ctx and declared length declared (-1 when
+// not declared: chunked). A body declared under 32 KiB is decided on
+// whole, as on the HTTP data plane.
+func (r *Router) HoldBody(ctx context.Context, path string, declared int64) *HeldBody {
+	b := &HeldBody{r: r, ctx: ctx, kind: kindForPath(path), declared: declared, try: openAIHeadStart + 1}
+	if declared >= 0 && declared < wholeBody {
+		b.try = math.MaxInt
+	}
+	return b
+}
+
+// Append holds p after what the body held. Beyond MaxBodyBytes it keeps
+// one byte more and drops the rest: Pick then answers 413. When the arena
+// has no room within 10 s (or ctx ends first) it returns a *Rejection.
+func (b *HeldBody) Append(p []byte) error {
+	limit := int(b.r.opts.MaxBodyBytes) + 1
+	p = p[:min(len(p), max(0, limit-len(b.buf)))]
+	for len(b.buf)+len(p) > cap(b.buf) {
+		if b.h != nil {
+			// The arena's buffer holds the declared length and more.
+			return b.r.rejectPick(b.kind, "unknown", "", &routeError{http.StatusBadRequest, codeBadBody, "reading the request body: longer than declared"})
+		}
+		if top := headClasses[len(headClasses)-1]; len(b.buf)+len(p) <= top {
+			// Grow by doubling within the head classes.
+			next := append(getHead(min(max(len(b.buf)+len(p), 2*cap(b.buf)), top)), b.buf...)
+			putHead(b.buf)
+			b.buf = next
+			continue
+		}
+		h, err := b.r.arena.acquire(b.ctx, heldNeed(b.declared, b.r.opts.MaxBodyBytes))
+		if err != nil {
+			return b.r.rejectPick(b.kind, "unknown", "", b.r.arena.fullError(err))
+		}
+		b.h = h
+		next := append(h.buf, b.buf...)
+		putHead(b.buf)
+		b.buf = next
+	}
+	b.buf = append(b.buf, p...)
+	return nil
+}
+
+// Bytes is the body held so far. It is valid until Release.
+func (b *HeldBody) Bytes() []byte { return b.buf }
+
+// Release gives the body's buffer back: nothing reads Bytes (or a Picked's
+// Body made from it) any more. Calls after the first do nothing.
+func (b *HeldBody) Release() {
+	if b.h != nil {
+		b.r.arena.recycle(b.h)
+	} else {
+		putHead(b.buf)
+	}
+	b.buf, b.h = nil, nil
+}
+
+// BodiesHeld is how many request bodies hold a buffer of the body arena
+// now.
+func (r *Router) BodiesHeld() int {
+	r.arena.mu.Lock()
+	defer r.arena.mu.Unlock()
+	return len(r.arena.lent)
 }

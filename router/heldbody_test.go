@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -20,7 +21,7 @@ import (
 // once given back; a dropped buffer returns its budget without reuse; a wait
 // that runs out is errArenaFull.
 func TestBodyArena(t *testing.T) {
-	a := newBodyArena(1<<20, 600<<10)
+	a := newBodyArena(1<<20, 600<<10, DefaultBodyBufferWait)
 	ctx := context.Background()
 	if c := a.class(1); c != minHeldClass {
 		t.Fatalf("class(1) = %d", c)
@@ -148,7 +149,7 @@ func TestHeldBodiesRouteAndReturn(t *testing.T) {
 		return b
 	}
 	base, lora := backend("base-0"), backend("lora-0")
-	r, err := New(Options{DefaultEndpoint: "ep", Logger: slog.New(slog.DiscardHandler), MaxBodyBytes: 1 << 20, BodyBufferBytes: 2<<20 + 2})
+	r, err := New(Options{DefaultEndpoint: "ep", Logger: slog.New(slog.DiscardHandler), MaxBodyBytes: 1 << 20, BodyBufferBytes: 2 * int64(heldNeed(1<<20, 1<<20))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,15 +185,15 @@ func TestHeldBodiesRouteAndReturn(t *testing.T) {
 	r.arena.mu.Lock()
 	lent, size := len(r.arena.lent), r.arena.size
 	r.arena.mu.Unlock()
-	if lent != 0 || size > 2<<20+2 {
+	if lent != 0 || size > 2*int64(heldNeed(1<<20, 1<<20)) {
 		t.Fatalf("after the bodies: %d buffers lent, %d bytes held; want 0 and at most the budget", lent, size)
 	}
 	if code, msg := post(modelLast(200<<10, "lora-x")[:200<<10+30] + `,"model":"lora-x"}`); code != 400 {
 		t.Fatalf("malformed held body: %d %s", code, msg)
 	}
 	// Hold the whole budget, and let the wait run out at once.
-	h1, _ := r.arena.acquire(context.Background(), 1<<20+1)
-	h2, _ := r.arena.acquire(context.Background(), 1<<20+1)
+	h1, _ := r.arena.acquire(context.Background(), heldNeed(1<<20, 1<<20))
+	h2, _ := r.arena.acquire(context.Background(), heldNeed(1<<20, 1<<20))
 	fired := make(chan time.Time)
 	close(fired)
 	r.arena.after = func(time.Duration) <-chan time.Time { return fired }
@@ -204,5 +205,84 @@ func TestHeldBodiesRouteAndReturn(t *testing.T) {
 	r.arena.recycle(h2)
 	if code, from := post(modelLast(200<<10, "base")); code != 200 {
 		t.Fatalf("after room came back: %d %s", code, from)
+	}
+}
+
+// TestHeldBodyBounded: the ext_proc picker's held bodies (issue 19: each
+// OpenAI body was held whole, outside any bound, until its end) are held
+// as the HTTP data plane holds them. A body whose model comes first is
+// picked on its head, before its end; one whose model is last is held past
+// 64 KiB in a buffer lent by the arena, within its budget; with the budget
+// taken and no room coming, a third is refused with 503 body_buffer_full;
+// released buffers go back.
+func TestHeldBodyBounded(t *testing.T) {
+	r, err := New(Options{DefaultEndpoint: "ep", Logger: slog.New(slog.DiscardHandler), MaxBodyBytes: 1 << 20, BodyBufferBytes: 2 * int64(heldNeed(1<<20, 1<<20))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	r.Update(fleet.NewSnapshot([]fleet.Endpoint{{Name: "ep", Instances: []fleet.Instance{{ID: "i", Addr: "http://127.0.0.1:9"}}}}, 0, 1, time.Now()))
+	const path = "/v1/chat/completions"
+	// feed holds body in chunks, asking for a pick after each; ends: the
+	// body's last chunk ends the request's.
+	feed := func(b *HeldBody, body string, chunk int, ends bool) (*Picked, error) {
+		for i := 0; i < len(body); i += chunk {
+			if err := b.Append([]byte(body[i:min(i+chunk, len(body))])); err != nil {
+				return nil, err
+			}
+			p, err := r.Pick(PickRequest{Path: path, Held: b, Complete: ends && i+chunk >= len(body)})
+			if !errors.Is(err, ErrNeedBody) {
+				return p, err
+			}
+		}
+		return nil, ErrNeedBody
+	}
+	// Model and prompt_cache_key first: picked on the head.
+	early := r.HoldBody(context.Background(), path, 600<<10)
+	// (The prompt's first message holds the key's prefix: a message is
+	// hashed once it is whole.)
+	first := `{"model":"m","prompt_cache_key":null,"messages":[{"role":"system","content":"` + strings.Repeat("s", 40<<10) + `"},{"role":"user","content":"` + strings.Repeat("w", 600<<10) + `"}]}`
+	p, err := feed(early, first, 4<<10, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(early.Bytes()); n >= 128<<10 {
+		t.Fatalf("a body with model first was picked after %d of its %d bytes, want on a head under 128 KiB", n, len(first))
+	}
+	p.Done(200)
+	early.Release()
+	// Model last: held in the arena, two at a time.
+	var held []*HeldBody
+	for range 2 {
+		b := r.HoldBody(context.Background(), path, 900<<10)
+		if _, err := feed(b, modelLast(900<<10, "m")[:850<<10], 64<<10, false); !errors.Is(err, ErrNeedBody) {
+			t.Fatalf("a model-last body before its end: %v, want ErrNeedBody", err)
+		}
+		held = append(held, b)
+	}
+	r.arena.mu.Lock()
+	lent, size := len(r.arena.lent), r.arena.size
+	r.arena.mu.Unlock()
+	if lent != 2 || size > r.arena.limit {
+		t.Fatalf("two held bodies: %d arena buffers lent, %d bytes; want 2, at most %d", lent, size, r.arena.limit)
+	}
+	fired := make(chan time.Time)
+	close(fired)
+	r.arena.after = func(time.Duration) <-chan time.Time { return fired }
+	third := r.HoldBody(context.Background(), path, 900<<10)
+	_, err = feed(third, modelLast(900<<10, "m"), 64<<10, true)
+	var rej *Rejection
+	if !errors.As(err, &rej) || rej.Status != http.StatusServiceUnavailable || !strings.Contains(string(rej.Body), codeBodyBuffer) {
+		t.Fatalf("a third held body with no room: %v, want 503 %s", err, codeBodyBuffer)
+	}
+	third.Release()
+	for _, b := range held {
+		b.Release()
+	}
+	r.arena.mu.Lock()
+	lent = len(r.arena.lent)
+	r.arena.mu.Unlock()
+	if lent != 0 {
+		t.Fatalf("%d arena buffers still lent after Release", lent)
 	}
 }

@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -572,4 +574,94 @@ func holdOpen(t *testing.T, h *harness, bs []*backend, body string, n int) map[s
 	}
 	wg.Wait()
 	return held
+}
+
+// TestHotKeyBodiesHeldWhole: a hot key's bodies are read whole for the
+// spread hash into the body arena (issue 19: they were grown outside any
+// bound), and reach the instance byte for byte, salted: one whose key is
+// on its head (its rest read on into a buffer of the arena) and one whose
+// model is last (already held in the arena, read on in place). Their
+// buffers go back to the arena.
+func TestHotKeyBodiesHeldWhole(t *testing.T) {
+	bs := newBackends(t, 2)
+	var mu sync.Mutex
+	got := map[int]int{} // body length received → how many times
+	var want map[int]string
+	for _, b := range bs {
+		b.handler = func(w http.ResponseWriter, r *http.Request) {
+			body, _ := io.ReadAll(r.Body)
+			mu.Lock()
+			defer mu.Unlock()
+			if exp, ok := want[len(body)]; ok && exp != string(body) {
+				t.Errorf("%s received a body of %d bytes that differs from the salted body", b.id, len(body))
+			}
+			got[len(body)]++
+			_, _ = io.WriteString(w, `{}`)
+		}
+	}
+	cfg := fleet.RoutingConfig{RoutingStrategy: fleet.PrefixAware, TenantCacheSalt: true, PrefixAwareRoutingConfig: &fleet.PrefixAwareConfig{
+		PrefixLength: fleet.MinPrefixLength, ConcurrencyThreshold: 100, FixedLengthKeys: true, HotKeyReplication: true,
+	}}
+	h := newHarness(t, hopts{cfg: cfg, maxBody: 1 << 20}, bs...)
+	system := `{"role":"system","content":"` + strings.Repeat("shared tool prompt. ", fleet.MinPrefixLength/10) + `"}`
+	chat := func(before, user, after string) string {
+		return `{` + before + `"messages":[` + system + `,{"role":"user","content":"` + user + `"}]` + after + `}`
+	}
+	warm := chat(`"prompt_cache_key":"t","model":"m",`, "q", "")
+	for i := 0; i < 1000; i++ {
+		if ex, err := h.r.Explain(context.Background(), PickRequest{Path: "/v1/chat/completions", Body: []byte(warm)}); err != nil || ex.HotReplicas > 1 {
+			break
+		}
+		h.mustDo("/v1/chat/completions", chat(`"prompt_cache_key":"t","model":"m",`, fmt.Sprint("q", i), ""), nil)
+	}
+	if ex, err := h.r.Explain(context.Background(), PickRequest{Path: "/v1/chat/completions", Body: []byte(warm)}); err != nil || ex.HotReplicas < 2 {
+		t.Fatalf("the key is not hot after 1,000 requests: %+v, %v", ex, err)
+	}
+	bodies := []string{
+		chat(`"prompt_cache_key":"t","model":"m",`, strings.Repeat("x", 40<<10), ""),  // key on the head
+		chat(`"prompt_cache_key":"t",`, strings.Repeat("y", 200<<10), `,"model":"m"`), // model last: held
+	}
+	mu.Lock()
+	want = map[int]string{}
+	for _, b := range bodies {
+		salted := string(h.r.salter.withCacheSalt([]byte(b), "ep", "t"))
+		want[len(salted)] = salted
+	}
+	mu.Unlock()
+	for _, b := range bodies {
+		if res := h.mustDo("/v1/chat/completions", b, nil); res.status != 200 {
+			t.Fatalf("a hot key's body of %d bytes: %d %s", len(b), res.status, res.body)
+		}
+	}
+	mu.Lock()
+	for n := range want {
+		if got[n] != 1 {
+			t.Errorf("the salted body of %d bytes reached an instance %d times, want once", n, got[n])
+		}
+	}
+	mu.Unlock()
+	testsupport.Eventually(t, 5*time.Second, "the arena's buffers given back", func() bool { return h.r.BodiesHeld() == 0 })
+	// Past the bound: with the buffer taken and no room coming, a hot
+	// key's body is refused with 503 body_buffer_full; once room comes
+	// back it passes.
+	fired := make(chan time.Time)
+	close(fired)
+	h.r.arena.after = func(time.Duration) <-chan time.Time { return fired }
+	var taken []*heldBuf
+	for {
+		hb, err := h.r.arena.acquire(context.Background(), minHeldClass)
+		if err != nil {
+			break
+		}
+		taken = append(taken, hb)
+	}
+	if res := h.mustDo("/v1/chat/completions", bodies[0], nil); res.status != http.StatusServiceUnavailable || res.header.Get(HeaderError) != codeBodyBuffer {
+		t.Fatalf("a hot key's body with the buffer taken: %d %s, want 503 %s", res.status, res.header.Get(HeaderError), codeBodyBuffer)
+	}
+	for _, hb := range taken {
+		h.r.arena.recycle(hb)
+	}
+	if res := h.mustDo("/v1/chat/completions", bodies[0], nil); res.status != 200 {
+		t.Fatalf("after room came back: %d %s", res.status, res.body)
+	}
 }

@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sony/gobreaker/v2"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
@@ -106,39 +105,23 @@ func TestHeaderHygiene(t *testing.T) {
 // the reused connection, is lost, goes once more on a fresh one, is lost
 // again, and fails.
 func TestIdempotencyKeyResentAtMostOnce(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	var received atomic.Int64
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer ln.Close()
-	wg.Go(func() {
+	instance := testsupport.ServeEachConn(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
 		for {
-			c, err := ln.Accept()
+			req, err := http.ReadRequest(br)
 			if err != nil {
 				return
 			}
-			wg.Go(func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					_, _ = io.Copy(io.Discard, req.Body)
-					if received.Add(1) > 1 {
-						return // read it, then hang up
-					}
-					fmt.Fprint(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-				}
-			})
+			_, _ = io.Copy(io.Discard, req.Body)
+			if received.Add(1) > 1 {
+				return // read it, then hang up
+			}
+			fmt.Fprint(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 		}
 	})
 	h := newHarness(t, hopts{})
-	h.ep.Instances = []fleet.Instance{{ID: "i", Addr: "http://" + ln.Addr().String()}}
+	h.ep.Instances = []fleet.Instance{{ID: "i", Addr: "http://" + instance}}
 	h.update()
 	key := map[string]string{"Idempotency-Key": "k-1"}
 	if res := h.mustDo("/invocations", "x", key); res.status != 200 {
@@ -202,15 +185,8 @@ func TestFirstByteTimeoutTripsBreaker(t *testing.T) {
 				}
 				<-r.Context().Done()
 			}
-			reg := prometheus.NewRegistry()
-			r, err := New(Options{DefaultEndpoint: "ep", Logger: slog.New(slog.DiscardHandler), Registry: reg, FirstByteTimeout: 100 * time.Millisecond, Breaker: overload.BreakerOptions{ConsecutiveFailures: 2, OpenTimeout: time.Hour, MaxEjectionPercent: 100}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer r.Close()
-			r.Update(fleet.NewSnapshot([]fleet.Endpoint{{Name: "ep", Instances: []fleet.Instance{{ID: "hung", Addr: b.srv.URL}}}}, 0, 1, time.Now()))
-			srv := httptest.NewServer(r)
-			defer srv.Close()
+			h := newHarness(t, hopts{first: 100 * time.Millisecond, breaker: overload.BreakerOptions{ConsecutiveFailures: 2, OpenTimeout: time.Hour, MaxEjectionPercent: 100}}, b)
+			r, srv := h.r, h.srv
 			for i := range 2 {
 				start := time.Now()
 				resp, err := srv.Client().Post(srv.URL+"/endpoints/ep/invocations-response-stream", "application/json", strings.NewReader("x"))

@@ -9,26 +9,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 )
 
 // keysMoved returns the count and sum of the endpoint's keys-moved histogram.
 func keysMoved(t *testing.T, reg *prometheus.Registry, endpoint string) (uint64, float64) {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "prefixrouter_keys_moved_ratio" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "endpoint" && l.GetValue() == endpoint {
-					return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
-				}
-			}
-		}
+	for _, m := range testsupport.Series(t, reg, "prefixrouter_keys_moved_ratio", map[string]string{"endpoint": endpoint}) {
+		return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
 	}
 	return 0, 0
 }

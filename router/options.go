@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/overload"
 	"github.com/prefixrouter/prefixrouter/probe"
 	"github.com/prefixrouter/prefixrouter/ring"
+	"github.com/prefixrouter/prefixrouter/upstream"
 )
 
 // DefaultMaxBodyBytes is SageMaker's InvokeEndpoint payload limit.
@@ -48,16 +50,21 @@ type Options struct {
 	// MaxBodyBytes bounds request bodies, 413 beyond (--max-body-bytes).
 	// Zero means DefaultMaxBodyBytes.
 	MaxBodyBytes int64
-	// BodyBufferBytes bounds the memory of the OpenAI bodies read whole
-	// before the pick because their key is not within their first 64 KiB
+	// BodyBufferBytes bounds the memory of the bodies held whole before
+	// the pick: OpenAI bodies whose key is not within their first 64 KiB
 	// (model or prompt_cache_key after the messages, or no
-	// prompt_cache_key): one budget for the whole router
+	// prompt_cache_key), on either front end, and a hot key's bodies (its
+	// spread hash reads their end): one budget for the whole router
 	// (--body-buffer-bytes; heldbody.go). A body that finds it taken waits
 	// for room up to 10 s, then gets 503. Zero means
-	// DefaultBodyBufferBytes, or MaxBodyBytes+1 when that is more;
-	// otherwise it must be at least MaxBodyBytes+1 (MaxBodyBytes' default
-	// when zero).
+	// DefaultBodyBufferBytes, or the largest body's buffer when that is
+	// more; otherwise it must hold that buffer: MaxBodyBytes (its default
+	// when zero) plus 50 bytes (an EOF read and a tenant's cache salt).
 	BodyBufferBytes int64
+	// BodyBufferWait bounds a body's wait for room in the body buffer,
+	// after which it gets 503 body_buffer_full (--body-buffer-wait). Zero
+	// means DefaultBodyBufferWait (10 s).
+	BodyBufferWait time.Duration
 	// BalanceFactor > 0 bounds PREFIX_AWARE loads (consistent hashing with
 	// bounded loads, as HAProxy's hash-balance-factor): a candidate is
 	// admitted only if its load is below
@@ -198,8 +205,14 @@ type Options struct {
 	// cost on the request path.
 	TracerProvider trace.TracerProvider
 	// Transport sends upstream requests; nil means
-	// NewTransport(UpstreamHeaderTimeout).
+	// NewTransport(UpstreamHeaderTimeout), with DialCheck.
 	Transport http.RoundTripper
+	// DialCheck, when set, judges the address of every connection the
+	// default Transport opens (after name resolution): an error refuses
+	// it (issue 19: a record's host name may lead back to the router, or
+	// to a metadata address, after its record was accepted). Nil means
+	// none.
+	DialCheck func(netip.AddrPort) error
 	// Rand returns a uniform int in [0, n); it must be safe for concurrent
 	// use. Nil means math/rand/v2.IntN.
 	Rand func(n int) int
@@ -231,8 +244,11 @@ func (o Options) withDefaults() Options {
 	if o.MaxBodyBytes == 0 {
 		o.MaxBodyBytes = DefaultMaxBodyBytes
 	}
+	if o.BodyBufferWait == 0 {
+		o.BodyBufferWait = DefaultBodyBufferWait
+	}
 	if o.BodyBufferBytes == 0 {
-		o.BodyBufferBytes = max(DefaultBodyBufferBytes, o.MaxBodyBytes+1)
+		o.BodyBufferBytes = max(DefaultBodyBufferBytes, int64(heldNeed(o.MaxBodyBytes, o.MaxBodyBytes)))
 	}
 	if o.LoadMetricsPath == "" {
 		o.LoadMetricsPath = "/metrics"
@@ -254,7 +270,11 @@ func (o Options) withDefaults() Options {
 		o.Logger = slog.Default()
 	}
 	if o.Transport == nil {
-		o.Transport = NewTransport(o.UpstreamHeaderTimeout)
+		uo := upstream.Options{ResponseHeaderTimeout: o.UpstreamHeaderTimeout}
+		if o.DialCheck != nil {
+			uo.Control = upstream.CheckAddr(o.DialCheck)
+		}
+		o.Transport = upstream.New(uo)
 	}
 	if o.Rand == nil {
 		o.Rand = rand.IntN
@@ -275,8 +295,11 @@ func (o Options) Validate() error {
 	if o.MaxBodyBytes < 0 {
 		bad("MaxBodyBytes (--max-body-bytes) %d is negative", o.MaxBodyBytes)
 	}
-	if maxBody := cmp.Or(o.MaxBodyBytes, DefaultMaxBodyBytes); o.BodyBufferBytes != 0 && o.BodyBufferBytes <= maxBody {
-		bad("BodyBufferBytes (--body-buffer-bytes) %d must exceed the largest body, %d (--max-body-bytes)", o.BodyBufferBytes, maxBody)
+	if maxBody := cmp.Or(o.MaxBodyBytes, DefaultMaxBodyBytes); o.BodyBufferBytes != 0 && o.BodyBufferBytes < int64(heldNeed(maxBody, maxBody)) {
+		bad("BodyBufferBytes (--body-buffer-bytes) %d must hold the largest body, %d bytes (--max-body-bytes), and 50 more", o.BodyBufferBytes, maxBody)
+	}
+	if o.BodyBufferWait < 0 {
+		bad("BodyBufferWait (--body-buffer-wait) %v is negative", o.BodyBufferWait)
 	}
 	if f := o.BalanceFactor; !(f == 0 || (f >= 1 && f <= 10)) {
 		bad("BalanceFactor (--balance-factor) %v must be 0 (off) or in [1, 10]", f)

@@ -172,6 +172,9 @@ func (p *proxy) serve(w http.ResponseWriter, req *http.Request, a *attempt) {
 		a.streamed = &streamed{head: body, rest: rest}
 		req.Body, _ = a.streamed.body()
 		req.GetBody = a.streamed.body
+		if a.salted {
+			req.ContentLength = -1 // the salt changes the length: chunked
+		}
 	}
 	req.TransferEncoding = nil
 	clientCtx := req.Context()

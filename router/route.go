@@ -41,8 +41,11 @@ type route struct {
 	ev       *endpointView // nil when step 1 failed
 
 	body   []byte    // what step 2 read (salted in step 3 when the salt applies)
-	salted bool      // step 3 replaced body with a salted copy
+	salted bool      // step 3 salted the body: body is a salted copy, or tail salts rest
 	rest   io.Reader // the body after body, streamed after the pick; nil when body is all of it
+	// tail salts the end of a salted body that streams (rest, or the
+	// chunks an ext_proc proxy sends after the pick); nil otherwise.
+	tail *tailSalter
 
 	tenant, model string
 	// key is the key whose ring order the pick follows: the fixed-length
@@ -84,8 +87,9 @@ type bodySource interface {
 	// the body goes on after it, the reader of the rest.
 	read(ev *endpointView, kind apiKind) (body []byte, rest io.Reader, err *routeError)
 	// whole returns the whole body, given what read returned (a hot key's
-	// spread hash reads its end).
-	whole(body []byte, rest io.Reader) ([]byte, *routeError)
+	// spread hash reads its end), and what the instance is then sent
+	// after it (nil when nothing).
+	whole(body []byte, rest io.Reader) ([]byte, io.Reader, *routeError)
 }
 
 // routeError is a request the sequence turned away: the status, the short
@@ -196,8 +200,15 @@ func (r *Router) stepParse(rt *route, in *routeInput) *routeError {
 		rt.key = rt.levelKey(0) // the variant's key; step 8 chooses the depth
 	}
 	if rt.ev.salt && rt.tenant != "" && in.kind.openAI() {
-		// Front ends give a salted endpoint's OpenAI body whole.
-		rt.body, rt.salted = r.salter.withCacheSalt(rt.body, rt.endpoint, rt.tenant), true
+		rt.salted = true
+		if rt.rest == nil {
+			rt.body = r.salter.withCacheSalt(rt.body, rt.endpoint, rt.tenant)
+			return nil
+		}
+		// The key was known before the body's end: the rest streams,
+		// and the salt goes in at its end (salt.go).
+		rt.body, rt.tail = r.salter.streamed(rt.body, rt.endpoint, rt.tenant)
+		rt.rest = rt.tail.reader(rt.rest)
 	}
 	return nil
 }
@@ -315,11 +326,11 @@ func (r *Router) stepPick(rt *route, in *routeInput) *routeError {
 	if rt.hot.k > 1 && rt.rest != nil {
 		// A hot key's spread hash reads the body's end (pick.go): such
 		// requests are read whole.
-		body, err := in.src.whole(rt.body, rt.rest)
+		body, rest, err := in.src.whole(rt.body, rt.rest)
 		if err != nil {
 			return err
 		}
-		rt.body, rt.rest, rt.hot.spread = body, nil, spreadHash(body)
+		rt.body, rt.rest, rt.hot.spread = body, rest, spreadHash(body)
 	}
 	if in.explain {
 		return nil // Explain reads the ring order itself (explain.go)
@@ -433,43 +444,63 @@ type httpBody struct {
 }
 
 func (b httpBody) read(ev *endpointView, kind apiKind) ([]byte, io.Reader, *routeError) {
-	switch {
-	case kind == kindInvoke:
+	if kind == kindInvoke {
 		return readHead(b.w, b.req, b.limit, ev.prefixLen)
-	case !ev.salt:
-		return b.r.readOpenAIHead(b.w, b.req, b.limit, kind == kindChat, ev.prefixLen)
-	default:
-		// The salt goes at the body's end: read it whole.
-		body, err := readBody(b.w, b.req, b.limit)
-		return body, nil, err
 	}
+	return b.r.readOpenAIHead(b.w, b.req, b.limit, kind == kindChat, ev.prefixLen)
 }
 
-func (b httpBody) whole(body []byte, rest io.Reader) ([]byte, *routeError) {
-	return readRest(body, rest, b.limit)
+func (b httpBody) whole(body []byte, rest io.Reader) ([]byte, io.Reader, *routeError) {
+	return b.r.readRest(b.req, body, rest, b.limit)
 }
 
 // heldBody is the body a front end holds in memory: all of it (Explain,
 // ext_proc at the end of the stream), or what has arrived so far
-// (ext_proc while the body streams in).
+// (ext_proc while the body streams in, in held).
 type heldBody struct {
 	body     []byte
 	complete bool
 	limit    int64
+	held     *HeldBody // the body while it arrives; nil when body is all of it
 }
 
 func (b heldBody) read(ev *endpointView, kind apiKind) ([]byte, io.Reader, *routeError) {
+	if b.held != nil && b.held.declared > b.limit {
+		// As on the HTTP data plane: at once, from the declared length.
+		return nil, nil, &routeError{http.StatusRequestEntityTooLarge, codeTooLarge, fmt.Sprintf("request body of %d bytes exceeds the limit of %d bytes", b.held.declared, b.limit)}
+	}
 	if int64(len(b.body)) > b.limit {
 		return nil, nil, &routeError{http.StatusRequestEntityTooLarge, codeTooLarge, fmt.Sprintf("request body exceeds the limit of %d bytes", b.limit)}
 	}
-	// An invoke key needs the first PrefixLength bytes; an OpenAI key the
-	// whole body, since model and prompt_cache_key may follow the messages.
-	if !b.complete && (kind != kindInvoke || len(b.body) < ev.prefixLen) {
-		return nil, nil, &routeError{0, codeNeedBody, ErrNeedBody.Error()}
+	switch {
+	case b.complete:
+		return b.body, nil, nil
+	case kind == kindInvoke:
+		// An invoke key needs the first PrefixLength bytes.
+		if len(b.body) >= ev.prefixLen {
+			return b.body, heldMore{}, nil
+		}
+	case b.held != nil && len(b.body) >= b.held.try:
+		// An OpenAI key may need the body's end (model and
+		// prompt_cache_key may follow the messages): it is tried, as
+		// the HTTP data plane tries it, from 16 KiB and at each
+		// doubling (readOpenAIHead).
+		if _, ok := parseOpenAIHead(b.body, kind == kindChat, ev.prefixLen); ok {
+			return b.body, heldMore{}, nil
+		}
+		b.held.try = 2 * len(b.body)
 	}
-	return b.body, nil, nil
+	return nil, nil, &routeError{0, codeNeedBody, ErrNeedBody.Error()}
 }
 
 // whole is what has arrived: a hot key's spread hash on the ext_proc path
 // reads the end of the body held at the pick (docs/envoy.md).
-func (b heldBody) whole(body []byte, _ io.Reader) ([]byte, *routeError) { return body, nil }
+func (b heldBody) whole(body []byte, _ io.Reader) ([]byte, io.Reader, *routeError) {
+	return body, nil, nil
+}
+
+// heldMore is the rest of a body a front end holds while it arrives: the
+// front end sends it on itself, nothing reads it here.
+type heldMore struct{}
+
+func (heldMore) Read([]byte) (int, error) { return 0, io.EOF }

@@ -149,7 +149,7 @@ func newRouter(opts Options, clock clockwork.Clock) (*Router, error) {
 	r.metrics = m
 	r.salter = newSalter(opts.CacheSaltKey)
 	r.sessions = newSessionKeys(opts.SessionKey, opts.SessionKeys)
-	r.arena = newBodyArena(opts.BodyBufferBytes, int(opts.MaxBodyBytes)+1)
+	r.arena = newBodyArena(opts.BodyBufferBytes, heldNeed(opts.MaxBodyBytes, opts.MaxBodyBytes), opts.BodyBufferWait)
 	tr := opts.Transport
 	// Probes and the load poller use tr itself: they are not traced.
 	var upstream http.RoundTripper

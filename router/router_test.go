@@ -91,6 +91,7 @@ type hopts struct {
 	share    Share           // ThresholdShare
 	self     string          // ReplicaID
 	first    time.Duration   // FirstByteTimeout
+	idle     time.Duration   // UpstreamIdleTimeout
 	header   time.Duration   // the transport's response-header timeout
 }
 
@@ -98,7 +99,7 @@ func newHarness(t *testing.T, o hopts, backends ...*backend) *harness {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	tr := NewTransport(o.header)
-	r, err := newRouter(Options{DefaultEndpoint: "ep", Registry: reg, Transport: tr, Breaker: o.breaker, MaxBodyBytes: o.maxBody, BalanceFactor: o.balance, HealthCheckInterval: o.health, HealthCheckTimeout: o.hTimeout, HideInstanceID: o.hide, FirstByteTimeout: o.first, ThresholdShare: o.share, ReplicaID: o.self}, o.clock)
+	r, err := newRouter(Options{DefaultEndpoint: "ep", Registry: reg, Transport: tr, Breaker: o.breaker, MaxBodyBytes: o.maxBody, BalanceFactor: o.balance, HealthCheckInterval: o.health, HealthCheckTimeout: o.hTimeout, HideInstanceID: o.hide, FirstByteTimeout: o.first, UpstreamIdleTimeout: o.idle, ThresholdShare: o.share, ReplicaID: o.self}, o.clock)
 	if err != nil {
 		t.Fatal(err)
 	}

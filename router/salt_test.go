@@ -1,9 +1,13 @@
 package router
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
+	"io"
 	"strings"
 	"testing"
+	"testing/iotest"
 )
 
 func TestWithCacheSalt(t *testing.T) {
@@ -33,5 +37,51 @@ func TestWithCacheSalt(t *testing.T) {
 	}
 	if strings.Contains(a, "t1") {
 		t.Fatal("the salt shows the tenant id")
+	}
+}
+
+// TestStreamedSaltMatchesWhole: a salted body that streams (issue 19: it
+// was read whole) reaches the instance byte for byte as withCacheSalt
+// makes it from the whole body, however the body is cut into chunks; a
+// body that does not end with a closing brace goes on as it was; more than
+// maxTailSpace bytes of whitespace after a brace fail.
+func TestStreamedSaltMatchesWhole(t *testing.T) {
+	s := newSalter("k")
+	bodies := []string{
+		`{"model":"m","prompt_cache_key":"t","messages":[{"role":"user","content":"a } b"}]}`,
+		"{\"model\":\"m\",\"prompt_cache_key\":\"t\",\"messages\":[{\"role\":\"user\",\"content\":\"x}  \"}]} \n\t ",
+		`{"prompt_cache_key":"t","model":"m","prompt":"p","nested":{"a":{}}  }`,
+	}
+	for _, body := range bodies {
+		want := string(s.withCacheSalt([]byte(body), "ep", "t"))
+		for cut := 1; cut < len(body); cut++ {
+			for _, step := range []int{1, 3, len(body)} {
+				head, tail := s.streamed([]byte(body[:cut]), "ep", "t")
+				out := append([]byte(nil), head...)
+				for i := cut; i < len(body); i += step {
+					var err error
+					if out, err = tail.next(out, []byte(body[i:min(i+step, len(body))])); err != nil {
+						t.Fatal(err)
+					}
+				}
+				out = tail.end(out)
+				if string(out) != want {
+					t.Fatalf("cut %d, step %d:\n got %s\nwant %s", cut, step, out, want)
+				}
+				// The reader over the rest gives the same bytes.
+				head, tail = s.streamed([]byte(body[:cut]), "ep", "t")
+				rest, err := io.ReadAll(tail.reader(iotest.OneByteReader(strings.NewReader(body[cut:]))))
+				if err != nil || string(head)+string(rest) != want {
+					t.Fatalf("reader, cut %d: %s%s, %v", cut, head, rest, err)
+				}
+			}
+		}
+	}
+	if _, tail := s.streamed([]byte(`{"model":"m"`), "ep", "t"); string(tail.end(nil)) != "" {
+		t.Fatal("a body with no closing brace was given a salt")
+	}
+	_, tail := s.streamed([]byte(`{"model":"m"}`), "ep", "t")
+	if _, err := tail.next(nil, bytes.Repeat([]byte(" "), maxTailSpace+1)); !errors.Is(err, errTailSpace) {
+		t.Fatalf("%d bytes of whitespace after the brace: %v, want errTailSpace", maxTailSpace+1, err)
 	}
 }

@@ -2,10 +2,14 @@ package router
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
+	"net/url"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -117,14 +121,8 @@ func TestUpstreamIdleTimeoutCutsAStalledStream(t *testing.T) {
 		http.NewResponseController(w).Flush()
 		<-r.Context().Done()
 	}
-	r, err := New(Options{DefaultEndpoint: "ep", Logger: slog.New(slog.DiscardHandler), UpstreamIdleTimeout: 200 * time.Millisecond, Breaker: overload.BreakerOptions{ConsecutiveFailures: 2, OpenTimeout: time.Hour, MaxEjectionPercent: 100}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	r.Update(fleet.NewSnapshot([]fleet.Endpoint{{Name: "ep", Instances: []fleet.Instance{{ID: "stalls", Addr: b.srv.URL}}}}, 0, 1, time.Now()))
-	srv := httptest.NewServer(r)
-	defer srv.Close()
+	h := newHarness(t, hopts{idle: 200 * time.Millisecond, breaker: overload.BreakerOptions{ConsecutiveFailures: 2, OpenTimeout: time.Hour, MaxEjectionPercent: 100}}, b)
+	r, srv := h.r, h.srv
 	for i := range 2 {
 		start := time.Now()
 		resp, err := srv.Client().Post(srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(`{"stream":true,"messages":[{"role":"user","content":"x"}]}`))
@@ -188,5 +186,47 @@ func TestUpstreamIdleTimeoutSparesSlowReaders(t *testing.T) {
 	}
 	if want := int64(events * (1<<20 + 8)); total != want {
 		t.Fatalf("read %d bytes, want %d", total, want)
+	}
+}
+
+// TestDialCheckRefusesConnections: Options.DialCheck judges the address of
+// every connection the default transport opens, after name resolution
+// (issue 19: a record's host name may lead back to the router, or to a
+// metadata address, after the record was accepted). An instance whose name
+// leads to a refused address gets no connection; its requests fail over
+// as on a dial error.
+func TestDialCheckRefusesConnections(t *testing.T) {
+	refused, other := newBackend(t, "refused"), newBackend(t, "other")
+	u, _ := url.Parse(refused.srv.URL)
+	port := u.Port()
+	r, err := New(Options{DefaultEndpoint: "ep", Logger: slog.New(slog.DiscardHandler), DialCheck: func(ap netip.AddrPort) error {
+		if strconv.Itoa(int(ap.Port())) == port {
+			return fmt.Errorf("%w: %s is refused", fleet.ErrUpstreamNotAllowed, ap)
+		}
+		return nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	r.Update(fleet.NewSnapshot([]fleet.Endpoint{{Name: "ep", Instances: []fleet.Instance{
+		{ID: "refused", Addr: "http://localhost:" + port}, // a name: resolved when dialled
+		{ID: "other", Addr: other.srv.URL},
+	}}}, 0, 1, time.Now()))
+	srv := httptest.NewServer(r)
+	defer srv.Close()
+	for i := range 20 {
+		resp, err := srv.Client().Post(srv.URL+"/invocations", "application/json", strings.NewReader(fmt.Sprintf(`{"inputs":"request %d"}`, i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || resp.Header.Get(HeaderInstance) != "other" {
+			t.Fatalf("request %d: %d from %q, want 200 from other", i, resp.StatusCode, resp.Header.Get(HeaderInstance))
+		}
+	}
+	if n := refused.hits.Load(); n != 0 {
+		t.Fatalf("the refused instance got %d requests", n)
 	}
 }

@@ -56,11 +56,13 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/http/httputil"
+	"net/netip"
 	"net/textproto"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -87,6 +89,10 @@ type Options struct {
 	// header-timeout settings whose idle connections close after
 	// FallbackIdleTimeout (or IdleTimeout, if shorter).
 	Fallback http.RoundTripper
+	// Control, when set, is called with the address of each connection
+	// before it is opened (net.Dialer.Control: after name resolution); an
+	// error refuses it. The fallback made here uses it too.
+	Control func(network, address string, c syscall.RawConn) error
 }
 
 // Defaults.
@@ -168,7 +174,7 @@ func New(opts Options) *Transport {
 	opts.KeepAlive = cmp.Or(max(opts.KeepAlive, 0), DefaultKeepAlive)
 	opts.MaxIdlePerHost = cmp.Or(max(opts.MaxIdlePerHost, 0), DefaultMaxIdlePerHost)
 	opts.IdleTimeout = cmp.Or(max(opts.IdleTimeout, 0), DefaultIdleTimeout)
-	t := &Transport{opts: opts, dialer: net.Dialer{Timeout: opts.DialTimeout, KeepAlive: opts.KeepAlive}, now: time.Now}
+	t := &Transport{opts: opts, dialer: net.Dialer{Timeout: opts.DialTimeout, KeepAlive: opts.KeepAlive, Control: opts.Control}, now: time.Now}
 	t.swept.Store(t.now().UnixNano())
 	t.fallback = opts.Fallback
 	if t.fallback == nil {
@@ -772,4 +778,16 @@ func (b *body) release(reuse bool) {
 		return
 	}
 	b.c.close()
+}
+
+// CheckAddr returns a net.Dialer Control that refuses a connection when
+// check refuses its address (ip:port, resolved).
+func CheckAddr(check func(netip.AddrPort) error) func(network, address string, c syscall.RawConn) error {
+	return func(_, address string, _ syscall.RawConn) error {
+		ap, err := netip.ParseAddrPort(address)
+		if err != nil {
+			return fmt.Errorf("upstream: dialling %q: %w", address, err)
+		}
+		return check(ap)
+	}
 }

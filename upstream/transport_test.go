@@ -13,7 +13,6 @@ import (
 	"net/textproto"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -530,7 +529,7 @@ func TestResponseHeadersAreBounded(t *testing.T) {
 func TestSwitchingProtocolsClosesTheConnection(t *testing.T) {
 	upgrades := make(chan string, 10)
 	closed := make(chan struct{}, 10)
-	addr := serveEachConn(t, func(c net.Conn) {
+	addr := testsupport.ServeEachConn(t, func(c net.Conn) {
 		br := bufio.NewReader(c)
 		req, err := http.ReadRequest(br)
 		if err != nil {
@@ -558,33 +557,4 @@ func TestSwitchingProtocolsClosesTheConnection(t *testing.T) {
 			t.Fatal("the connection that switched protocols is still open")
 		}
 	}
-}
-
-// serveEachConn serves every connection to a loopback listener with handle
-// on its own goroutine (which closes the connection after it) until the
-// test ends, and returns the listener's address.
-func serveEachConn(t *testing.T, handle func(net.Conn)) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Go(func() {
-				defer c.Close()
-				handle(c)
-			})
-		}
-	})
-	t.Cleanup(func() {
-		ln.Close()
-		wg.Wait()
-	})
-	return ln.Addr().String()
 }

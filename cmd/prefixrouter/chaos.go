@@ -15,7 +15,7 @@ import (
 
 func newChaosCmd() *cobra.Command {
 	var (
-		cfg      chaos.Options
+		cfg      = chaos.Options{Instances: 7, Replicas: 2, TimeScale: 20}
 		outDir   string
 		logLevel slog.Level
 	)
@@ -59,14 +59,10 @@ Exits 1 when a check fails. --long runs more cycles and longer windows (a 30 s e
 			if err != nil {
 				return err
 			}
-			if !rep.Passed() {
-				return errors.New("chaos: some checks failed (see the report)")
-			}
-			return nil
+			return verdict(rep.Passed(), "chaos: some checks failed (see the report)")
 		},
 	}
 	f := c.Flags()
-	cfg.Instances, cfg.Replicas, cfg.TimeScale = 7, 2, 20
 	bindSimulatedFleet(f, &cfg.Instances, &cfg.Replicas, &cfg.TimeScale)
 	f.IntVar(&cfg.Keys, "keys", 10000, "probe keys compared before and after each event")
 	f.Float64Var(&cfg.LoadRate, "rate", 40, "background load, requests/s over all replicas")

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -76,49 +77,47 @@ func (s *staticValue) Set(v string) error {
 	return nil
 }
 
-// apiKeysFileValue binds --api-keys-file: the file is read and checked as
-// the flag is parsed, and only the keys' digests are kept.
-type apiKeysFileValue struct {
-	path string
-	keys *[]string
+// fileValue binds a flag that names a file: the file is read and parsed
+// as the flag is parsed, so that a bad file is a usage error at once, and
+// only what parse makes of it is kept in *dst.
+type fileValue[T any] struct {
+	path  string
+	dst   *T
+	parse func(path string, data []byte) (T, error)
 }
 
-func (a *apiKeysFileValue) Type() string   { return "file" }
-func (a *apiKeysFileValue) String() string { return a.path }
-func (a *apiKeysFileValue) Set(v string) error {
-	data, err := os.ReadFile(v)
-	if err != nil {
-		return err
-	}
-	keys, err := router.ParseAPIKeys(data)
-	if err != nil {
-		return err
-	}
-	a.path, *a.keys = v, keys
-	return nil
-}
-
-// sessionKeyFileValue binds --session-key-file: the file's content, a final
-// line break dropped, is the key; it is read and checked as the flag is
-// parsed.
-type sessionKeyFileValue struct {
-	path string
-	key  *[]byte
-}
-
-func (v *sessionKeyFileValue) Type() string   { return "file" }
-func (v *sessionKeyFileValue) String() string { return v.path }
-func (v *sessionKeyFileValue) Set(path string) error {
+func (v *fileValue[T]) Type() string   { return "file" }
+func (v *fileValue[T]) String() string { return v.path }
+func (v *fileValue[T]) Set(path string) error {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return err
 	}
-	data = bytes.TrimRight(data, "\r\n")
-	if len(data) < router.MinSessionKeyBytes {
-		return fmt.Errorf("%s holds %d bytes, want at least %d (e.g. openssl rand -base64 48)", path, len(data), router.MinSessionKeyBytes)
+	parsed, err := v.parse(path, data)
+	if err != nil {
+		return err
 	}
-	v.path, *v.key = path, data
+	v.path, *v.dst = path, parsed
 	return nil
+}
+
+// apiKeysFile binds --api-keys-file: only the keys' digests are kept.
+func apiKeysFile(keys *[]string) *fileValue[[]string] {
+	return &fileValue[[]string]{dst: keys, parse: func(_ string, data []byte) ([]string, error) {
+		return router.ParseAPIKeys(data)
+	}}
+}
+
+// sessionKeyFile binds --session-key-file: the file's content, a final line
+// break dropped, is the key.
+func sessionKeyFile(key *[]byte) *fileValue[[]byte] {
+	return &fileValue[[]byte]{dst: key, parse: func(path string, data []byte) ([]byte, error) {
+		data = bytes.TrimRight(data, "\r\n")
+		if len(data) < router.MinSessionKeyBytes {
+			return nil, fmt.Errorf("%s holds %d bytes, want at least %d (e.g. openssl rand -base64 48)", path, len(data), router.MinSessionKeyBytes)
+		}
+		return data, nil
+	}}
 }
 
 // bindRouting binds --strategy, --prefix-length, --concurrency-threshold,
@@ -167,6 +166,15 @@ func bindSimulatedFleet(f *pflag.FlagSet, instances, replicas *int, timeScale *f
 	f.IntVar(instances, "instances", *instances, "simulated model servers (at the start)")
 	f.IntVar(replicas, "replicas", *replicas, "router replicas")
 	f.Float64Var(timeScale, "time-scale", *timeScale, "the simulated servers run this many times faster than real time (figures stay in simulated time)")
+}
+
+// verdict is the exit of a command whose report passes or fails as a
+// whole: nil when it passed, else an error saying what failed (exit 1).
+func verdict(passed bool, failed string) error {
+	if !passed {
+		return errors.New(failed)
+	}
+	return nil
 }
 
 // writeOut writes a report with write to the file named by an --out flag, or

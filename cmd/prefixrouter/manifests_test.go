@@ -228,29 +228,24 @@ type poolPort struct {
 	Number int32 `json:"number"`
 }
 
+// typed makes a pointer to the Go type of each apiVersion/kind.
+var typed = map[string]func() any{
+	"v1/Namespace":                                 func() any { return &corev1.Namespace{} },
+	"v1/ConfigMap":                                 func() any { return &corev1.ConfigMap{} },
+	"v1/Service":                                   func() any { return &corev1.Service{} },
+	"apps/v1/Deployment":                           func() any { return &appsv1.Deployment{} },
+	"apps/v1/StatefulSet":                          func() any { return &appsv1.StatefulSet{} },
+	"policy/v1/PodDisruptionBudget":                func() any { return &policyv1.PodDisruptionBudget{} },
+	"monitoring.coreos.com/v1/ServiceMonitor":      func() any { return &monitoringv1.ServiceMonitor{} },
+	"monitoring.coreos.com/v1/PodMonitor":          func() any { return &monitoringv1.PodMonitor{} },
+	"inference.networking.k8s.io/v1/InferencePool": func() any { return &inferencePool{} },
+	"gateway.networking.k8s.io/v1/HTTPRoute":       func() any { return &httpRoute{} },
+}
+
 // newTyped returns a pointer to the Go type of apiVersion/kind.
 func newTyped(apiVersion, kind string) (any, error) {
-	switch apiVersion + "/" + kind {
-	case "v1/Namespace":
-		return &corev1.Namespace{}, nil
-	case "v1/ConfigMap":
-		return &corev1.ConfigMap{}, nil
-	case "v1/Service":
-		return &corev1.Service{}, nil
-	case "apps/v1/Deployment":
-		return &appsv1.Deployment{}, nil
-	case "apps/v1/StatefulSet":
-		return &appsv1.StatefulSet{}, nil
-	case "policy/v1/PodDisruptionBudget":
-		return &policyv1.PodDisruptionBudget{}, nil
-	case "monitoring.coreos.com/v1/ServiceMonitor":
-		return &monitoringv1.ServiceMonitor{}, nil
-	case "monitoring.coreos.com/v1/PodMonitor":
-		return &monitoringv1.PodMonitor{}, nil
-	case "inference.networking.k8s.io/v1/InferencePool":
-		return &inferencePool{}, nil
-	case "gateway.networking.k8s.io/v1/HTTPRoute":
-		return &httpRoute{}, nil
+	if mk, ok := typed[apiVersion+"/"+kind]; ok {
+		return mk(), nil
 	}
 	return nil, fmt.Errorf("no Go type known for %s %s", apiVersion, kind)
 }

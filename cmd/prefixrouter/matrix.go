@@ -1,7 +1,6 @@
 package main
 
 import (
-	"fmt"
 	"log/slog"
 
 	"github.com/spf13/cobra"
@@ -11,7 +10,7 @@ import (
 
 func newMatrixCmd() *cobra.Command {
 	var (
-		o        matrix.Options
+		o        = matrix.Options{Instances: 4, Replicas: 1, TimeScale: 20}
 		out      string
 		logLevel slog.Level
 	)
@@ -37,14 +36,10 @@ exits 1 unless every request of every run succeeded. The servers are simulated.`
 			if err := writeOut(cmd, out, rep.WriteMarkdown); err != nil {
 				return err
 			}
-			if !rep.Passed() {
-				return fmt.Errorf("matrix: not every request succeeded")
-			}
-			return nil
+			return verdict(rep.Passed(), "matrix: not every request succeeded")
 		},
 	}
 	f := c.Flags()
-	o.Instances, o.Replicas, o.TimeScale = 4, 1, 20
 	bindSimulatedFleet(f, &o.Instances, &o.Replicas, &o.TimeScale)
 	f.IntVar(&o.Requests, "requests", 40, "measured requests per run")
 	f.IntVar(&o.Warmup, "warmup", 8, "warm-up requests per run")

@@ -163,39 +163,28 @@ func (p Preset) Validate() error {
 	return nil
 }
 
+// shared8k is shared-8k or one of its variants: docs documents of 8,000
+// tokens drawn with popularity Zipf(zipf) (0: equal), each followed by a
+// 50-300-token question, outputs from the Azure conversation trace.
+func shared8k(name string, docs int, zipf float64, description, source string) Preset {
+	return Preset{
+		Name: name, Kind: KindSharedPrefix, Description: description, Source: source,
+		Documents: docs, DocumentTokens: 8000, Zipf: zipf,
+		QuestionTokens: IntRange{50, 300}, Output: azureConv,
+	}
+}
+
 // Presets returns the built-in workloads (docs/workloads.md, WORKLOADS.md).
 func Presets() []Preset {
 	return []Preset{
-		{
-			Name: "shared-8k", Kind: KindSharedPrefix,
-			Description: "Zipf(1) over 200 documents of 8,000 tokens + a 50-300-token question",
-			Source: "SageMaker's long-context prefix-aware routing benchmark (8,000-token shared prefixes); " +
-				"outputs: Azure LLM inference trace 2023, conversation (p50 129, mean 211)",
-			Documents: 200, DocumentTokens: 8000, Zipf: 1.0,
-			QuestionTokens: IntRange{50, 300}, Output: azureConv,
-		},
-		{
-			Name: "shared-8k-uniform", Kind: KindSharedPrefix,
-			Description: "256 documents of 8,000 tokens, equal popularity, same questions and outputs as shared-8k",
-			Source:      "derived from shared-8k: checks the hashing's balance with no hot document",
-			Documents:   256, DocumentTokens: 8000,
-			QuestionTokens: IntRange{50, 300}, Output: azureConv,
-		},
-		{
-			Name: "shared-8k-seed", Kind: KindSharedPrefix,
-			Description: "Zipf(0.6) over 200 documents of 8,000 tokens + a 50-300-token question: RANDOM hits 20-30 % (the seed's baseline)",
-			Source: "shared-8k with the popularity exponent lowered until RANDOM's modelled hit rate over the demo's fleet " +
-				"(7 instances x 300k KV tokens) sits in the seed's 20-30 % baseline; see docs/workloads.md (BaselineRun)",
-			Documents: 200, DocumentTokens: 8000, Zipf: 0.6,
-			QuestionTokens: IntRange{50, 300}, Output: azureConv,
-		},
-		{
-			Name: "shared-8k-hot", Kind: KindSharedPrefix,
-			Description: "Zipf(1.5) over 200 documents of 8,000 tokens: the top document draws about 40 % of requests",
-			Source:      "derived from shared-8k: a few very hot prefixes (issue 10's hot-key workload, top keys > 30 % of traffic)",
-			Documents:   200, DocumentTokens: 8000, Zipf: 1.5,
-			QuestionTokens: IntRange{50, 300}, Output: azureConv,
-		},
+		shared8k("shared-8k", 200, 1.0, "Zipf(1) over 200 documents of 8,000 tokens + a 50-300-token question",
+			"SageMaker's long-context prefix-aware routing benchmark (8,000-token shared prefixes); outputs: Azure LLM inference trace 2023, conversation (p50 129, mean 211)"),
+		shared8k("shared-8k-uniform", 256, 0, "256 documents of 8,000 tokens, equal popularity, same questions and outputs as shared-8k",
+			"derived from shared-8k: checks the hashing's balance with no hot document"),
+		shared8k("shared-8k-seed", 200, 0.6, "Zipf(0.6) over 200 documents of 8,000 tokens + a 50-300-token question: RANDOM hits 20-30 % (the seed's baseline)",
+			"shared-8k with the popularity exponent lowered until RANDOM's modelled hit rate over the demo's fleet (7 instances x 300k KV tokens) sits in the seed's 20-30 % baseline; see docs/workloads.md (BaselineRun)"),
+		shared8k("shared-8k-hot", 200, 1.5, "Zipf(1.5) over 200 documents of 8,000 tokens: the top document draws about 40 % of requests",
+			"derived from shared-8k: a few very hot prefixes (issue 10's hot-key workload, top keys > 30 % of traffic)"),
 		{
 			Name: "bot", Kind: KindSharedPrefix,
 			Description: "100 bots' system prompts of 3,000 tokens (equal popularity) + a 50-token question",

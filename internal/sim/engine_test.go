@@ -4,6 +4,8 @@ import (
 	"math"
 	"testing"
 	"time"
+
+	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 )
 
 // vengine is an engine driven in virtual time by the test.
@@ -108,7 +110,7 @@ func TestEngineCachedTTFT(t *testing.T) {
 		t.Errorf("cached TTFT %v is not far below the uncached %v", ttft, first[0].firstAt)
 	}
 	// Hits and queries count tokens, like vLLM's.
-	if q, h := counterValue(t, v.m.queries), counterValue(t, v.m.hits); q != 2*(8192+50) || h != 8192 {
+	if q, h := testsupport.Value(t, v.m.queries), testsupport.Value(t, v.m.hits); q != 2*(8192+50) || h != 8192 {
 		t.Errorf("queries %v hits %v, want %d and 8192", q, h, 2*(8192+50))
 	}
 }
@@ -117,7 +119,7 @@ func TestEngineQueueingBeyondBudget(t *testing.T) {
 	v := newVEngine(t, 900_000, 8192)
 	ss := v.submit(1, tokens("a", 8000), tokens("b", 8000), tokens("c", 8000), tokens("d", 8000))
 	v.step()
-	if got := gaugeValue(t, v.m.waiting); got != 2 {
+	if got := testsupport.Value(t, v.m.waiting); got != 2 {
 		t.Errorf("waiting %v after the first step, want 2 (c and d queue behind the budget)", got)
 	}
 	v.drain(t)
@@ -135,14 +137,14 @@ func TestEngineWaitsForBlocks(t *testing.T) {
 	v := newVEngine(t, 1100, 8192)
 	ss := v.submit(24, tokens("a", 1000), tokens("b", 1000))
 	v.step()
-	if r, w := gaugeValue(t, v.m.running), gaugeValue(t, v.m.waiting); r != 1 || w != 1 {
+	if r, w := testsupport.Value(t, v.m.running), testsupport.Value(t, v.m.waiting); r != 1 || w != 1 {
 		t.Fatalf("running %v waiting %v, want 1 and 1: b must wait for blocks", r, w)
 	}
 	v.drain(t)
 	if ss[1].firstAt <= ss[0].doneAt-1 {
 		t.Errorf("b started (%v) before a freed its blocks (%v)", ss[1].firstAt, ss[0].doneAt)
 	}
-	if u := gaugeValue(t, v.m.usage); u != 0 {
+	if u := testsupport.Value(t, v.m.usage); u != 0 {
 		t.Errorf("usage %v when idle", u)
 	}
 }
@@ -152,19 +154,19 @@ func TestEngineAbortFreesBlocks(t *testing.T) {
 	ss := v.submit(1000, tokens("a", 2000), tokens("b", 2000))
 	v.step()
 	v.step()
-	if r := gaugeValue(t, v.m.running); r != 2 {
+	if r := testsupport.Value(t, v.m.running); r != 2 {
 		t.Fatalf("running %v, want 2", r)
 	}
 	v.abort(ss[0])
 	v.step()
-	if r := gaugeValue(t, v.m.running); r != 1 {
+	if r := testsupport.Value(t, v.m.running); r != 1 {
 		t.Errorf("running %v after an abort, want 1", r)
 	}
 	v.abort(ss[1])
 	if v.step() {
 		t.Error("engine still busy after aborting everything")
 	}
-	if r, u := gaugeValue(t, v.m.running), gaugeValue(t, v.m.usage); r != 0 || u != 0 {
+	if r, u := testsupport.Value(t, v.m.running), testsupport.Value(t, v.m.usage); r != 0 || u != 0 {
 		t.Errorf("running %v usage %v after aborting everything", r, u)
 	}
 	// The aborted prefills were computed: their blocks stay cached.
@@ -205,7 +207,7 @@ func TestEngineDecodeSteps(t *testing.T) {
 	decode := ss[0].doneAt - ss[0].firstAt
 	// 10 decode steps at batch 1, 1 K context: the 21 ms floor each.
 	within(t, "10 decode steps", decode, 10*21045*time.Microsecond, 0.10)
-	if got := counterValue(t, v.m.genTokens); got != 11 {
+	if got := testsupport.Value(t, v.m.genTokens); got != 11 {
 		t.Errorf("generated %v tokens, want 11", got)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -55,12 +56,7 @@ func (a *adapters) set(names []string) {
 func (a *adapters) list() []string {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	out := make([]string, 0, len(a.lastUse))
-	for n := range a.lastUse {
-		out = append(out, n)
-	}
-	slices.Sort(out)
-	return out
+	return slices.Sorted(maps.Keys(a.lastUse))
 }
 
 // acquire marks a request on name; false if name is not loaded.
@@ -129,12 +125,7 @@ func (a *adapters) unload(name string) bool {
 func (a *adapters) running() []string {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	out := make([]string, 0, len(a.inflight))
-	for n := range a.inflight {
-		out = append(out, n)
-	}
-	slices.Sort(out)
-	return out
+	return slices.Sorted(maps.Keys(a.inflight))
 }
 
 // loraInfo exports vLLM's vllm:lora_requests_info: an info gauge (value:

@@ -24,7 +24,6 @@ import (
 	"hash/maphash"
 	"io"
 	"log"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -35,16 +34,8 @@ import (
 )
 
 func main() {
-	args, err := stick.Parse(os.Args[1:])
-	if err != nil {
-		log.Fatal("minproxy: ", err)
-	}
-	backends := args.Backends
-	p := &proxy{backends: backends, tr: upstream.New(upstream.Options{}), seed: maphash.MakeSeed()}
-	ln, err := net.Listen("tcp", args.Listen)
-	if err != nil {
-		log.Fatal(err)
-	}
+	ln, args := stick.MustListen("minproxy")
+	p := &proxy{backends: args.Backends, tr: upstream.New(upstream.Options{}), seed: maphash.MakeSeed()}
 	switch os.Getenv("MINPROXY_SERVER") {
 	case "loop":
 		log.Fatal(serveLoop(ln, p))

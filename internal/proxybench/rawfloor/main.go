@@ -24,24 +24,16 @@ import (
 	"io"
 	"log"
 	"net"
-	"os"
 	"strconv"
 
 	"github.com/prefixrouter/prefixrouter/internal/proxybench/stick"
 )
 
 func main() {
-	args, err := stick.Parse(os.Args[1:])
-	if err != nil {
-		log.Fatal("rawfloor: ", err)
-	}
+	ln, args := stick.MustListen("rawfloor")
 	var hosts []string
 	for _, u := range args.Backends {
 		hosts = append(hosts, u.Host)
-	}
-	ln, err := net.Listen("tcp", args.Listen)
-	if err != nil {
-		log.Fatal(err)
 	}
 	seed := maphash.MakeSeed()
 	for {

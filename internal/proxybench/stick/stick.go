@@ -7,7 +7,10 @@ package stick
 import (
 	"flag"
 	"fmt"
+	"log"
+	"net"
 	"net/url"
+	"os"
 	"strings"
 )
 
@@ -42,4 +45,28 @@ func Parse(args []string) (Args, error) {
 		a.Backends = append(a.Backends, u)
 	}
 	return a, nil
+}
+
+// Listen reads args as Parse does and opens the listener on Args.Listen:
+// the start every measuring stick shares.
+func Listen(args []string) (net.Listener, Args, error) {
+	a, err := Parse(args)
+	if err != nil {
+		return nil, Args{}, err
+	}
+	ln, err := net.Listen("tcp", a.Listen)
+	if err != nil {
+		return nil, Args{}, err
+	}
+	return ln, a, nil
+}
+
+// MustListen is Listen on the command's own arguments for a stick's main:
+// an error ends the process, prefixed with the stick's name.
+func MustListen(name string) (net.Listener, Args) {
+	ln, a, err := Listen(os.Args[1:])
+	if err != nil {
+		log.Fatal(name+": ", err)
+	}
+	return ln, a
 }
