@@ -72,10 +72,14 @@ type popNode struct {
 	// candidates' views (nil where one cannot be picked).
 	cands []int
 	ivs   []*instanceView
-	// w weighs a hot prefix's candidates for its children nobody
-	// published (childOrder), aligned with cands; nil when the view has no
-	// served loads (all alike).
-	w []float64
+	// spread are the instances a hot prefix's children are placed over:
+	// its candidates, or its parent's spread while it carries more than
+	// spreadShare of its parent's traffic with fewer candidates (spreadOf).
+	// w weighs them for its children nobody published (childOrder),
+	// aligned with spread; nil when the view has no served loads (all
+	// alike).
+	spread []int
+	w      []float64
 	// at is the instance a child of a hot prefix was sent to when first
 	// published (fleet.PopularKey.At): its placement keeps it there.
 	at string
@@ -168,7 +172,7 @@ func newPopView(ev *endpointView, keys []fleet.PopularKey, served map[string]flo
 			for j, i := range nd.cands {
 				nd.ivs[j] = ev.instance(nd.set, i)
 			}
-			nd.w = childWeights(nd, served)
+			nd.w = childWeights(nd.set, nd.spread, served)
 		}
 	}
 	return p
@@ -220,6 +224,7 @@ func (pl *placer) place(nd *popNode, own float64) {
 		}
 	}
 	nd.cands = cands
+	nd.spread = spreadOf(nd)
 	for _, i := range cands {
 		pl.load[nd.set.Instance(i)] += own / float64(len(cands))
 	}
@@ -234,7 +239,7 @@ func (pl *placer) nodeOrder(nd *popNode, buf []int) []int {
 	if nd.parent == nil {
 		return nd.set.Ring().Candidates(nd.key, min(nd.set.Len(), maxHotCandidates), buf)
 	}
-	buf = rendezvous(nd.parent.cands, nd.key, buf)
+	buf = rendezvous(nd.parent.spread, nd.key, buf)
 	for j, i := range buf {
 		if nd.at != "" && nd.set.Instance(i).ID == nd.at {
 			copy(buf[1:j+1], buf[:j])
@@ -277,39 +282,69 @@ const (
 	childSharpness = 5
 )
 
-// childWeights returns nd's candidates' weights (see above), nil when
-// served says nothing of them.
-func childWeights(nd *popNode, served map[string]float64) []float64 {
+// spreadShare is the share of its hot parent's traffic above which a hot
+// prefix places its children over its parent's instances when it has
+// fewer (issue 21): a prefix that newly takes most of an older hot
+// prefix's traffic (a second tool prompt after the first 8,000 characters
+// both share) is measured against the mass the older traffic left, so its
+// k trails its traffic for hundreds of requests, and its sessions would
+// crowd on its few candidates meanwhile; a session (an eighth of the
+// traffic on agentic) stays below it. Its children then pay its prefix's
+// prefill once on each further instance.
+const spreadShare = 0.25
+
+// spreadOf returns the instances hot prefix nd's children are placed
+// over (popNode.spread); nd's parents are placed before it.
+func spreadOf(nd *popNode) []int {
+	if !nd.hot() {
+		return nil
+	}
+	q := nd.parent
+	if q == nil || !q.hot() || len(q.spread) <= len(nd.cands) || nd.share < spreadShare*q.share {
+		return nd.cands
+	}
+	out := slices.Clone(nd.cands)
+	for _, i := range q.spread {
+		if !slices.Contains(out, i) {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// childWeights returns the weights of instances cands of set (see above),
+// nil when served says nothing of them.
+func childWeights(set *lora.Set, cands []int, served map[string]float64) []float64 {
 	if len(served) == 0 {
 		return nil
 	}
 	mean := 0.0
-	for _, i := range nd.cands {
-		mean += served[nd.set.Instance(i).ID]
+	for _, i := range cands {
+		mean += served[set.Instance(i).ID]
 	}
-	mean /= float64(len(nd.cands))
+	mean /= float64(len(cands))
 	if !(mean > 0) {
 		return nil
 	}
-	w := make([]float64, len(nd.cands))
-	for j, i := range nd.cands {
-		l := served[nd.set.Instance(i).ID] / mean
+	w := make([]float64, len(cands))
+	for j, i := range cands {
+		l := served[set.Instance(i).ID] / mean
 		w[j] = math.Pow(childFloor/max(l, childFloor), childSharpness)
 	}
 	return w
 }
 
 // childOrder returns the order in which a deeper prefix nobody published,
-// key, prefers hot prefix h's candidates: weighted rendezvous (the least
+// key, prefers hot prefix h's instances (spread): weighted rendezvous (the least
 // -ln(u)/w, u the key's uniform score of the instance), plain rendezvous
 // when h has no weights. A weight that does not change moves no key.
 func (h *popNode) childOrder(key uint64, buf []int) []int {
 	if h.w == nil {
-		return rendezvous(h.cands, key, buf)
+		return rendezvous(h.spread, key, buf)
 	}
 	var sc [maxHotCandidates]float64
 	buf = buf[:0]
-	for j, i := range h.cands {
+	for j, i := range h.spread {
 		u := (float64(spreadScore(key, i)>>11) + 0.5) / (1 << 53)
 		s := -math.Log(u) / h.w[j]
 		// Insertion by score: at most maxHotCandidates elements.
@@ -357,7 +392,7 @@ func (p *popView) treeChoice(rt *route) hotChoice {
 			if h != nil {
 				// Its parent's other candidates next, in its order.
 				var buf [maxHotCandidates]int
-				for _, i := range rendezvous(h.cands, key, buf[:0]) {
+				for _, i := range rendezvous(h.spread, key, buf[:0]) {
 					if i != nd.cands[0] {
 						c.lead[c.nlead] = i
 						c.nlead++
