@@ -29,6 +29,8 @@ import (
 //     history, stays on one instance turn after turn and new sessions go
 //     where there is room, or the deeper prefix's own placement when it is
 //     popular too (which keeps it where it was sent, fleet.PopularKey.At);
+//     a hot prefix whose k trails its traffic places its children over its
+//     parent's instances too (spreadOf);
 //   - a prefix hot at the deepest depth (identical prompts up to
 //     PrefixLength) is replicated by load over its k, as hot-key
 //     replication does.
