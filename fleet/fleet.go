@@ -405,6 +405,10 @@ type Endpoint struct {
 	// published them, merged (MergePopularity), sorted by key; nil when
 	// none were published (issue 21).
 	Popular []PopularKey
+	// Served is each instance's share of the endpoint's recent requests as
+	// its router replicas sent them (MergeServed, by instance id); nil when
+	// none published any.
+	Served map[string]float64
 }
 
 // Snapshot is an immutable view of the whole fleet. Build one with
@@ -463,7 +467,7 @@ func newSnapshot(endpoints []Endpoint, revision int64, replicas int, now time.Ti
 			// an invalid stored config); never route on an invalid one.
 			res, _ = RoutingConfig{}.Resolve()
 		}
-		s.Endpoints[ep.Name] = &Endpoint{Name: ep.Name, Config: ep.Config.WithDefaults(), Resolved: res, Instances: insts, Adapters: ads, Popular: ep.Popular}
+		s.Endpoints[ep.Name] = &Endpoint{Name: ep.Name, Config: ep.Config.WithDefaults(), Resolved: res, Instances: insts, Adapters: ads, Popular: ep.Popular, Served: ep.Served}
 	}
 	return s
 }

@@ -29,6 +29,11 @@ type PopularKey struct {
 	// placement serves older prefixes first, so that a prefix keeps its
 	// instance while that instance has room and newcomers fill the rest.
 	Since int64 `json:"since,omitempty"`
+	// At is, for a prefix one depth below a hot one, the instance its
+	// requests were sent to when it was first published (an instance id):
+	// the placement keeps it there while that instance has room, so that a
+	// session stays where its history is cached. Empty elsewhere.
+	At string `json:"at,omitempty"`
 }
 
 // Popularity is what one replica publishes for one endpoint.
@@ -37,6 +42,10 @@ type Popularity struct {
 	// over its last interval: the weight of its shares in the merge.
 	Rate float64      `json:"rate"`
 	Keys []PopularKey `json:"keys"`
+	// Served is each instance's share of the replica's recent requests
+	// (by instance id; decayed over a few intervals): merged, it tells
+	// the placement of a hot prefix's new children where the load is.
+	Served map[string]float64 `json:"served,omitempty"`
 }
 
 // Bounds of a replica's publication: what one record may hold.
@@ -47,6 +56,8 @@ const (
 	MaxPopularLevel = 15
 	// MaxPopularK bounds a published replication factor.
 	MaxPopularK = 255
+	// MaxServedInstances bounds the instances of Popularity.Served.
+	MaxServedInstances = 4096
 )
 
 // ErrInvalidPopularity is wrapped by Popularity.Validate's errors; it wraps
@@ -62,6 +73,14 @@ func (p Popularity) Validate() error {
 	if len(p.Keys) > MaxPopularKeys {
 		return fmt.Errorf("%w: %d keys, at most %d", ErrInvalidPopularity, len(p.Keys), MaxPopularKeys)
 	}
+	if len(p.Served) > MaxServedInstances {
+		return fmt.Errorf("%w: %d served instances, at most %d", ErrInvalidPopularity, len(p.Served), MaxServedInstances)
+	}
+	for id, v := range p.Served {
+		if len(id) > MaxNameLength || !(v >= 0 && v <= 1) {
+			return fmt.Errorf("%w: served share %v of instance %.*q", ErrInvalidPopularity, v, MaxNameLength, id)
+		}
+	}
 	for _, k := range p.Keys {
 		switch {
 		case !(k.Share >= 0 && k.Share <= 1):
@@ -72,6 +91,8 @@ func (p Popularity) Validate() error {
 			return fmt.Errorf("%w: key %d: level %d outside 0..%d", ErrInvalidPopularity, k.Key, k.Level, MaxPopularLevel)
 		case len(k.Model) > MaxNameLength:
 			return fmt.Errorf("%w: key %d: model name longer than %d", ErrInvalidPopularity, k.Key, MaxNameLength)
+		case len(k.At) > MaxNameLength:
+			return fmt.Errorf("%w: key %d: instance id longer than %d", ErrInvalidPopularity, k.Key, MaxNameLength)
 		}
 	}
 	return nil
@@ -105,6 +126,9 @@ func MergePopularity(ps []Popularity) []PopularKey {
 				m.Share = 0
 				out = append(out, m)
 			}
+			if out[i].At == "" {
+				out[i].At = k.At
+			}
 			out[i].Share += w * k.Share
 			out[i].K = max(out[i].K, k.K)
 			if k.Since > 0 && (out[i].Since == 0 || k.Since < out[i].Since) {
@@ -116,15 +140,53 @@ func MergePopularity(ps []Popularity) []PopularKey {
 	return out
 }
 
+// MergeServed merges the replicas' served shares (Popularity.Served) as
+// MergePopularity merges prefixes' shares, weighted by the replicas' rates,
+// in the order of ps; nil when none has any.
+func MergeServed(ps []Popularity) map[string]float64 {
+	total := 0.0
+	for _, p := range ps {
+		total += p.Rate
+	}
+	var out map[string]float64
+	for _, p := range ps {
+		w := 1 / float64(len(ps))
+		if total > 0 {
+			w = p.Rate / total
+		}
+		// Sorted ids, so that every replica sums in one order.
+		ids := make([]string, 0, len(p.Served))
+		for id := range p.Served {
+			ids = append(ids, id)
+		}
+		sort.Strings(ids)
+		for _, id := range ids {
+			if out == nil {
+				out = make(map[string]float64, len(p.Served))
+			}
+			out[id] += w * p.Served[id]
+		}
+	}
+	return out
+}
+
 // Moved reports whether p differs from old, the view a replica last
 // published, enough to be published again: a prefix listed or gone, a k
-// moved, a share moved by more than a tenth (and half a point), or the rate
-// by more than a quarter. Small drifts of the estimates are worth neither a
+// moved, a share moved by more than a tenth (and half a point), an
+// instance's served share likewise, or the rate by more than a quarter. Small drifts of the estimates are worth neither a
 // write nor a new snapshot on every replica, nor moving a prefix whose
 // placement depends on them.
 func (p Popularity) Moved(old Popularity) bool {
 	if len(old.Keys) != len(p.Keys) || math.Abs(p.Rate-old.Rate) > 0.25*max(old.Rate, 1) {
 		return true
+	}
+	if len(old.Served) != len(p.Served) {
+		return true
+	}
+	for id, v := range p.Served {
+		if o, ok := old.Served[id]; !ok || math.Abs(o-v) > max(0.1*o, 0.005) {
+			return true
+		}
 	}
 	prev := make(map[uint64]PopularKey, len(old.Keys))
 	for _, k := range old.Keys {
@@ -132,7 +194,7 @@ func (p Popularity) Moved(old Popularity) bool {
 	}
 	for _, k := range p.Keys {
 		o, ok := prev[k.Key]
-		if !ok || o.K != k.K || math.Abs(o.Share-k.Share) > max(0.1*o.Share, 0.005) {
+		if !ok || o.K != k.K || o.At != k.At || math.Abs(o.Share-k.Share) > max(0.1*o.Share, 0.005) {
 			return true
 		}
 	}

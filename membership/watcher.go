@@ -612,7 +612,8 @@ func (w *Watcher) emit(st *state) {
 			st.placement[ep][name].apply(&a)
 			ads = append(ads, a)
 		}
-		eps = append(eps, fleet.Endpoint{Name: ep, Config: cfg, Instances: insts, Adapters: ads, Popular: mergePopular(st.popular[ep])})
+		popular, served := mergePopular(st.popular[ep])
+		eps = append(eps, fleet.Endpoint{Name: ep, Config: cfg, Instances: insts, Adapters: ads, Popular: popular, Served: served})
 	}
 	sort.Slice(eps, func(i, j int) bool { return eps[i].Name < eps[j].Name })
 	// The instance lists are st.sorted's (or the guard's sorted copies),
@@ -651,10 +652,11 @@ func (w *Watcher) store(s *fleet.Snapshot, start time.Time) {
 }
 
 // mergePopular merges the replicas' publications for one endpoint in
-// replica id order, so that every watcher computes the same view.
-func mergePopular(byReplica map[string]fleet.Popularity) []fleet.PopularKey {
+// replica id order, so that every watcher computes the same view: the
+// popular prefixes and the instances' served shares.
+func mergePopular(byReplica map[string]fleet.Popularity) ([]fleet.PopularKey, map[string]float64) {
 	if len(byReplica) == 0 {
-		return nil
+		return nil, nil
 	}
 	ids := make([]string, 0, len(byReplica))
 	for id := range byReplica {
@@ -665,7 +667,7 @@ func mergePopular(byReplica map[string]fleet.Popularity) []fleet.PopularKey {
 	for i, id := range ids {
 		ps[i] = byReplica[id]
 	}
-	return fleet.MergePopularity(ps)
+	return fleet.MergePopularity(ps), fleet.MergeServed(ps)
 }
 
 // vanishedInstance is an instance whose key was deleted while it served.

@@ -181,6 +181,9 @@ func TestTryAcquireThreshold(t *testing.T) {
 			if len(dones) != tc.admitted {
 				t.Fatalf("admitted %d, want %d", len(dones), tc.admitted)
 			}
+			if n := s.Sent(); n != uint64(tc.admitted) {
+				t.Fatalf("sent %d, want the %d admitted (refused requests are not sent)", n, tc.admitted)
+			}
 			if s.HasRoom(l) {
 				t.Fatal("HasRoom after filling")
 			}
@@ -221,6 +224,9 @@ func TestTryAcquireBounded(t *testing.T) {
 			}
 			if len(dones) != tc.admitted {
 				t.Fatalf("admitted %d, want %d", len(dones), tc.admitted)
+			}
+			if n := s.Sent(); n != uint64(tc.admitted) {
+				t.Fatalf("sent %d, want the %d admitted (refused requests are not sent)", n, tc.admitted)
 			}
 			for _, d := range dones {
 				d(nil)

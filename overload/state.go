@@ -30,6 +30,8 @@ type State struct {
 	breaker *gobreaker.TwoStepCircuitBreaker[struct{}]
 
 	inFlight atomic.Int64
+	// sent counts the requests admitted (Sent).
+	sent atomic.Uint64
 	// external is the instance's load from other sources (other router
 	// replicas, direct clients), as estimated by load polls (probe.Load);
 	// -1 means unknown, in which case admission holds this replica to
@@ -126,6 +128,11 @@ func (s *State) judge(err error) error {
 
 // ID returns the instance id.
 func (s *State) ID() string { return s.id }
+
+// Sent returns the number of requests admitted to the instance so far: a
+// router replica publishes where its requests went from its deltas
+// (issue 21's served shares).
+func (s *State) Sent() uint64 { return s.sent.Load() }
 
 // InFlight returns the number of requests this replica has in flight on the
 // instance.
@@ -281,6 +288,7 @@ func (s *State) allow() (Done, bool) {
 		}
 		bdone = nil
 	}
+	s.sent.Add(1)
 	t := &ticket{s: s, bdone: bdone}
 	return t.finish, true
 }

@@ -98,7 +98,7 @@ func (p *popularityPublisher) publish(ctx context.Context, now time.Time, last m
 		}
 		if p.static != nil {
 			if name == p.static.ep.Name && pop.Moved(last[name].pop) {
-				p.static.setPopular(fleet.MergePopularity([]fleet.Popularity{pop}))
+				p.static.setPopular(fleet.MergePopularity([]fleet.Popularity{pop}), fleet.MergeServed([]fleet.Popularity{pop}))
 				last[name] = written{pop: pop}
 			}
 			continue

@@ -37,9 +37,10 @@ type staticProber struct {
 	client *http.Client
 	log    *slog.Logger
 
-	mu      sync.Mutex                // guards found and popular
+	mu      sync.Mutex                // guards found, popular and served
 	found   map[string]fleet.Instance // instance id → its record as last published
 	popular []fleet.PopularKey        // the replica's popular prefixes (issue 21)
+	served  map[string]float64        // and its instances' served shares
 	p       *probe.Prober
 }
 
@@ -144,10 +145,10 @@ func (s *staticProber) observe(in fleet.Instance, next fleet.Instance, err error
 }
 
 // setPopular publishes the replica's popular prefixes with the records.
-func (s *staticProber) setPopular(keys []fleet.PopularKey) {
+func (s *staticProber) setPopular(keys []fleet.PopularKey, served map[string]float64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.popular = keys
+	s.popular, s.served = keys, served
 	s.publishLocked()
 }
 
@@ -158,6 +159,6 @@ func (s *staticProber) publishLocked() {
 	for _, b := range s.base {
 		ep.Instances = append(ep.Instances, s.found[b.ID])
 	}
-	ep.Popular = s.popular
+	ep.Popular, ep.Served = s.popular, s.served
 	s.update(fleet.NewSnapshot([]fleet.Endpoint{ep}, 0, 1, time.Now()))
 }

@@ -408,7 +408,7 @@ func BenchmarkPickPrompt64KiB(b *testing.B) {
 					pick()
 				}
 				if pop, ok := r.Popularity("ep", time.Now()); ok {
-					ep.Popular = fleet.MergePopularity([]fleet.Popularity{pop})
+					ep.Popular, ep.Served = fleet.MergePopularity([]fleet.Popularity{pop}), fleet.MergeServed([]fleet.Popularity{pop})
 					r.Update(fleet.NewSnapshot([]fleet.Endpoint{ep}, 0, 1, time.Now()))
 				}
 				b.SetBytes(int64(len(tc.body)))
@@ -418,5 +418,30 @@ func BenchmarkPickPrompt64KiB(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// BenchmarkChildOrder is what the weighted placement of a hot prefix's
+// new children (issue 21) adds to such a request's pick: the weighted
+// rendezvous over its k candidates, against the plain one it replaces.
+func BenchmarkChildOrder(b *testing.B) {
+	for _, k := range []int{7, maxHotCandidates} {
+		h := &popNode{cands: make([]int, k), w: make([]float64, k)}
+		for j := range k {
+			h.cands[j], h.w[j] = j, 1/float64(1+j%3)
+		}
+		var buf [maxHotCandidates]int
+		b.Run(fmt.Sprintf("k=%d/weighted", k), func(b *testing.B) {
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				h.childOrder(uint64(i)*0x9e3779b97f4a7c15, buf[:0])
+			}
+		})
+		b.Run(fmt.Sprintf("k=%d/plain", k), func(b *testing.B) {
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				rendezvous(h.cands, uint64(i)*0x9e3779b97f4a7c15, buf[:0])
+			}
+		})
 	}
 }

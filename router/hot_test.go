@@ -271,9 +271,9 @@ func publish(t *testing.T, now time.Time, hs ...*harness) []fleet.PopularKey {
 		}
 		ps = append(ps, p)
 	}
-	merged := fleet.MergePopularity(ps)
+	merged, served := fleet.MergePopularity(ps), fleet.MergeServed(ps)
 	for _, h := range hs {
-		h.ep.Popular = merged
+		h.ep.Popular, h.ep.Served = merged, served
 		h.update()
 	}
 	return merged
@@ -394,6 +394,126 @@ func TestAdaptiveAgentSessions(t *testing.T) {
 	for id, n := range perInstance {
 		if n > 8*8 {
 			t.Errorf("instance %s took %d of 224 requests: more than 8 sessions", id, n)
+		}
+	}
+}
+
+// TestAdaptiveNewSessionsAvoidLoaded: under a hot tool prompt, a session
+// nobody published yet is placed by rendezvous weighted against the
+// instances that served more than their share (issue 21's balance line):
+// with one instance at three times the others' served share, new sessions
+// avoid it (P = 0.5 % each against 1/7 unweighted, so at most 3 of 70
+// fails by chance with probability about 5e-4), and a change of the served
+// shares of instances at or below the floor moves no session.
+func TestAdaptiveNewSessionsAvoidLoaded(t *testing.T) {
+	bs := newBackends(t, 7)
+	h := newHarness(t, hopts{cfg: adaptiveCfg(100)}, bs...)
+	for s := range 20 {
+		for turn := range 4 {
+			h.mustDo("/v1/chat/completions", agentChat(1000+s, turn), nil)
+		}
+	}
+	publish(t, time.Unix(1_700_000_000, 0), h)
+	loaded := h.mustDo("/v1/chat/completions", agentChat(0, 0), nil).instance
+	served := func(hi float64) map[string]float64 {
+		m := map[string]float64{}
+		for _, b := range bs {
+			m[b.id] = 0.1
+		}
+		m[loaded] = hi
+		return m
+	}
+	h.ep.Served = served(0.3)
+	h.update()
+	at := map[int]string{}
+	on := 0
+	for s := range 70 {
+		at[s] = h.mustDo("/v1/chat/completions", agentChat(s, 1), nil).instance
+		if at[s] == loaded {
+			on++
+		}
+	}
+	if on > 3 {
+		t.Errorf("%d of 70 new sessions went to the instance serving three times its share", on)
+	}
+	// The others' shares move (all at or below the floor): nobody moves.
+	h.ep.Served = served(0.3)
+	for id := range h.ep.Served {
+		if id != loaded {
+			h.ep.Served[id] = 0.05 + 0.01*float64(len(id)%5)
+		}
+	}
+	h.update()
+	for s := range 70 {
+		if got := h.mustDo("/v1/chat/completions", agentChat(s, 2), nil).instance; got != at[s] {
+			t.Errorf("session %d moved from %s to %s when only unloaded instances' shares moved", s, at[s], got)
+		}
+	}
+}
+
+// TestAdaptivePublishedSessionKeepsInstance: a session published below a
+// hot prefix carries the instance it was sent to (fleet.PopularKey.At), and
+// the placement keeps it there while that instance has room, though the
+// served shares that chose it have moved since: its history stays where it
+// is cached. (The sessions here were placed before any served share was
+// published, by their keys alone; where that put several on one instance,
+// beyond the placement's cap, the placement moves the newest once.)
+func TestAdaptivePublishedSessionKeepsInstance(t *testing.T) {
+	bs := newBackends(t, 7)
+	h := newHarness(t, hopts{cfg: adaptiveCfg(100)}, bs...)
+	now := time.Unix(1_700_000_000, 0)
+	for s := range 20 {
+		for turn := range 4 {
+			h.mustDo("/v1/chat/completions", agentChat(1000+s, turn), nil)
+		}
+	}
+	publish(t, now, h)
+	at := map[int]string{}
+	for turn := range 30 {
+		for s := range 8 {
+			got := h.mustDo("/v1/chat/completions", agentChat(s, turn), nil).instance
+			if turn == 0 {
+				at[s] = got
+			} else if got != at[s] {
+				t.Fatalf("session %d turn %d moved from %s to %s", s, turn, at[s], got)
+			}
+		}
+	}
+	pop := publish(t, now.Add(5*time.Second), h)
+	pinned := 0
+	for _, k := range pop {
+		if k.At != "" {
+			pinned++
+		}
+	}
+	if pinned < 8 {
+		t.Fatalf("%d published prefixes carry their instance, want the 8 sessions': %+v", pinned, pop)
+	}
+	// Every session's instance now looks loaded: an unpublished session
+	// would avoid it; the published ones stay.
+	h.ep.Served = map[string]float64{}
+	for _, b := range bs {
+		h.ep.Served[b.id] = 0.01
+	}
+	for _, id := range at {
+		h.ep.Served[id] = 0.5
+	}
+	h.update()
+	alone := map[string]int{}
+	for _, id := range at {
+		alone[id]++
+	}
+	after := map[string]int{}
+	for s := range 8 {
+		got := h.mustDo("/v1/chat/completions", agentChat(s, 30), nil).instance
+		after[got]++
+		if alone[at[s]] == 1 && got != at[s] {
+			t.Errorf("published session %d moved from %s, where it was alone, to %s", s, at[s], got)
+		}
+	}
+	for id, n := range after {
+		if n > 2 {
+			t.Errorf("instance %s holds %d of the 8 published sessions (before: %v)", id, n, at)
 		}
 	}
 }

@@ -2,10 +2,12 @@ package router
 
 import (
 	"cmp"
+	"math"
 	"slices"
 	"time"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/hotkey"
 	"github.com/prefixrouter/prefixrouter/lora"
 )
 
@@ -21,10 +23,14 @@ import (
 //     gave it (below), its ring primary unless that would carry more than
 //     placeCap fair shares;
 //   - a hot prefix (k > 1) has k candidates; the request is placed among
-//     them by its next, deeper key: rendezvous over the k, so that an agent
-//     session, whose deeper prefix is its own task and history, stays on one
-//     instance turn after turn, or the deeper prefix's own placement when it
-//     is popular too;
+//     them by its next, deeper key: rendezvous over the k weighted against
+//     the instances that served more than their share lately (childOrder),
+//     so that an agent session, whose deeper prefix is its own task and
+//     history, stays on one instance turn after turn and new sessions go
+//     where there is room, or the deeper prefix's own placement when it is
+//     popular too (which keeps it where it was sent, fleet.PopularKey.At);
+//     a hot prefix whose k trails its traffic places its children over its
+//     parent's instances too (spreadOf);
 //   - a prefix hot at the deepest depth (identical prompts up to
 //     PrefixLength) is replicated by load over its k, as hot-key
 //     replication does.
@@ -68,13 +74,24 @@ type popNode struct {
 	// candidates' views (nil where one cannot be picked).
 	cands []int
 	ivs   []*instanceView
+	// spread are the instances a hot prefix's children are placed over:
+	// its candidates, or its parent's spread while it carries more than
+	// spreadShare of its parent's traffic with fewer candidates (spreadOf).
+	// w weighs them for its children nobody published (childOrder),
+	// aligned with spread; nil when the view has no served loads (all
+	// alike).
+	spread []int
+	w      []float64
+	// at is the instance a child of a hot prefix was sent to when first
+	// published (fleet.PopularKey.At): its placement keeps it there.
+	at string
 }
 
 func (nd *popNode) hot() bool { return nd.k > 1 }
 
 // newPopView builds the view of an endpoint's merged popularity: the tree
 // of prefixes and its placement over the sets of table.
-func newPopView(ev *endpointView, keys []fleet.PopularKey) *popView {
+func newPopView(ev *endpointView, keys []fleet.PopularKey, served map[string]float64) *popView {
 	table := ev.table
 	p := &popView{nodes: make(map[uint64]*popNode, len(keys))}
 	if len(keys) == 0 {
@@ -87,7 +104,7 @@ func newPopView(ev *endpointView, keys []fleet.PopularKey) *popView {
 		if err != nil || set.Len() == 0 || !(pk.Share > 0) {
 			continue
 		}
-		nd := &popNode{key: pk.Key, level: pk.Level, set: set, share: pk.Share, since: pk.Since, k: min(max(pk.K, 1), set.Len(), maxHotCandidates)}
+		nd := &popNode{key: pk.Key, level: pk.Level, set: set, share: pk.Share, since: pk.Since, at: pk.At, k: min(max(pk.K, 1), set.Len(), maxHotCandidates)}
 		p.nodes[pk.Key] = nd
 		parentKey[nd] = pk.Parent
 		order = append(order, nd)
@@ -157,6 +174,7 @@ func newPopView(ev *endpointView, keys []fleet.PopularKey) *popView {
 			for j, i := range nd.cands {
 				nd.ivs[j] = ev.instance(nd.set, i)
 			}
+			nd.w = childWeights(nd.set, nd.spread, served)
 		}
 	}
 	return p
@@ -208,6 +226,7 @@ func (pl *placer) place(nd *popNode, own float64) {
 		}
 	}
 	nd.cands = cands
+	nd.spread = spreadOf(nd)
 	for _, i := range cands {
 		pl.load[nd.set.Instance(i)] += own / float64(len(cands))
 	}
@@ -222,7 +241,15 @@ func (pl *placer) nodeOrder(nd *popNode, buf []int) []int {
 	if nd.parent == nil {
 		return nd.set.Ring().Candidates(nd.key, min(nd.set.Len(), maxHotCandidates), buf)
 	}
-	return rendezvous(nd.parent.cands, nd.key, buf)
+	buf = rendezvous(nd.parent.spread, nd.key, buf)
+	for j, i := range buf {
+		if nd.at != "" && nd.set.Instance(i).ID == nd.at {
+			copy(buf[1:j+1], buf[:j])
+			buf[0] = i
+			break
+		}
+	}
+	return buf
 }
 
 // rendezvous returns cands ordered by spreadScore of key, highest first:
@@ -234,6 +261,101 @@ func rendezvous(cands []int, key uint64, buf []int) []int {
 		for b := a; b > 0 && spreadScore(key, buf[b]) > spreadScore(key, buf[b-1]); b-- {
 			buf[b], buf[b-1] = buf[b-1], buf[b]
 		}
+	}
+	return buf
+}
+
+// Weights of a hot prefix's candidates for its new children (issue 21's
+// balance line). A session under a shared tool prompt is an eighth of the
+// traffic on agentic, and is placed by its own key before it is popular
+// enough to be published; by the key alone, which instance gets two of
+// the open sessions is the hash's luck (22-26 % of the requests on one of
+// 7 instances where 21.5 % is the line). The agreed served loads (each
+// replica's recent requests per instance, merged: fleet.Endpoint.Served)
+// show where that luck fell, so the rendezvous is weighted against the
+// instances above their share: weight (childFloor / l)^childSharpness for
+// an instance serving l times the mean of the candidates, 1 at or below
+// childFloor times the mean. Instances at or below it weigh alike, so their
+// drift moves no session; a weight changes only where an instance is
+// loaded, and a session that moves there moves once (docs/balance.md
+// measured the constants).
+const (
+	childFloor     = 1.15
+	childSharpness = 5
+)
+
+// spreadShare is the share of its hot parent's traffic above which a hot
+// prefix places its children over its parent's instances when it has
+// fewer (issue 21): a prefix that newly takes most of an older hot
+// prefix's traffic (a second tool prompt after the first 8,000 characters
+// both share) is measured against the mass the older traffic left, so its
+// k trails its traffic for hundreds of requests, and its sessions would
+// crowd on its few candidates meanwhile; a session (an eighth of the
+// traffic on agentic) stays below it. Its children then pay its prefix's
+// prefill once on each further instance.
+const spreadShare = 0.25
+
+// spreadOf returns the instances hot prefix nd's children are placed
+// over (popNode.spread); nd's parents are placed before it.
+func spreadOf(nd *popNode) []int {
+	if !nd.hot() {
+		return nil
+	}
+	q := nd.parent
+	if q == nil || !q.hot() || len(q.spread) <= len(nd.cands) || nd.share < spreadShare*q.share {
+		return nd.cands
+	}
+	out := slices.Clone(nd.cands)
+	for _, i := range q.spread {
+		if !slices.Contains(out, i) {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// childWeights returns the weights of instances cands of set (see above),
+// nil when served says nothing of them.
+func childWeights(set *lora.Set, cands []int, served map[string]float64) []float64 {
+	if len(served) == 0 {
+		return nil
+	}
+	mean := 0.0
+	for _, i := range cands {
+		mean += served[set.Instance(i).ID]
+	}
+	mean /= float64(len(cands))
+	if !(mean > 0) {
+		return nil
+	}
+	w := make([]float64, len(cands))
+	for j, i := range cands {
+		l := served[set.Instance(i).ID] / mean
+		w[j] = math.Pow(childFloor/max(l, childFloor), childSharpness)
+	}
+	return w
+}
+
+// childOrder returns the order in which a deeper prefix nobody published,
+// key, prefers hot prefix h's instances (spread): weighted rendezvous (the least
+// -ln(u)/w, u the key's uniform score of the instance), plain rendezvous
+// when h has no weights. A weight that does not change moves no key.
+func (h *popNode) childOrder(key uint64, buf []int) []int {
+	if h.w == nil {
+		return rendezvous(h.spread, key, buf)
+	}
+	var sc [maxHotCandidates]float64
+	buf = buf[:0]
+	for j, i := range h.spread {
+		u := (float64(spreadScore(key, i)>>11) + 0.5) / (1 << 53)
+		s := -math.Log(u) / h.w[j]
+		// Insertion by score: at most maxHotCandidates elements.
+		b := len(buf)
+		buf = append(buf, i)
+		for ; b > 0 && s < sc[b-1]; b-- {
+			buf[b], sc[b] = buf[b-1], sc[b-1]
+		}
+		buf[b], sc[b] = i, s
 	}
 	return buf
 }
@@ -260,10 +382,10 @@ func (p *popView) treeChoice(rt *route) hotChoice {
 			if h == nil {
 				return hotChoice{key: key}
 			}
-			// A prefix below a hot one that nobody published: rendezvous
-			// over the hot prefix's candidates by its key.
+			// A prefix below a hot one that nobody published: weighted
+			// rendezvous over the hot prefix's candidates by its key.
 			c := hotChoice{key: h.key, level: lvl}
-			c.nlead = len(rendezvous(h.cands, key, c.lead[:0]))
+			c.nlead = len(h.childOrder(key, c.lead[:0]))
 			return c
 		}
 		if !nd.hot() {
@@ -272,7 +394,7 @@ func (p *popView) treeChoice(rt *route) hotChoice {
 			if h != nil {
 				// Its parent's other candidates next, in its order.
 				var buf [maxHotCandidates]int
-				for _, i := range rendezvous(h.cands, key, buf[:0]) {
+				for _, i := range rendezvous(h.spread, key, buf[:0]) {
 					if i != nd.cands[0] {
 						c.lead[c.nlead] = i
 						c.nlead++
@@ -331,23 +453,87 @@ func (r *Router) Popularity(endpoint string, now time.Time) (fleet.Popularity, b
 	if prev != nil && now.After(prev.at) && seen >= prev.seen {
 		out.Rate = float64(seen-prev.seen) / now.Sub(prev.at).Seconds()
 	}
+	out.Served = next.countServed(prev, ev)
 	for _, e := range entries {
 		since := now.Unix()
 		if prev != nil && prev.since[e.Key] != 0 {
 			since = prev.since[e.Key]
 		}
 		next.since[e.Key] = since
-		out.Keys = append(out.Keys, fleet.PopularKey{Key: e.Key, Parent: e.Parent, Level: e.Level, Model: e.Model, Share: e.Share, K: e.K, Since: since})
+		out.Keys = append(out.Keys, fleet.PopularKey{Key: e.Key, Parent: e.Parent, Level: e.Level, Model: e.Model, Share: e.Share, K: e.K, Since: since, At: ev.pop.childAt(e)})
 	}
 	return out, true
 }
 
+// childAt returns where the view sends popular prefix e's requests when
+// e is one depth below a hot prefix and not hot itself (a session under a
+// shared tool prompt): its placement's instance once it is in the view,
+// before that the first of its parent's childOrder. Published with e
+// (fleet.PopularKey.At), it keeps e there: the placement tries it first,
+// though the weights that chose it have moved since. Empty otherwise.
+func (p *popView) childAt(e hotkey.Entry) string {
+	if e.K > 1 {
+		return ""
+	}
+	if nd := p.nodes[e.Key]; nd != nil && nd.routable && nd.parent != nil && !nd.hot() {
+		return nd.set.Instance(nd.cands[0]).ID
+	}
+	h := p.nodes[e.Parent]
+	if h == nil || !h.routable || !h.hot() || h.level != e.Level-1 || h.set.Len() == 0 {
+		return ""
+	}
+	var buf [maxHotCandidates]int
+	return h.set.Instance(h.childOrder(e.Key, buf[:0])[0]).ID
+}
+
 // published is what an endpoint's last Popularity gave: when, the sketch's
-// count then, and since when each listed prefix has been listed.
+// count then, since when each listed prefix has been listed, and the
+// instances' admitted counts then (sent) with their decayed recent counts
+// (served).
 type published struct {
-	at    time.Time
-	seen  uint64
-	since map[uint64]int64
+	at     time.Time
+	seen   uint64
+	since  map[uint64]int64
+	sent   map[string]uint64
+	served map[string]float64
+}
+
+// servedDecay is what a publication keeps of the served counts before it:
+// a half-life of about 10 intervals (48 s at the default 5 s), long enough
+// that one session's turns do not swing an instance's weight, short enough
+// that a fleet's warm-up (every request on one instance until the first
+// publication) is forgotten within a minute. Measured load-free with the
+// weights of childWeights (docs/balance.md).
+const servedDecay = 0.93
+
+// countServed decays prev's served counts, adds the requests admitted to
+// each instance of ev since prev, and returns each instance's share of
+// them (nil before any request).
+func (p *published) countServed(prev *published, ev *endpointView) map[string]float64 {
+	p.sent = make(map[string]uint64, len(ev.instances))
+	p.served = make(map[string]float64, len(ev.instances))
+	total := 0.0
+	for id, iv := range ev.instances {
+		n := iv.state.Sent()
+		p.sent[id] = n
+		d, old := n, 0.0
+		if prev != nil {
+			if m, ok := prev.sent[id]; ok && m <= n {
+				d = n - m
+			}
+			old = prev.served[id]
+		}
+		p.served[id] = servedDecay*old + float64(d)
+		total += p.served[id]
+	}
+	if !(total > 0) {
+		return nil
+	}
+	out := make(map[string]float64, len(p.served))
+	for id, c := range p.served {
+		out[id] = c / total
+	}
+	return out
 }
 
 // order returns the instances c prefers, then those of ring (the ring

@@ -298,7 +298,7 @@ func (r *Router) Update(s *fleet.Snapshot) {
 			}
 		}
 		if adaptive {
-			ev.pop = newPopView(ev, ep.Popular)
+			ev.pop = newPopView(ev, ep.Popular, ep.Served)
 		}
 		r.metrics.initSeries(name, ev, r.view.Load())
 		v.endpoints[name] = ev

@@ -41,10 +41,12 @@ Example, against a real vLLM fleet behind a router:
 
 Capacity: with --capacity-p90 D, bench searches the highest offered rate at which TTFT p90
 stays within D (and 99 % succeed), starting at --rate: the rate grows ×1.5 while the target
-holds, then bisects; each step is a whole run (--warmup, --requests). Throughput gains from
-cache hits show only there: below capacity every strategy finishes the same requests.
-  prefixrouter bench --target http://router:8080 --preset shared-8k-seed --rate 5 \
-    --capacity-p90 2s --requests 400 --warmup 150 --reset-prefix-cache --metrics-url ...`,
+holds, then bisects; each step is a whole run (--warmup, --requests). With --rate 0 it
+searches a closed loop instead, from --concurrency requests in flight up. Throughput and
+goodput count the requests finished between the first and the last measured send. Throughput
+gains from cache hits show only there: below capacity every strategy finishes the same requests.
+  prefixrouter bench --target http://router:8080 --preset shared-8k-seed --rate 0 --concurrency 7 \
+    --capacity-p90 2s --requests 600 --warmup 150 --reset-prefix-cache --metrics-url ...`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if len(cfg.Targets) == 0 {
@@ -59,6 +61,12 @@ cache hits show only there: below capacity every strategy finishes the same requ
 			cfg.Progress = os.Stderr
 			if capa.TargetP90 > 0 {
 				capa.Run, capa.StartRate, capa.Progress = cfg, cfg.Rate, os.Stderr
+				if cfg.Rate == 0 {
+					if cfg.Concurrency == 0 {
+						return usageErr("a closed-loop capacity search (--rate 0) starts at --concurrency: set it")
+					}
+					capa.StartConcurrency = cfg.Concurrency
+				}
 				res, err := bench.Capacity(cmd.Context(), capa)
 				if res != nil {
 					if werr := res.WriteTable(cmd.OutOrStdout()); werr != nil {
@@ -115,6 +123,7 @@ cache hits show only there: below capacity every strategy finishes the same requ
 	f.StringVar(&out, "out", "", "write the result as JSON to this file")
 	f.DurationVar(&capa.TargetP90, "capacity-p90", 0, "search the capacity: the highest rate (from --rate up) at which TTFT p90 stays within this (server time); 0: one run at --rate")
 	f.Float64Var(&capa.MaxRate, "capacity-max-rate", 0, "cap of the capacity search, requests/s (0: 64 × --rate)")
+	f.IntVar(&capa.MaxConcurrency, "capacity-max-concurrency", 0, "cap of a closed-loop capacity search, requests in flight (0: 64 × --concurrency)")
 	f.IntVar(&capa.Refine, "capacity-refine", 0, "bisection steps after the first rate that misses the target (0: 3; -1: none)")
 	return c
 }

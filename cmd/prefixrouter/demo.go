@@ -16,6 +16,7 @@ func newDemoCmd() *cobra.Command {
 		logLevel   slog.Level
 		workloads  []string
 		strategies []string
+		capacity   string
 	)
 	c := &cobra.Command{
 		Use:   "demo",
@@ -62,6 +63,16 @@ The model servers are simulated: no GPU is used, and the figures are the simulat
 					}
 					cfg.Strategies = append(cfg.Strategies, st)
 				}
+				cfg.Capacity.Strategies = cfg.Strategies
+			}
+			switch capacity {
+			case "on":
+			case "off":
+				cfg.Capacity = nil
+			case "only":
+				cfg.Workloads, cfg.OverheadProbes = nil, 0
+			default:
+				return usageErr("--capacity %q is not one of on, off, only", capacity)
 			}
 			cfg.Out = cmd.OutOrStdout()
 			_, err := demo.Run(cmd.Context(), cfg)
@@ -75,6 +86,7 @@ The model servers are simulated: no GPU is used, and the figures are the simulat
 	f.Float64Var(&cfg.BalanceFactor, "balance-factor", cfg.BalanceFactor, "bounded-load factor of the router replicas under PREFIX_AWARE (0: off)")
 	f.StringSliceVar(&workloads, "workload", nil, "run only these workload presets (default: all of the demo's; another preset runs at 7 req/s, 200 warm-up + 600 measured requests)")
 	f.StringSliceVar(&strategies, "strategy", nil, "run only these strategies (default: RANDOM, LEAST_OUTSTANDING_REQUESTS, PREFIX_AWARE)")
+	f.StringVar(&capacity, "capacity", "on", "the capacity search after the workloads (issue 22): on, off, or only (no workloads)")
 	f.BoolVar(&cfg.FixedKeys, "fixed-keys", cfg.FixedKeys, "after each PREFIX_AWARE run, run PREFIX_AWARE with SageMaker's fixed-length keys ("+demo.FixedLabel+")")
 	f.BoolVar(&cfg.HotKeys, "hot-keys", cfg.HotKeys, "after each PREFIX_AWARE run, run PREFIX_AWARE with fixed-length keys and hot-key replication ("+demo.HotLabel+")")
 	f.Int64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the request streams")

@@ -97,6 +97,7 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"adapter remove bad name", []string{"adapter", "remove", "--name", "a/b"}, "--name"},
 		{"adapter list bad endpoint", []string{"adapter", "list", "--endpoint", "a b"}, "--endpoint"},
 		{"demo unknown workload", []string{"demo", "--workload", "nope"}, "nope"},
+		{"demo unknown capacity mode", []string{"demo", "--capacity", "maybe"}, "maybe"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -276,5 +277,14 @@ func TestBenchCapacity(t *testing.T) {
 	b, err := os.ReadFile(out)
 	if err != nil || !strings.Contains(string(b), `"steps"`) {
 		t.Fatalf("JSON report: %v\n%s", err, b)
+	}
+	// --rate 0: a closed loop from --concurrency up, to its cap.
+	stdout, stderr, code = runCLI(t, "bench", "--target", srv.URL, "--preset", "sharegpt-like", "--rate", "0", "--concurrency", "2", "--requests", "10", "--warmup", "0",
+		"--capacity-p90", "1m", "--capacity-max-concurrency", "3")
+	if code != 0 || !strings.Contains(stdout, "at least 3 in flight (the search's cap)") {
+		t.Fatalf("closed loop: exit %d: %s\n%s", code, stderr, stdout)
+	}
+	if _, stderr, code = runCLI(t, "bench", "--target", srv.URL, "--rate", "0", "--capacity-p90", "1m"); code == 0 || !strings.Contains(stderr, "--concurrency") {
+		t.Fatalf("a closed loop without --concurrency: exit %d: %s", code, stderr)
 	}
 }

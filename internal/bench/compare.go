@@ -458,12 +458,12 @@ svg{font-size:11px;font-family:inherit}.note{color:#555}li.sub{margin-left:2em;l
 <table><tr>{{range .CapHeader}}<th>{{.}}</th>{{end}}</tr>
 {{range .CapRows}}<tr>{{range .}}<td>{{.}}</td>{{end}}</tr>
 {{end}}</table>
-{{with .CapChart}}<svg width="{{$.W}}" height="{{$.H}}" viewBox="0 0 {{$.W}} {{$.H}}" role="img" aria-label="TTFT p90 against offered rate">
+{{with .CapChart}}<svg width="{{$.W}}" height="{{$.H}}" viewBox="0 0 {{$.W}} {{$.H}}" role="img" aria-label="TTFT p90 against the load">
 <rect x="{{$.PadL}}" y="{{$.PadT}}" width="{{sub $.PlotR $.PadL}}" height="{{sub $.PlotB $.PadT}}" fill="none" stroke="#999"/>
 {{range .XTicks}}<line x1="{{.X}}" y1="{{$.PadT}}" x2="{{.X}}" y2="{{.Y}}" stroke="#eee"/><text x="{{.X}}" y="{{add .Y 14}}" text-anchor="middle">{{.Label}}</text>
 {{end}}{{range .YTicks}}<line x1="{{.X}}" y1="{{.Y}}" x2="{{$.PlotR}}" y2="{{.Y}}" stroke="#eee"/><text x="{{sub .X 4}}" y="{{add .Y 4}}" text-anchor="end">{{.Label}}</text>
 {{end}}<line x1="{{$.PadL}}" y1="{{.TargetY}}" x2="{{$.PlotR}}" y2="{{.TargetY}}" stroke="#000" stroke-dasharray="4 3"/><text x="{{sub $.PlotR 4}}" y="{{sub .TargetY 4}}" text-anchor="end">target</text>
-<text x="{{add $.PadL 160}}" y="{{sub $.H 6}}">offered rate (req/s, log scale) → TTFT p90 (ms, log scale)</text>
+<text x="{{add $.PadL 160}}" y="{{sub $.H 6}}">{{.XLabel}} → TTFT p90 (ms, log scale)</text>
 {{range $i, $l := .Lines}}<path d="{{$l.Path}}" fill="none" stroke="{{$l.Color}}" stroke-width="1.8"/>
 <rect x="{{add $.PadL 10}}" y="{{sub (legendY $i) 8}}" width="10" height="10" fill="{{$l.Color}}"/><text x="{{add $.PadL 24}}" y="{{legendY $i}}">{{$l.Label}}</text>
 {{end}}</svg>{{end}}

@@ -98,7 +98,7 @@ func idleRunWith(t *testing.T, p Preset, mode idleMode, replicas, instances, kvT
 			ps = append(ps, written[i])
 		}
 		e := ep
-		e.Popular = fleet.MergePopularity(ps)
+		e.Popular, e.Served = fleet.MergePopularity(ps), fleet.MergeServed(ps)
 		s := fleet.NewSnapshot([]fleet.Endpoint{e}, 0, replicas, time.Now())
 		for _, r := range rs {
 			r.Update(s)
@@ -255,12 +255,12 @@ func TestAdaptiveKeysIdle(t *testing.T) {
 		if ad.hit < one.hit-0.01 {
 			t.Errorf("%s: adaptive hit rate %.1f %% below fixed k = 1's %.1f %% minus a point", name, 100*ad.hit, 100*one.hit)
 		}
-		// agentic holds 8 sessions of 20-40 turns open at once: each is an
-		// eighth of the traffic and keeps its instance (its history is
-		// there), so one of 7 instances holds two at any moment, and which
-		// one is the hash's luck over the run's 33 sessions (22-25 %,
-		// docs/balance.md); it is logged, not held to the line.
-		if bA.MaxShare > 1.5/7 && name != "agentic" {
+		// agentic holds 8 sessions of 20-40 turns open at once, each an
+		// eighth of the traffic and kept on its instance (its history is
+		// there): by the session's key alone, which instance holds two was
+		// the hash's luck (22-26 %); the weighted placement of a hot
+		// prefix's new children is what holds it to the line.
+		if bA.MaxShare > 1.5/7 {
 			t.Errorf("%s: adaptive largest instance %.1f %% above 1.5 fair shares (21.4 %%)", name, 100*bA.MaxShare)
 		}
 		if name == "agent" && ad.hit < orc.HitRate-0.05 {

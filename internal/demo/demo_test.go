@@ -26,7 +26,8 @@ func TestDemoSmall(t *testing.T) {
 	cfg.Strategies = []fleet.Strategy{fleet.Random, fleet.PrefixAware}
 	// A target of an hour (server time, which the time scale multiplies
 	// the client's own overhead into): every step holds on a loaded machine.
-	cfg.Capacity = &Capacity{Preset: "bot", TargetP90: time.Hour, StartRate: 20, MaxRate: 30, Warmup: 5, Requests: 30,
+	// A closed loop, as the default: 2, then 3 in flight (the cap).
+	cfg.Capacity = &Capacity{Preset: "bot", TargetP90: time.Hour, StartConcurrency: 2, MaxConcurrency: 3, Warmup: 5, Requests: 30,
 		Strategies: []fleet.Strategy{fleet.Random, fleet.PrefixAware}}
 	cfg.OutDir = t.TempDir()
 	var out, progress bytes.Buffer
@@ -66,9 +67,14 @@ func TestDemoSmall(t *testing.T) {
 		t.Fatalf("%d capacity searches, want RANDOM and PREFIX_AWARE", len(cmp.Capacity))
 	}
 	for _, c := range cmp.Capacity {
-		if len(c.Steps) != 2 || !c.Bounded || c.Rate != 30 || c.Goodput <= 0 {
+		if len(c.Steps) != 2 || !c.Bounded || c.Concurrency != 3 || c.Rate != 0 || c.Goodput <= 0 || c.Instances != 3 {
 			t.Errorf("capacity of %s: %+v", c.Label, c)
 		}
+	}
+	// The notes compare the two at each concurrency, with the cost model.
+	if notes := strings.Join(cmp.Notes, "\n"); !strings.Contains(notes, "throughput at equal concurrency") || !strings.Contains(notes, "2: ") ||
+		!strings.Contains(notes, "why: in the simulator's cost model") {
+		t.Errorf("capacity notes:\n%s", notes)
 	}
 	if !strings.Contains(out.String(), "Capacity at the latency target") {
 		t.Errorf("the comparison must show the capacity search:\n%s", out.String())

@@ -1,7 +1,12 @@
 package demo
 
 import (
+	"cmp"
 	"fmt"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
@@ -28,7 +33,7 @@ const (
 // figures, and says why where a figure falls short, from the measurements
 // and the simulator's cost model rather than from prose written in advance.
 func headline(cmp *bench.Comparison, prof sim.Profile) []string {
-	notes := capacityNotes(cmp)
+	notes := capacityNotes(cmp, prof)
 	for _, preset := range cmp.Presets() {
 		pa, rnd := runOf(cmp, preset, fleet.PrefixAware), runOf(cmp, preset, fleet.Random)
 		if pa == nil || rnd == nil || rnd.TTFT.P50 <= 0 || rnd.TTFT.P90 <= 0 {
@@ -160,9 +165,10 @@ func runOfLabel(cmp *bench.Comparison, preset, label string) *bench.Result {
 	return nil
 }
 
-// capacityNotes compares the capacity searches: PREFIX_AWARE's rate and
-// goodput within the target against RANDOM's, beside the seed's +16 %.
-func capacityNotes(cmp *bench.Comparison) []string {
+// capacityNotes compares the capacity searches: PREFIX_AWARE's best
+// goodput within the target against RANDOM's, beside the seed's +16 %, and
+// what the simulator's cost model says cache hits can buy at those points.
+func capacityNotes(cmp *bench.Comparison, prof sim.Profile) []string {
 	var pa, rnd *bench.CapacityResult
 	for _, c := range cmp.Capacity {
 		switch fleet.Strategy(c.Label) {
@@ -177,12 +183,113 @@ func capacityNotes(cmp *bench.Comparison) []string {
 	}
 	gain, err := bench.CapacityGain(pa, rnd)
 	if err != nil {
-		return []string{fmt.Sprintf("Capacity on `%s` at TTFT p90 ≤ %.0f ms: %v (PREFIX_AWARE %.3g req/s, RANDOM %.3g req/s).", pa.Preset, pa.TargetP90Ms, err, pa.Rate, rnd.Rate)}
+		return []string{fmt.Sprintf("Capacity on `%s` at TTFT p90 ≤ %.0f ms: %v (PREFIX_AWARE %d steps, RANDOM %d).", pa.Preset, pa.TargetP90Ms, err, len(pa.Steps), len(rnd.Steps))}
 	}
-	line := fmt.Sprintf("Capacity on `%s` at TTFT p90 ≤ %.0f ms: PREFIX_AWARE's best goodput %.3g req/s (offered %.3g), RANDOM's %.3g req/s (offered %.3g): %.2f× the goodput at the same latency target.",
-		pa.Preset, pa.TargetP90Ms, pa.BestGoodput, pa.BestRate, rnd.BestGoodput, rnd.BestRate, gain)
+	ps, rs := pa.Steps[pa.BestStep], rnd.Steps[rnd.BestStep]
+	line := fmt.Sprintf("Capacity on `%s` at TTFT p90 ≤ %.0f ms: PREFIX_AWARE's best goodput %.3g req/s (at %s, hit rate %.1f%%), RANDOM's %.3g req/s (at %s, hit rate %.1f%%): %.2f× the goodput at the same latency target.",
+		pa.Preset, pa.TargetP90Ms, pa.BestGoodput, ps.Load(), 100*ps.HitRate, rnd.BestGoodput, rs.Load(), 100*rs.HitRate, gain)
 	if pa.Bounded {
 		line += " PREFIX_AWARE's search stopped at its cap still holding: its capacity is at least that."
 	}
-	return []string{line, "  - " + verdict(gain >= targetThroughput, fmt.Sprintf("the seed's throughput gain of +16 %%: %+.0f %%", 100*(gain-1)))}
+	notes := []string{line, "  - " + verdict(gain >= targetThroughput, fmt.Sprintf("the seed's throughput gain of +16 %%: %+.0f %%", 100*(gain-1)))}
+	if why := ceilingNote(pa, rnd, prof); why != "" {
+		notes = append(notes, "  - why: "+why)
+	}
+	if eq := equalLoadNote(pa, rnd, prof); eq != "" {
+		notes = append(notes, "  - "+eq)
+	}
+	if pa.LoadAverage[0] != "" && rnd.LoadAverage[0] != "" {
+		line := fmt.Sprintf("  - the machine's load average (1, 5, 15 min) over the searches: RANDOM %s → %s, PREFIX_AWARE %s → %s; "+
+			"the servers run faster than real time, so a busy machine's delays in the client and router count that many times over.",
+			rnd.LoadAverage[0], rnd.LoadAverage[1], pa.LoadAverage[0], pa.LoadAverage[1])
+		if busiest := maxLoad(rnd.LoadAverage[:], pa.LoadAverage[:]); busiest > float64(runtime.NumCPU()) {
+			line += fmt.Sprintf(" BUSY: a 1-minute load of %.1f on %d CPUs: the machine's delays may have moved these capacity figures "+
+				"(docs/benchmarks.md: rerun on a quiet machine, or with a lower --time-scale).", busiest, runtime.NumCPU())
+		}
+		notes = append(notes, line)
+	}
+	return notes
+}
+
+// ceilingNote explains the measured gain with the cost model at the best
+// steps' own lengths, hit rates and requests in flight per instance.
+func ceilingNote(pa, rnd *bench.CapacityResult, prof sim.Profile) string {
+	ps, rs := pa.Steps[pa.BestStep], rnd.Steps[rnd.BestStep]
+	n := float64(cmp.Or(rnd.Instances, pa.Instances))
+	p, err := bench.LookupPreset(rnd.Preset)
+	if err != nil || n == 0 || p.DocumentTokens == 0 || rs.PromptTokens == 0 || ps.PromptTokens == 0 || rs.InFlight == 0 || ps.InFlight == 0 {
+		return ""
+	}
+	doc := p.DocumentTokens / sim.BlockTokens * sim.BlockTokens
+	rm := newServiceModel(prof, rs.PromptTokens, rs.OutputTokens, doc, rs.InFlight/n)
+	pm := newServiceModel(prof, ps.PromptTokens, ps.OutputTokens, doc, ps.InFlight/n)
+	rSvc, rShare := rm.Service(rs.HitRate)
+	pSvc, pShare := pm.Service(ps.HitRate)
+	sameBatch, _ := rm.Service(ps.HitRate)
+	ms := func(d time.Duration) string { return fmt.Sprintf("%.0f ms", float64(d)/1e6) }
+	return fmt.Sprintf("in the simulator's cost model a request here (%.0f prompt tokens, %.0f output) costs an instance %s of prefill on a miss and %s on a hit; "+
+		"its share of the decode steps is %s at RANDOM's %.1f requests in flight per instance (a step reads the weights once for the whole batch, so few requests per instance make decode dear) "+
+		"and %s at PREFIX_AWARE's %.1f. Prefill is %.0f%% of RANDOM's service time (%s at its hit rate of %.1f%%) and %.0f%% of PREFIX_AWARE's (%s at %.1f%%). "+
+		"A fleet kept busy finishes instances ÷ service time: %.3g vs %.3g req/s, a ceiling of %.2f× (%.2f× from the hit rates alone, at RANDOM's batch); "+
+		"the measured throughputs there were %.3g vs %.3g req/s and the goodput gain %.2f×.",
+		rs.PromptTokens, rs.OutputTokens, ms(rm.MissPrefill), ms(rm.HitPrefill),
+		ms(rm.Decode), rm.Batch, ms(pm.Decode), pm.Batch,
+		100*rShare, ms(rSvc), 100*rs.HitRate, 100*pShare, ms(pSvc), 100*ps.HitRate,
+		n/pSvc.Seconds(), n/rSvc.Seconds(), float64(rSvc)/float64(pSvc), float64(rSvc)/float64(sameBatch),
+		ps.Throughput, rs.Throughput, pa.BestGoodput/rnd.BestGoodput)
+}
+
+// equalLoadNote compares the two searches' throughput at each closed-loop
+// concurrency both ran (the seed's own comparison: a fixed number of
+// requests in flight), with the cost model's ratio at that load beside
+// it. It needs no latency judgement, so it is steadier than the best
+// goodput, which a single slow step can move.
+func equalLoadNote(pa, rnd *bench.CapacityResult, prof sim.Profile) string {
+	n := float64(cmp.Or(rnd.Instances, pa.Instances))
+	p, err := bench.LookupPreset(rnd.Preset)
+	if err != nil || n == 0 || p.DocumentTokens == 0 {
+		return ""
+	}
+	doc := p.DocumentTokens / sim.BlockTokens * sim.BlockTokens
+	byC := map[int]bench.CapacityStep{}
+	for _, s := range pa.Steps {
+		if s.Concurrency > 0 {
+			byC[s.Concurrency] = s
+		}
+	}
+	var parts []string
+	seen := map[int]bool{}
+	steps := slices.Clone(rnd.Steps)
+	slices.SortFunc(steps, func(a, b bench.CapacityStep) int { return a.Concurrency - b.Concurrency })
+	for _, rs := range steps {
+		ps, ok := byC[rs.Concurrency]
+		if rs.Concurrency == 0 || !ok || seen[rs.Concurrency] || rs.Throughput <= 0 || rs.PromptTokens == 0 || ps.PromptTokens == 0 {
+			continue
+		}
+		seen[rs.Concurrency] = true
+		b := float64(rs.Concurrency) / n
+		rSvc, _ := newServiceModel(prof, rs.PromptTokens, rs.OutputTokens, doc, b).Service(rs.HitRate)
+		pSvc, _ := newServiceModel(prof, ps.PromptTokens, ps.OutputTokens, doc, b).Service(ps.HitRate)
+		parts = append(parts, fmt.Sprintf("%d: %.2f× (model %.2f×)", rs.Concurrency, ps.Throughput/rs.Throughput, float64(rSvc)/float64(pSvc)))
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return "throughput at equal concurrency (requests in flight: PREFIX_AWARE's over RANDOM's, whether or not the target held): " + strings.Join(parts, ", ") + "."
+}
+
+// maxLoad is the highest 1-minute figure of the load averages given
+// ("1.5 0.9 0.7"); unreadable ones count 0.
+func maxLoad(lists ...[]string) float64 {
+	var m float64
+	for _, l := range lists {
+		for _, la := range l {
+			if f := strings.Fields(la); len(f) > 0 {
+				if v, err := strconv.ParseFloat(f[0], 64); err == nil {
+					m = max(m, v)
+				}
+			}
+		}
+	}
+	return m
 }

@@ -254,10 +254,17 @@ type engineMsg struct {
 // duration d takes d/scale of wall time. Simulated time advances by step
 // durations while busy, so goroutine overhead does not leak into the
 // simulated TTFT; when idle it catches up with the wall clock times scale.
+// A step ends at a wall-clock deadline (start + its simulated end / scale),
+// not d/scale after it began: a timer that fires late on a loaded machine
+// (a wake-up of a few ms is a whole step at scale 12) makes the next steps
+// run early until the engine is back on time, instead of slowing the
+// simulated GPU for good, which clients, timing in wall time × scale, saw
+// as a slower fleet (issue 22: capacity fell by half at load average 11).
 func (e *engine) run(in <-chan engineMsg, quit <-chan struct{}, scale float64) {
 	start := time.Now()
 	var now time.Duration // simulated
 	wallSim := func() time.Duration { return time.Duration(float64(time.Since(start)) * scale) }
+	wallAt := func(sim time.Duration) time.Time { return start.Add(time.Duration(float64(sim) / scale)) }
 	handle := func(m engineMsg, at time.Duration) {
 		if m.reset != nil {
 			m.reset <- e.cache.dropUnpinned()
@@ -282,14 +289,13 @@ func (e *engine) run(in <-chan engineMsg, quit <-chan struct{}, scale float64) {
 			}
 			continue
 		}
-		begin, wallBegin := now, time.Now()
-		timer := time.NewTimer(time.Duration(float64(st.dur) / scale))
+		begin := now
+		timer := time.NewTimer(time.Until(wallAt(begin + st.dur)))
 	wait:
 		for {
 			select {
 			case m := <-in:
-				at := begin + min(time.Duration(float64(time.Since(wallBegin))*scale), st.dur)
-				handle(m, at)
+				handle(m, min(max(wallSim(), begin), begin+st.dur))
 			case <-timer.C:
 				break wait
 			case <-quit:
