@@ -88,6 +88,8 @@ func TestAgentLlamaCpp(t *testing.T) {
 			if !withMetrics {
 				cfg.DrainTimeout = 200 * time.Millisecond // unknown load: only the timeout ends it
 			}
+			var registered func() bool
+			cfg.Options.Logger, registered = registeredLogger()
 			r := start(t, cfg)
 			want := map[string]int{"sql-lora": 0, "chat-lora": 1}
 			testsupport.Eventually(t, 5*time.Second, "registered as llama.cpp with indexed adapters", func() bool {
@@ -95,6 +97,9 @@ func TestAgentLlamaCpp(t *testing.T) {
 				return ok && in.Engine == engine.LlamaCpp && slices.Equal(in.Adapters, []string{"chat-lora", "sql-lora"}) &&
 					maps.Equal(in.AdapterIndex, want) && in.Labels[ModelLabel] == "tiny"
 			})
+			// The record shows before Run's registration returned; stopped
+			// in between, Run gives the registration up and skips the drain.
+			testsupport.Eventually(t, 5*time.Second, "Run past its registration", registered)
 			if !withMetrics {
 				if err := r.stop(t, 5*time.Second); err != nil {
 					t.Fatal(err)
