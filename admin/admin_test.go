@@ -34,8 +34,6 @@ import (
 	"github.com/prefixrouter/prefixrouter/router"
 )
 
-func TestMain(m *testing.M) { testsupport.VerifyNoLeaks(m) }
-
 // --- fakes of the small interfaces ---
 
 type snapSource struct {

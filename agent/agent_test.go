@@ -22,8 +22,6 @@ import (
 	"github.com/prefixrouter/prefixrouter/membership/etcdtest"
 )
 
-func TestMain(m *testing.M) { testsupport.VerifyNoLeaks(m) }
-
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 // registeredLogger is quiet, and reports whether the agent logged that

@@ -8,11 +8,7 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 )
-
-func TestMain(m *testing.M) { testsupport.VerifyNoLeaks(m) }
 
 func TestCompare(t *testing.T) {
 	tests := []struct {

@@ -24,8 +24,6 @@ import (
 	"github.com/prefixrouter/prefixrouter/router"
 )
 
-func TestMain(m *testing.M) { testsupport.VerifyNoLeaks(m) }
-
 // ep is the endpoint every test routes to.
 const ep = "chat"
 

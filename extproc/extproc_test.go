@@ -34,8 +34,6 @@ import (
 	"github.com/prefixrouter/prefixrouter/router"
 )
 
-func TestMain(m *testing.M) { testsupport.VerifyNoLeaks(m) }
-
 const endpoint = "ep"
 
 // cluster is a fleet of loopback model servers, a router over them (the

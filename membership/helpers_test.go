@@ -7,10 +7,7 @@ import (
 	"testing"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
-	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 )
-
-func TestMain(m *testing.M) { testsupport.VerifyNoLeaks(m) }
 
 func instanceOf(s *fleet.Snapshot, ep, id string) (fleet.Instance, bool) {
 	e := s.Endpoint(ep)

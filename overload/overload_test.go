@@ -16,10 +16,7 @@ import (
 	"github.com/sony/gobreaker/v2"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
-	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 )
-
-func TestMain(m *testing.M) { testsupport.VerifyNoLeaks(m) }
 
 // TestClassify is the rule's table (outcome.go): which outcomes count
 // against a breaker.

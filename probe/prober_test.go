@@ -10,8 +10,6 @@ import (
 	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 )
 
-func TestMain(m *testing.M) { testsupport.VerifyNoLeaks(m) }
-
 // waitRound blocks until the prober driven by fc has finished its round and
 // waits for the next (its timer is the clock's only waiter).
 func waitRound(t *testing.T, fc *testsupport.FakeClock) {

@@ -24,8 +24,6 @@ import (
 	"github.com/prefixrouter/prefixrouter/router"
 )
 
-func TestMain(m *testing.M) { testsupport.VerifyNoLeaks(m) }
-
 var quiet = slog.New(slog.DiscardHandler)
 
 // backends starts n loopback model servers answering 200.

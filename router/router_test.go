@@ -28,8 +28,6 @@ import (
 	"github.com/prefixrouter/prefixrouter/overload"
 )
 
-func TestMain(m *testing.M) { testsupport.VerifyNoLeaks(m) }
-
 // backend is a loopback model server. By default it answers 200 with its id;
 // a request with header X-Test-Block waits until release is closed (or the
 // request is canceled).

@@ -7,12 +7,9 @@ import (
 
 	collectorpb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 
-	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 	"github.com/prefixrouter/prefixrouter/tracing"
 	"github.com/prefixrouter/prefixrouter/tracing/tracingtest"
 )
-
-func TestMain(m *testing.M) { testsupport.VerifyNoLeaks(m) }
 
 // exportOne starts a provider, ends one span and flushes it.
 func exportOne(t *testing.T, o tracing.Options) *tracing.Provider {

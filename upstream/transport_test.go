@@ -20,8 +20,6 @@ import (
 	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 )
 
-func TestMain(m *testing.M) { testsupport.VerifyNoLeaks(m) }
-
 // server is an httptest server that counts the connections it accepted.
 type server struct {
 	*httptest.Server

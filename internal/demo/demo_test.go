@@ -10,10 +10,7 @@ import (
 	"time"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
-	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 )
-
-func TestMain(m *testing.M) { testsupport.VerifyNoLeaks(m) }
 
 // TestDemoSmall runs the whole demo path (etcd, agents, sims, two replicas,
 // live strategy switches, bench, reports) at a tiny size.

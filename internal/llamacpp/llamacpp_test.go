@@ -13,8 +13,6 @@ import (
 	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 )
 
-func TestMain(m *testing.M) { testsupport.VerifyNoLeaks(m) }
-
 // TestFromEnv: an unset variable is ErrNoEngine (tests skip on it); a path
 // that is not an executable, or a missing vocabulary, is an error naming
 // what to set; the kit's layout (lib/, the vocabulary beside the binary)

@@ -21,8 +21,6 @@ import (
 	"github.com/prefixrouter/prefixrouter/router"
 )
 
-func TestMain(m *testing.M) { testsupport.VerifyNoLeaks(m) }
-
 // start starts a fleet with the test's defaults (fast etcd, a fast
 // simulator) and closes it when the test ends.
 func start(t *testing.T, cfg localfleet.Options) *localfleet.Fleet {

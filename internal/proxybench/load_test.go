@@ -5,11 +5,7 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 )
-
-func TestMain(m *testing.M) { testsupport.VerifyNoLeaks(m) }
 
 // TestLoadDirect runs the closed loop against real loopback backends: every
 // request answered, bounded by the request budget, and latencies recorded.

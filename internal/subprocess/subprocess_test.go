@@ -4,11 +4,7 @@ import (
 	"os/exec"
 	"testing"
 	"time"
-
-	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 )
-
-func TestMain(m *testing.M) { testsupport.VerifyNoLeaks(m) }
 
 // TestStop: a process that honours SIGTERM ends at once; one that ignores
 // it is killed after the grace; an exited one is left alone.

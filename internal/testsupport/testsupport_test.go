@@ -8,8 +8,6 @@ import (
 	"time"
 )
 
-func TestMain(m *testing.M) { VerifyNoLeaks(m) }
-
 // fatalRecorder is a testing.TB whose Fatalf records the failure and stops
 // the calling goroutine, as the real one does, so that a test can check that
 // Eventually fails when it should.

@@ -4,11 +4,7 @@ import (
 	"context"
 	"testing"
 	"time"
-
-	"github.com/prefixrouter/prefixrouter/internal/testsupport"
 )
-
-func TestMain(m *testing.M) { testsupport.VerifyNoLeaks(m) }
 
 func TestRestartKeepsData(t *testing.T) {
 	e := Start(t)

@@ -1,0 +1,9 @@
+package agent
+
+import (
+	"testing"
+
+	"github.com/prefixrouter/prefixrouter/internal/testsupport"
+)
+
+func TestMain(m *testing.M) { testsupport.VerifyNoLeaks(m) }

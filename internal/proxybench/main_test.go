@@ -1,0 +1,9 @@
+package proxybench
+
+import (
+	"testing"
+
+	"github.com/prefixrouter/prefixrouter/internal/testsupport"
+)
+
+func TestMain(m *testing.M) { testsupport.VerifyNoLeaks(m) }

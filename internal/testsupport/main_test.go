@@ -1,0 +1,5 @@
+package testsupport
+
+import "testing"
+
+func TestMain(m *testing.M) { VerifyNoLeaks(m) }

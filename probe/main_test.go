@@ -1,0 +1,9 @@
+package probe
+
+import (
+	"testing"
+
+	"github.com/prefixrouter/prefixrouter/internal/testsupport"
+)
+
+func TestMain(m *testing.M) { testsupport.VerifyNoLeaks(m) }
