@@ -121,13 +121,20 @@ type Options struct {
 // ErrUnknownScenario is returned by Run for a name not in Scenarios().
 var ErrUnknownScenario = errors.New("chaos: unknown scenario")
 
+// Defaults are the sizes a zero Options field stands for: the command's
+// flag defaults, so that the two never disagree.
+func Defaults() Options {
+	return Options{Instances: 7, Replicas: 2, Keys: 10_000, TimeScale: 20, LoadRate: 40, Seed: 1}
+}
+
 func (c Options) withDefaults() (Options, error) {
-	c.Instances = cmp.Or(c.Instances, 7)
-	c.Replicas = cmp.Or(c.Replicas, 2)
-	c.Keys = cmp.Or(c.Keys, 10_000)
-	c.TimeScale = cmp.Or(c.TimeScale, 20)
-	c.LoadRate = cmp.Or(c.LoadRate, 40)
-	c.Seed = cmp.Or(c.Seed, 1)
+	d := Defaults()
+	c.Instances = cmp.Or(c.Instances, d.Instances)
+	c.Replicas = cmp.Or(c.Replicas, d.Replicas)
+	c.Keys = cmp.Or(c.Keys, d.Keys)
+	c.TimeScale = cmp.Or(c.TimeScale, d.TimeScale)
+	c.LoadRate = cmp.Or(c.LoadRate, d.LoadRate)
+	c.Seed = cmp.Or(c.Seed, d.Seed)
 	c.TTL = cmp.Or(c.TTL, 2*time.Second)
 	if c.LoadWindow == 0 {
 		c.LoadWindow = time.Second

@@ -14,11 +14,9 @@ import (
 )
 
 func newChaosCmd() *cobra.Command {
-	var (
-		cfg      = chaos.Options{Instances: 7, Replicas: 2, TimeScale: 20}
-		outDir   string
-		logLevel slog.Level
-	)
+	cfg := chaos.Defaults()
+	var outDir string
+	var logLevel slog.Level
 	var lines []string
 	for _, s := range chaos.Scenarios() {
 		lines = append(lines, fmt.Sprintf("  %-17s %s", s, chaos.Description(s)))
@@ -64,10 +62,10 @@ Exits 1 when a check fails. --long runs more cycles and longer windows (a 30 s e
 	}
 	f := c.Flags()
 	bindSimulatedFleet(f, &cfg.Instances, &cfg.Replicas, &cfg.TimeScale)
-	f.IntVar(&cfg.Keys, "keys", 10000, "probe keys compared before and after each event")
-	f.Float64Var(&cfg.LoadRate, "rate", 40, "background load, requests/s over all replicas")
+	f.IntVar(&cfg.Keys, "keys", cfg.Keys, "probe keys compared before and after each event")
+	f.Float64Var(&cfg.LoadRate, "rate", cfg.LoadRate, "background load, requests/s over all replicas")
 	f.BoolVar(&cfg.Long, "long", false, "more cycles and longer windows (soak)")
-	f.Int64Var(&cfg.Seed, "seed", 1, "seed of the probe texts and of the victims")
+	f.Int64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the probe texts and of the victims")
 	f.StringSliceVar(&cfg.Scenarios, "scenario", nil, "scenarios to run (default: all)")
 	f.StringVar(&outDir, "out-dir", "chaos-report", "directory for report.md and report.json (empty: none)")
 	bindLogLevel(f, &logLevel, slog.LevelError, "log level of the embedded components")

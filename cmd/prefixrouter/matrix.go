@@ -9,11 +9,9 @@ import (
 )
 
 func newMatrixCmd() *cobra.Command {
-	var (
-		o        = matrix.Options{Instances: 4, Replicas: 1, TimeScale: 20}
-		out      string
-		logLevel slog.Level
-	)
+	o := matrix.Defaults()
+	var out string
+	var logLevel slog.Level
 	c := &cobra.Command{
 		Use:   "matrix",
 		Short: "Run the seed's 16-configuration benchmark, PREFIX_AWARE against RANDOM (make matrix)",
@@ -41,9 +39,9 @@ exits 1 unless every request of every run succeeded. The servers are simulated.`
 	}
 	f := c.Flags()
 	bindSimulatedFleet(f, &o.Instances, &o.Replicas, &o.TimeScale)
-	f.IntVar(&o.Requests, "requests", 40, "measured requests per run")
-	f.IntVar(&o.Warmup, "warmup", 8, "warm-up requests per run")
-	f.IntVar(&o.Concurrency, "concurrency", 8, "requests in flight per run")
+	f.IntVar(&o.Requests, "requests", o.Requests, "measured requests per run")
+	f.IntVar(&o.Warmup, "warmup", o.Warmup, "warm-up requests per run")
+	f.IntVar(&o.Concurrency, "concurrency", o.Concurrency, "requests in flight per run")
 	f.StringVar(&out, "out", "", "write the table to this file instead of stdout")
 	bindLogLevel(f, &logLevel, slog.LevelWarn, "log level")
 	return c

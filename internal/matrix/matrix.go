@@ -5,6 +5,7 @@
 package matrix
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -39,23 +40,21 @@ type Options struct {
 	Logger *slog.Logger
 }
 
+// Defaults are the sizes a zero Options field stands for: the command's
+// flag defaults, so that the two never disagree.
+func Defaults() Options {
+	return Options{Instances: 4, Replicas: 1, Requests: 40, Warmup: 8, Concurrency: 8, TimeScale: 20, Seed: 1}
+}
+
 func (o Options) withDefaults() Options {
-	def := func(v *int, d int) {
-		if *v == 0 {
-			*v = d
-		}
-	}
-	def(&o.Instances, 4)
-	def(&o.Replicas, 1)
-	def(&o.Requests, 40)
-	def(&o.Warmup, 8)
-	def(&o.Concurrency, 8)
-	if o.TimeScale == 0 {
-		o.TimeScale = 20
-	}
-	if o.Seed == 0 {
-		o.Seed = 1
-	}
+	d := Defaults()
+	o.Instances = cmp.Or(o.Instances, d.Instances)
+	o.Replicas = cmp.Or(o.Replicas, d.Replicas)
+	o.Requests = cmp.Or(o.Requests, d.Requests)
+	o.Warmup = cmp.Or(o.Warmup, d.Warmup)
+	o.Concurrency = cmp.Or(o.Concurrency, d.Concurrency)
+	o.TimeScale = cmp.Or(o.TimeScale, d.TimeScale)
+	o.Seed = cmp.Or(o.Seed, d.Seed)
 	if o.Progress == nil {
 		o.Progress = io.Discard
 	}
