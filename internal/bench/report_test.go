@@ -134,7 +134,7 @@ func TestQuantilesAndRegime(t *testing.T) {
 	tests := []struct {
 		ws, inst int64
 		n        int
-		want     string
+		want     RegimeClass
 	}{
 		{100, 0, 4, RegimeUnknown},
 		{100, 100, 4, RegimeFitsOne},

@@ -132,13 +132,16 @@ type MetricsDelta struct {
 	Evaluated float64 `json:"evaluated,omitempty"`
 }
 
-// Regime classes: where the working set sits against the KV capacities.
+// RegimeClass says where the working set sits against the KV capacities.
+type RegimeClass string
+
+// The regime classes, as reports print them.
 const (
-	RegimeUnknown    = "capacity unknown"
-	RegimeFitsOne    = "fits one instance"
-	RegimeFitsFleet  = "fits the fleet, not one instance"
-	RegimeOverflows  = "exceeds the fleet"
-	RegimeNoInstance = "no instances given"
+	RegimeUnknown    RegimeClass = "capacity unknown"
+	RegimeFitsOne    RegimeClass = "fits one instance"
+	RegimeFitsFleet  RegimeClass = "fits the fleet, not one instance"
+	RegimeOverflows  RegimeClass = "exceeds the fleet"
+	RegimeNoInstance RegimeClass = "no instances given"
 )
 
 // Regime states the working set against per-instance and fleet KV capacity.
@@ -147,16 +150,16 @@ type Regime struct {
 	WorkingSetTokens int64 `json:"working_set_tokens"`
 	// StreamDistinctTokens is what the oracle cached over the whole run
 	// (every distinct full block, unshared suffixes included).
-	StreamDistinctTokens int64  `json:"stream_distinct_tokens"`
-	InstanceKVTokens     int64  `json:"instance_kv_tokens"`
-	Instances            int    `json:"instances"`
-	FleetKVTokens        int64  `json:"fleet_kv_tokens"`
-	Class                string `json:"class"`
+	StreamDistinctTokens int64       `json:"stream_distinct_tokens"`
+	InstanceKVTokens     int64       `json:"instance_kv_tokens"`
+	Instances            int         `json:"instances"`
+	FleetKVTokens        int64       `json:"fleet_kv_tokens"`
+	Class                RegimeClass `json:"class"`
 }
 
 // classify places working set ws against one instance's capacity inst
 // and the fleet's, fleet, over n instances.
-func classify(ws, inst, fleet int64, n int) string {
+func classify(ws, inst, fleet int64, n int) RegimeClass {
 	switch {
 	case inst <= 0:
 		return RegimeUnknown
@@ -179,7 +182,7 @@ func (g Regime) String() string {
 			s += fmt.Sprintf(", %s over %d instances", tokens(g.FleetKVTokens), g.Instances)
 		}
 	}
-	return s + ": " + g.Class
+	return s + ": " + string(g.Class)
 }
 
 func tokens(n int64) string {
