@@ -36,24 +36,9 @@ func main() {
 }
 
 func run() error {
-	var o swarm.Options
-	d := swarm.Defaults()
-	flag.IntVar(&o.Instances, "instances", d.Instances, "instances registered before the replicas start (N)")
-	flag.IntVar(&o.Replicas, "replicas", d.Replicas, "router replicas' membership watchers (R)")
-	flag.IntVar(&o.PerClient, "per-client", d.PerClient, "initial instances sharing one etcd client")
-	flag.DurationVar(&o.TTL, "ttl", d.TTL, "lease TTL")
-	flag.IntVar(&o.Joins, "joins", d.Joins, "churn: instances that join (joins, leaves and crashes all 0: the defaults)")
-	flag.IntVar(&o.Leaves, "leaves", d.Leaves, "churn: instances that leave gracefully")
-	flag.IntVar(&o.Crashes, "crashes", d.Crashes, "churn: joined instances that crash (lease expires)")
-	flag.Float64Var(&o.Rate, "rate", d.Rate, "churn: most events started per second")
-	flag.DurationVar(&o.Quiet, "quiet", d.Quiet, "window without churn for the steady etcd load")
-	flag.DurationVar(&o.Wait, "wait", d.Wait, "longest wait for one event to reach every replica (crashes add the TTL)")
-	flag.IntVar(&o.Registrations, "registrations", d.Registrations, "instances registering at once")
-	flag.IntVar(&o.StartWave, "start-wave", d.StartWave, "replicas started together, each wave after the last agrees (0: all at once)")
-	flag.StringVar(&o.Etcd, "etcd", "", "client URL of an etcd member to use (its /metrics is scraped)")
+	o := swarm.Defaults()
+	bindOptions(flag.CommandLine, &o)
 	inProcess := flag.Bool("etcd-in-process", false, "embed etcd in this process instead of a child process")
-	flag.StringVar(&o.Dir, "dir", "", "etcd data directory (default: a new temporary one)")
-	flag.DurationVar(&o.Timeout, "timeout", d.Timeout, "bound of the whole run")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the harness to this file")
 	churnprofile := flag.String("churn-cpuprofile", "", "write a CPU profile of the churn phase alone to this file")
 	serveEtcd := flag.String("serve-etcd", "", "internal: serve an embedded etcd with this data directory, print its URL, stop at end of stdin")
@@ -101,6 +86,41 @@ func run() error {
 		rep.Write(os.Stdout)
 	}
 	return err
+}
+
+// flagOf is one flag bound to an Options field, defaulting to the field's
+// value (swarm.Defaults).
+type flagOf[T any] struct {
+	v           *T
+	name, usage string
+}
+
+func bind[T any](define func(*T, string, T, string), flags ...flagOf[T]) {
+	for _, f := range flags {
+		define(f.v, f.name, *f.v, f.usage)
+	}
+}
+
+// bindOptions binds the harness's settings, by type.
+func bindOptions(fs *flag.FlagSet, o *swarm.Options) {
+	bind(fs.IntVar,
+		flagOf[int]{&o.Instances, "instances", "instances registered before the replicas start (N)"},
+		flagOf[int]{&o.Replicas, "replicas", "router replicas' membership watchers (R)"},
+		flagOf[int]{&o.PerClient, "per-client", "initial instances sharing one etcd client"},
+		flagOf[int]{&o.Registrations, "registrations", "instances registering at once"},
+		flagOf[int]{&o.StartWave, "start-wave", "replicas started together, each wave after the last agrees (0: all at once)"},
+		flagOf[int]{&o.Joins, "joins", "churn: instances that join (joins, leaves and crashes all 0: the defaults)"},
+		flagOf[int]{&o.Leaves, "leaves", "churn: instances that leave gracefully"},
+		flagOf[int]{&o.Crashes, "crashes", "churn: joined instances that crash (lease expires)"})
+	bind(fs.Float64Var, flagOf[float64]{&o.Rate, "rate", "churn: most events started per second"})
+	bind(fs.DurationVar,
+		flagOf[time.Duration]{&o.TTL, "ttl", "lease TTL"},
+		flagOf[time.Duration]{&o.Quiet, "quiet", "window without churn for the steady etcd load"},
+		flagOf[time.Duration]{&o.Wait, "wait", "longest wait for one event to reach every replica (crashes add the TTL)"},
+		flagOf[time.Duration]{&o.Timeout, "timeout", "bound of the whole run"})
+	bind(fs.StringVar,
+		flagOf[string]{&o.Etcd, "etcd", "client URL of an etcd member to use (its /metrics is scraped)"},
+		flagOf[string]{&o.Dir, "dir", "etcd data directory (default: a new temporary one)"})
 }
 
 // child starts this command with -serve-etcd and returns the member's
