@@ -1,7 +1,7 @@
 // Package engine describes the model servers prefixrouter fronts (vLLM,
 // SGLang, llama.cpp's llama-server, TGI): one immutable Profile per
-// engine, naming what each exposes for health, load, cached prompt tokens
-// and LoRA adapters, and which of its error statuses prove an engine
+// engine, naming what each exposes for load, cached prompt tokens and LoRA
+// adapters, and which of its error statuses prove an engine
 // failure. docs/engines.md cites the engine versions each profile was
 // checked against.
 //
@@ -101,8 +101,6 @@ func (a Adapters) RuntimeLoading() bool { return a.LoadPath != "" && a.UnloadPat
 type Profile struct {
 	// Name is the engine's name in records; "" for Generic.
 	Name string
-	// HealthPath answers 200 once the server can serve.
-	HealthPath string
 	// Running, Waiting and KVCacheUsage are Prometheus gauge families on
 	// /metrics: requests being processed, requests queued, and the share
 	// (0..1) of the KV cache in use. Each lists alternative names, newest
@@ -125,23 +123,25 @@ type Profile struct {
 	metricPrefix, ownedBy, server string
 }
 
+// vllmAdapters is vLLM's adapter API: listed in /v1/models, loaded and
+// unloaded at run time, selected by "model". Generic assumes it too.
+var vllmAdapters = Adapters{List: ListModels, ListPath: "/v1/models",
+	LoadPath: "/v1/load_lora_adapter", UnloadPath: "/v1/unload_lora_adapter", Select: ByModel}
+
 // The profiles. docs/engines.md cites the source of every name.
 var (
 	vllm = Profile{
 		Name:         VLLM,
-		HealthPath:   "/health",
 		Running:      []string{"vllm:num_requests_running"},
 		Waiting:      []string{"vllm:num_requests_waiting"},
 		KVCacheUsage: []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"},
 		Cached:       CachedUsage, // with --enable-prompt-tokens-details
-		Adapters: Adapters{List: ListModels, ListPath: "/v1/models",
-			LoadPath: "/v1/load_lora_adapter", UnloadPath: "/v1/unload_lora_adapter", Select: ByModel},
+		Adapters:     vllmAdapters,
 		Fault500:     true,
 		metricPrefix: "vllm:", ownedBy: "vllm",
 	}
 	sglang = Profile{
 		Name:         SGLang,
-		HealthPath:   "/health",
 		Running:      []string{"sglang:num_running_reqs"},
 		Waiting:      []string{"sglang:num_queue_reqs"},
 		KVCacheUsage: []string{"sglang:token_usage"},
@@ -153,7 +153,6 @@ var (
 	}
 	llamaCpp = Profile{
 		Name:         LlamaCpp,
-		HealthPath:   "/health",
 		Running:      []string{"llamacpp:requests_processing"},
 		Waiting:      []string{"llamacpp:requests_deferred"},
 		KVCacheUsage: []string{"llamacpp:kv_cache_usage_ratio"},
@@ -164,7 +163,6 @@ var (
 	}
 	tgi = Profile{
 		Name:         TGI,
-		HealthPath:   "/health",
 		Running:      []string{"tgi_batch_current_size"},
 		Waiting:      []string{"tgi_queue_size"},
 		Cached:       CachedUsage, // TGI reports none; OpenAI's field if it ever does
@@ -184,11 +182,9 @@ var (
 // engines, so the breaker counts an unknown engine's 500s only when they
 // repeat across different requests (overload's rule, docs/operations.md).
 var Generic = Profile{
-	Name:       "",
-	HealthPath: "/health",
-	Cached:     CachedUsage | CachedTimings,
-	Adapters: Adapters{List: ListModels, ListPath: "/v1/models",
-		LoadPath: "/v1/load_lora_adapter", UnloadPath: "/v1/unload_lora_adapter", Select: ByModel},
+	Name:     "",
+	Cached:   CachedUsage | CachedTimings,
+	Adapters: vllmAdapters,
 	Fault500: false,
 }
 

@@ -225,11 +225,10 @@ func TestAdapterName(t *testing.T) {
 	}
 }
 
-// TestProfilesComplete: every profile names its health path and load
-// gauges, and an engine that loads adapters at run time names both paths.
+// TestProfilesComplete: every profile names its load gauges, and an engine that loads adapters at run time names both paths.
 func TestProfilesComplete(t *testing.T) {
 	for _, p := range engine.Profiles() {
-		if p.Name == "" || p.HealthPath == "" || len(p.Running) == 0 || len(p.Waiting) == 0 || p.Cached == 0 {
+		if p.Name == "" || len(p.Running) == 0 || len(p.Waiting) == 0 || p.Cached == 0 {
 			t.Errorf("%q: incomplete profile %+v", p.Name, p)
 		}
 		a := p.Adapters

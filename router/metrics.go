@@ -50,44 +50,43 @@ type metrics struct {
 	codes          [600]string // status code label values, to avoid Itoa per request
 }
 
+// counterVec declares one of the router's counters: its name, its help, the
+// labels it is counted by.
+func counterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
+}
+
 func newMetrics(reg prometheus.Registerer, r *Router) (*metrics, error) {
 	m := &metrics{
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "prefixrouter_requests_total",
-			Help: "Requests answered, by endpoint, routing strategy, routing decision and status code.",
-		}, []string{"endpoint", "strategy", "decision", "code"}),
+		requests: counterVec("prefixrouter_requests_total",
+			"Requests answered, by endpoint, routing strategy, routing decision and status code.",
+			"endpoint", "strategy", "decision", "code"),
 		pickSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "prefixrouter_pick_duration_seconds",
 			Help:    "Time to choose and admit an instance (model set, ring, admission; no I/O).",
 			Buckets: []float64{1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2.5e-4, 1e-3, 1e-2},
 		}, []string{"strategy"}),
-		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "prefixrouter_retries_total",
-			Help: "Requests re-sent to another instance after the first provably received nothing.",
-		}, []string{"endpoint"}),
-		upstreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "prefixrouter_upstream_errors_total",
-			Help: "Upstream failures by kind: dial, timeout, status (5xx), body (stream broke off), other.",
-		}, []string{"endpoint", "kind"}),
+		retries: counterVec("prefixrouter_retries_total",
+			"Requests re-sent to another instance after the first provably received nothing.",
+			"endpoint"),
+		upstreamErrors: counterVec("prefixrouter_upstream_errors_total",
+			"Upstream failures by kind: dial, timeout, status (5xx), body (stream broke off), other.",
+			"endpoint", "kind"),
 		keysMoved: newKeysMovedHistogram(),
 		// The KV hit rate the router sees: cached / prompt tokens, from the
 		// usage of the instances' answers (OpenAI's usage object).
-		promptTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "prefixrouter_prompt_tokens_total",
-			Help: "Prompt tokens of answered requests, from the usage the instance reported (usage.prompt_tokens), by endpoint, model, instance and routing decision.",
-		}, []string{"endpoint", "model", "instance", "decision"}),
-		cachedTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "prefixrouter_cached_prompt_tokens_total",
-			Help: "Prompt tokens served from the instance's prefix cache (usage.prompt_tokens_details.cached_tokens), by endpoint, model, instance and routing decision.",
-		}, []string{"endpoint", "model", "instance", "decision"}),
-		adapterWaits: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "prefixrouter_adapter_waits_total",
-			Help: "Requests that waited for an adapter to be loaded, by outcome: loaded, timeout, queue_full, client_gone.",
-		}, []string{"endpoint", "outcome"}),
-		staleRetries: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "prefixrouter_stale_adapter_retries_total",
-			Help: "Requests re-sent after an instance answered 404 for an adapter its record lists (the record was stale).",
-		}, []string{"endpoint"}),
+		promptTokens: counterVec("prefixrouter_prompt_tokens_total",
+			"Prompt tokens of answered requests, from the usage the instance reported (usage.prompt_tokens), by endpoint, model, instance and routing decision.",
+			"endpoint", "model", "instance", "decision"),
+		cachedTokens: counterVec("prefixrouter_cached_prompt_tokens_total",
+			"Prompt tokens served from the instance's prefix cache (usage.prompt_tokens_details.cached_tokens), by endpoint, model, instance and routing decision.",
+			"endpoint", "model", "instance", "decision"),
+		adapterWaits: counterVec("prefixrouter_adapter_waits_total",
+			"Requests that waited for an adapter to be loaded, by outcome: loaded, timeout, queue_full, client_gone.",
+			"endpoint", "outcome"),
+		staleRetries: counterVec("prefixrouter_stale_adapter_retries_total",
+			"Requests re-sent after an instance answered 404 for an adapter its record lists (the record was stale).",
+			"endpoint"),
 	}
 	for i := range m.codes {
 		m.codes[i] = strconv.Itoa(i)
