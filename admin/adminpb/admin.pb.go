@@ -79,543 +79,6 @@ func (BreakerState) EnumDescriptor() ([]byte, []int) {
 	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{0}
 }
 
-// Adapter is one catalogued LoRA adapter.
-type Adapter struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	// What the model server loads it from (vLLM's lora_path).
-	Source string `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`
-	// Set size when cold, and the cap under load; 0 means the defaults (1, 3).
-	MinReplicas int32 `protobuf:"varint,3,opt,name=min_replicas,json=minReplicas,proto3" json:"min_replicas,omitempty"`
-	MaxReplicas int32 `protobuf:"varint,4,opt,name=max_replicas,json=maxReplicas,proto3" json:"max_replicas,omitempty"`
-	// Output only: the current target set size.
-	Replicas      int32 `protobuf:"varint,5,opt,name=replicas,proto3" json:"replicas,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *Adapter) Reset() {
-	*x = Adapter{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[0]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *Adapter) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*Adapter) ProtoMessage() {}
-
-func (x *Adapter) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[0]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use Adapter.ProtoReflect.Descriptor instead.
-func (*Adapter) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{0}
-}
-
-func (x *Adapter) GetName() string {
-	if x != nil {
-		return x.Name
-	}
-	return ""
-}
-
-func (x *Adapter) GetSource() string {
-	if x != nil {
-		return x.Source
-	}
-	return ""
-}
-
-func (x *Adapter) GetMinReplicas() int32 {
-	if x != nil {
-		return x.MinReplicas
-	}
-	return 0
-}
-
-func (x *Adapter) GetMaxReplicas() int32 {
-	if x != nil {
-		return x.MaxReplicas
-	}
-	return 0
-}
-
-func (x *Adapter) GetReplicas() int32 {
-	if x != nil {
-		return x.Replicas
-	}
-	return 0
-}
-
-type ListAdaptersRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Endpoint      string                 `protobuf:"bytes,1,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *ListAdaptersRequest) Reset() {
-	*x = ListAdaptersRequest{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[1]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *ListAdaptersRequest) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*ListAdaptersRequest) ProtoMessage() {}
-
-func (x *ListAdaptersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[1]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use ListAdaptersRequest.ProtoReflect.Descriptor instead.
-func (*ListAdaptersRequest) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{1}
-}
-
-func (x *ListAdaptersRequest) GetEndpoint() string {
-	if x != nil {
-		return x.Endpoint
-	}
-	return ""
-}
-
-type ListAdaptersResponse struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// Sorted by name.
-	Adapters      []*Adapter `protobuf:"bytes,1,rep,name=adapters,proto3" json:"adapters,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *ListAdaptersResponse) Reset() {
-	*x = ListAdaptersResponse{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[2]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *ListAdaptersResponse) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*ListAdaptersResponse) ProtoMessage() {}
-
-func (x *ListAdaptersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[2]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use ListAdaptersResponse.ProtoReflect.Descriptor instead.
-func (*ListAdaptersResponse) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{2}
-}
-
-func (x *ListAdaptersResponse) GetAdapters() []*Adapter {
-	if x != nil {
-		return x.Adapters
-	}
-	return nil
-}
-
-type PutAdapterRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Endpoint      string                 `protobuf:"bytes,1,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
-	Adapter       *Adapter               `protobuf:"bytes,2,opt,name=adapter,proto3" json:"adapter,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *PutAdapterRequest) Reset() {
-	*x = PutAdapterRequest{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[3]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *PutAdapterRequest) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*PutAdapterRequest) ProtoMessage() {}
-
-func (x *PutAdapterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[3]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use PutAdapterRequest.ProtoReflect.Descriptor instead.
-func (*PutAdapterRequest) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{3}
-}
-
-func (x *PutAdapterRequest) GetEndpoint() string {
-	if x != nil {
-		return x.Endpoint
-	}
-	return ""
-}
-
-func (x *PutAdapterRequest) GetAdapter() *Adapter {
-	if x != nil {
-		return x.Adapter
-	}
-	return nil
-}
-
-type PutAdapterResponse struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// What was written, defaults filled in.
-	Adapter       *Adapter `protobuf:"bytes,1,opt,name=adapter,proto3" json:"adapter,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *PutAdapterResponse) Reset() {
-	*x = PutAdapterResponse{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[4]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *PutAdapterResponse) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*PutAdapterResponse) ProtoMessage() {}
-
-func (x *PutAdapterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[4]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use PutAdapterResponse.ProtoReflect.Descriptor instead.
-func (*PutAdapterResponse) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{4}
-}
-
-func (x *PutAdapterResponse) GetAdapter() *Adapter {
-	if x != nil {
-		return x.Adapter
-	}
-	return nil
-}
-
-type DeleteAdapterRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Endpoint      string                 `protobuf:"bytes,1,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
-	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *DeleteAdapterRequest) Reset() {
-	*x = DeleteAdapterRequest{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[5]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *DeleteAdapterRequest) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*DeleteAdapterRequest) ProtoMessage() {}
-
-func (x *DeleteAdapterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[5]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use DeleteAdapterRequest.ProtoReflect.Descriptor instead.
-func (*DeleteAdapterRequest) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{5}
-}
-
-func (x *DeleteAdapterRequest) GetEndpoint() string {
-	if x != nil {
-		return x.Endpoint
-	}
-	return ""
-}
-
-func (x *DeleteAdapterRequest) GetName() string {
-	if x != nil {
-		return x.Name
-	}
-	return ""
-}
-
-type DeleteAdapterResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *DeleteAdapterResponse) Reset() {
-	*x = DeleteAdapterResponse{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[6]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *DeleteAdapterResponse) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*DeleteAdapterResponse) ProtoMessage() {}
-
-func (x *DeleteAdapterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[6]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use DeleteAdapterResponse.ProtoReflect.Descriptor instead.
-func (*DeleteAdapterResponse) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{6}
-}
-
-// RoutingConfig is SageMaker's RoutingConfig, flattened.
-type RoutingConfig struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// One of RANDOM, LEAST_OUTSTANDING_REQUESTS, PREFIX_AWARE. Empty means
-	// PREFIX_AWARE.
-	Strategy string `protobuf:"bytes,1,opt,name=strategy,proto3" json:"strategy,omitempty"`
-	// Prefix units (bytes on invoke paths, characters on OpenAI paths) that
-	// form the routing key, the deepest the router looks at, 1024..65536. 0
-	// means the default: 32768 for PREFIX_AWARE with adaptive keys, else 4096.
-	PrefixLength int32 `protobuf:"varint,2,opt,name=prefix_length,json=prefixLength,proto3" json:"prefix_length,omitempty"`
-	// In-flight requests per instance before spilling, 1..1024. 0 means the
-	// default, 10.
-	ConcurrencyThreshold int32 `protobuf:"varint,3,opt,name=concurrency_threshold,json=concurrencyThreshold,proto3" json:"concurrency_threshold,omitempty"`
-	// PREFIX_AWARE only (PrefixAwareRoutingConfig.HotKeyReplication, an
-	// extension of SageMaker's shape): a key that alone needs more than one
-	// instance gets the first k of its ring order, chosen by load
-	// (docs/balance.md). False means the default: one instance per key.
-	HotKeyReplication bool `protobuf:"varint,4,opt,name=hot_key_replication,json=hotKeyReplication,proto3" json:"hot_key_replication,omitempty"`
-	// prefixrouter's TenantCacheSalt: set vLLM's cache_salt on OpenAI
-	// requests with a tenant id (prompt_cache_key) to a keyed hash of it, so
-	// tenants never share cached KV blocks. False means the default: request
-	// bodies are left as they are.
-	TenantCacheSalt bool `protobuf:"varint,5,opt,name=tenant_cache_salt,json=tenantCacheSalt,proto3" json:"tenant_cache_salt,omitempty"`
-	// SageMaker's ProductionVariants: split the endpoint's traffic by weight
-	// between variants when a request names no
-	// X-Amzn-SageMaker-Target-Variant; an instance belongs to the variant its
-	// label "variant" names. Empty means the default: no split.
-	ProductionVariants []*ProductionVariant `protobuf:"bytes,6,rep,name=production_variants,json=productionVariants,proto3" json:"production_variants,omitempty"`
-	// prefixrouter's FirstByteTimeoutInMilliseconds: cut a call whose
-	// instance sends no response byte within this long, counting against its
-	// breaker; 1..3600000. 0 means the default, each replica's
-	// --upstream-first-byte-timeout.
-	FirstByteTimeoutInMilliseconds int32 `protobuf:"varint,7,opt,name=first_byte_timeout_in_milliseconds,json=firstByteTimeoutInMilliseconds,proto3" json:"first_byte_timeout_in_milliseconds,omitempty"`
-	// PREFIX_AWARE only (PrefixAwareRoutingConfig.FixedLengthKeys): key every
-	// prompt on its first prefix_length units, SageMaker's exact behaviour.
-	// False means the default: keys follow the prompt's tree (the shallowest
-	// prefix that is not hot; docs/balance.md).
-	FixedLengthKeys bool `protobuf:"varint,8,opt,name=fixed_length_keys,json=fixedLengthKeys,proto3" json:"fixed_length_keys,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
-}
-
-func (x *RoutingConfig) Reset() {
-	*x = RoutingConfig{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[7]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *RoutingConfig) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*RoutingConfig) ProtoMessage() {}
-
-func (x *RoutingConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[7]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use RoutingConfig.ProtoReflect.Descriptor instead.
-func (*RoutingConfig) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{7}
-}
-
-func (x *RoutingConfig) GetStrategy() string {
-	if x != nil {
-		return x.Strategy
-	}
-	return ""
-}
-
-func (x *RoutingConfig) GetPrefixLength() int32 {
-	if x != nil {
-		return x.PrefixLength
-	}
-	return 0
-}
-
-func (x *RoutingConfig) GetConcurrencyThreshold() int32 {
-	if x != nil {
-		return x.ConcurrencyThreshold
-	}
-	return 0
-}
-
-func (x *RoutingConfig) GetHotKeyReplication() bool {
-	if x != nil {
-		return x.HotKeyReplication
-	}
-	return false
-}
-
-func (x *RoutingConfig) GetTenantCacheSalt() bool {
-	if x != nil {
-		return x.TenantCacheSalt
-	}
-	return false
-}
-
-func (x *RoutingConfig) GetProductionVariants() []*ProductionVariant {
-	if x != nil {
-		return x.ProductionVariants
-	}
-	return nil
-}
-
-func (x *RoutingConfig) GetFirstByteTimeoutInMilliseconds() int32 {
-	if x != nil {
-		return x.FirstByteTimeoutInMilliseconds
-	}
-	return 0
-}
-
-func (x *RoutingConfig) GetFixedLengthKeys() bool {
-	if x != nil {
-		return x.FixedLengthKeys
-	}
-	return false
-}
-
-// ProductionVariant is one variant's share of an endpoint's traffic.
-type ProductionVariant struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// 1..63 characters, unique within the config.
-	VariantName string `protobuf:"bytes,1,opt,name=variant_name,json=variantName,proto3" json:"variant_name,omitempty"`
-	// 0..1e6; the weights of a config must not all be 0.
-	InitialVariantWeight float64 `protobuf:"fixed64,2,opt,name=initial_variant_weight,json=initialVariantWeight,proto3" json:"initial_variant_weight,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
-}
-
-func (x *ProductionVariant) Reset() {
-	*x = ProductionVariant{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[8]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *ProductionVariant) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*ProductionVariant) ProtoMessage() {}
-
-func (x *ProductionVariant) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[8]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use ProductionVariant.ProtoReflect.Descriptor instead.
-func (*ProductionVariant) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{8}
-}
-
-func (x *ProductionVariant) GetVariantName() string {
-	if x != nil {
-		return x.VariantName
-	}
-	return ""
-}
-
-func (x *ProductionVariant) GetInitialVariantWeight() float64 {
-	if x != nil {
-		return x.InitialVariantWeight
-	}
-	return 0
-}
-
 type GetFleetRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Only this endpoint; empty means all.
@@ -626,7 +89,7 @@ type GetFleetRequest struct {
 
 func (x *GetFleetRequest) Reset() {
 	*x = GetFleetRequest{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[9]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[0]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -638,7 +101,7 @@ func (x *GetFleetRequest) String() string {
 func (*GetFleetRequest) ProtoMessage() {}
 
 func (x *GetFleetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[9]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[0]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -651,7 +114,7 @@ func (x *GetFleetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetFleetRequest.ProtoReflect.Descriptor instead.
 func (*GetFleetRequest) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{9}
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{0}
 }
 
 func (x *GetFleetRequest) GetEndpoint() string {
@@ -678,7 +141,7 @@ type GetFleetResponse struct {
 
 func (x *GetFleetResponse) Reset() {
 	*x = GetFleetResponse{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[10]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -690,7 +153,7 @@ func (x *GetFleetResponse) String() string {
 func (*GetFleetResponse) ProtoMessage() {}
 
 func (x *GetFleetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[10]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -703,7 +166,7 @@ func (x *GetFleetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetFleetResponse.ProtoReflect.Descriptor instead.
 func (*GetFleetResponse) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{10}
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{1}
 }
 
 func (x *GetFleetResponse) GetRevision() int64 {
@@ -758,7 +221,7 @@ type Endpoint struct {
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[11]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -770,7 +233,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[11]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -783,7 +246,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{11}
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Endpoint) GetName() string {
@@ -830,7 +293,7 @@ type Override struct {
 
 func (x *Override) Reset() {
 	*x = Override{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[12]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -842,7 +305,7 @@ func (x *Override) String() string {
 func (*Override) ProtoMessage() {}
 
 func (x *Override) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[12]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -855,7 +318,7 @@ func (x *Override) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Override.ProtoReflect.Descriptor instead.
 func (*Override) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{12}
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Override) GetFlag() string {
@@ -898,7 +361,7 @@ type Instance struct {
 
 func (x *Instance) Reset() {
 	*x = Instance{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[13]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -910,7 +373,7 @@ func (x *Instance) String() string {
 func (*Instance) ProtoMessage() {}
 
 func (x *Instance) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[13]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -923,7 +386,7 @@ func (x *Instance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Instance.ProtoReflect.Descriptor instead.
 func (*Instance) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{13}
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Instance) GetId() string {
@@ -1007,7 +470,7 @@ type InstanceState struct {
 
 func (x *InstanceState) Reset() {
 	*x = InstanceState{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[14]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1019,7 +482,7 @@ func (x *InstanceState) String() string {
 func (*InstanceState) ProtoMessage() {}
 
 func (x *InstanceState) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[14]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1032,7 +495,7 @@ func (x *InstanceState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstanceState.ProtoReflect.Descriptor instead.
 func (*InstanceState) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{14}
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *InstanceState) GetInFlight() int64 {
@@ -1072,7 +535,7 @@ type GetRoutingConfigRequest struct {
 
 func (x *GetRoutingConfigRequest) Reset() {
 	*x = GetRoutingConfigRequest{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[15]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1084,7 +547,7 @@ func (x *GetRoutingConfigRequest) String() string {
 func (*GetRoutingConfigRequest) ProtoMessage() {}
 
 func (x *GetRoutingConfigRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[15]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1097,7 +560,7 @@ func (x *GetRoutingConfigRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRoutingConfigRequest.ProtoReflect.Descriptor instead.
 func (*GetRoutingConfigRequest) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{15}
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *GetRoutingConfigRequest) GetEndpoint() string {
@@ -1123,7 +586,7 @@ type GetRoutingConfigResponse struct {
 
 func (x *GetRoutingConfigResponse) Reset() {
 	*x = GetRoutingConfigResponse{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[16]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1135,7 +598,7 @@ func (x *GetRoutingConfigResponse) String() string {
 func (*GetRoutingConfigResponse) ProtoMessage() {}
 
 func (x *GetRoutingConfigResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[16]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1148,7 +611,7 @@ func (x *GetRoutingConfigResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRoutingConfigResponse.ProtoReflect.Descriptor instead.
 func (*GetRoutingConfigResponse) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{16}
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GetRoutingConfigResponse) GetConfig() *RoutingConfig {
@@ -1172,6 +635,189 @@ func (x *GetRoutingConfigResponse) GetApplied() *RoutingConfig {
 	return nil
 }
 
+// RoutingConfig is SageMaker's RoutingConfig, flattened.
+type RoutingConfig struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One of RANDOM, LEAST_OUTSTANDING_REQUESTS, PREFIX_AWARE. Empty means
+	// PREFIX_AWARE.
+	Strategy string `protobuf:"bytes,1,opt,name=strategy,proto3" json:"strategy,omitempty"`
+	// Prefix units (bytes on invoke paths, characters on OpenAI paths) that
+	// form the routing key, the deepest the router looks at, 1024..65536. 0
+	// means the default: 32768 for PREFIX_AWARE with adaptive keys, else 4096.
+	PrefixLength int32 `protobuf:"varint,2,opt,name=prefix_length,json=prefixLength,proto3" json:"prefix_length,omitempty"`
+	// In-flight requests per instance before spilling, 1..1024. 0 means the
+	// default, 10.
+	ConcurrencyThreshold int32 `protobuf:"varint,3,opt,name=concurrency_threshold,json=concurrencyThreshold,proto3" json:"concurrency_threshold,omitempty"`
+	// PREFIX_AWARE only (PrefixAwareRoutingConfig.HotKeyReplication, an
+	// extension of SageMaker's shape): a key that alone needs more than one
+	// instance gets the first k of its ring order, chosen by load
+	// (docs/balance.md). False means the default: one instance per key.
+	HotKeyReplication bool `protobuf:"varint,4,opt,name=hot_key_replication,json=hotKeyReplication,proto3" json:"hot_key_replication,omitempty"`
+	// prefixrouter's TenantCacheSalt: set vLLM's cache_salt on OpenAI
+	// requests with a tenant id (prompt_cache_key) to a keyed hash of it, so
+	// tenants never share cached KV blocks. False means the default: request
+	// bodies are left as they are.
+	TenantCacheSalt bool `protobuf:"varint,5,opt,name=tenant_cache_salt,json=tenantCacheSalt,proto3" json:"tenant_cache_salt,omitempty"`
+	// SageMaker's ProductionVariants: split the endpoint's traffic by weight
+	// between variants when a request names no
+	// X-Amzn-SageMaker-Target-Variant; an instance belongs to the variant its
+	// label "variant" names. Empty means the default: no split.
+	ProductionVariants []*ProductionVariant `protobuf:"bytes,6,rep,name=production_variants,json=productionVariants,proto3" json:"production_variants,omitempty"`
+	// prefixrouter's FirstByteTimeoutInMilliseconds: cut a call whose
+	// instance sends no response byte within this long, counting against its
+	// breaker; 1..3600000. 0 means the default, each replica's
+	// --upstream-first-byte-timeout.
+	FirstByteTimeoutInMilliseconds int32 `protobuf:"varint,7,opt,name=first_byte_timeout_in_milliseconds,json=firstByteTimeoutInMilliseconds,proto3" json:"first_byte_timeout_in_milliseconds,omitempty"`
+	// PREFIX_AWARE only (PrefixAwareRoutingConfig.FixedLengthKeys): key every
+	// prompt on its first prefix_length units, SageMaker's exact behaviour.
+	// False means the default: keys follow the prompt's tree (the shallowest
+	// prefix that is not hot; docs/balance.md).
+	FixedLengthKeys bool `protobuf:"varint,8,opt,name=fixed_length_keys,json=fixedLengthKeys,proto3" json:"fixed_length_keys,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *RoutingConfig) Reset() {
+	*x = RoutingConfig{}
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RoutingConfig) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RoutingConfig) ProtoMessage() {}
+
+func (x *RoutingConfig) ProtoReflect() protoreflect.Message {
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RoutingConfig.ProtoReflect.Descriptor instead.
+func (*RoutingConfig) Descriptor() ([]byte, []int) {
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *RoutingConfig) GetStrategy() string {
+	if x != nil {
+		return x.Strategy
+	}
+	return ""
+}
+
+func (x *RoutingConfig) GetPrefixLength() int32 {
+	if x != nil {
+		return x.PrefixLength
+	}
+	return 0
+}
+
+func (x *RoutingConfig) GetConcurrencyThreshold() int32 {
+	if x != nil {
+		return x.ConcurrencyThreshold
+	}
+	return 0
+}
+
+func (x *RoutingConfig) GetHotKeyReplication() bool {
+	if x != nil {
+		return x.HotKeyReplication
+	}
+	return false
+}
+
+func (x *RoutingConfig) GetTenantCacheSalt() bool {
+	if x != nil {
+		return x.TenantCacheSalt
+	}
+	return false
+}
+
+func (x *RoutingConfig) GetProductionVariants() []*ProductionVariant {
+	if x != nil {
+		return x.ProductionVariants
+	}
+	return nil
+}
+
+func (x *RoutingConfig) GetFirstByteTimeoutInMilliseconds() int32 {
+	if x != nil {
+		return x.FirstByteTimeoutInMilliseconds
+	}
+	return 0
+}
+
+func (x *RoutingConfig) GetFixedLengthKeys() bool {
+	if x != nil {
+		return x.FixedLengthKeys
+	}
+	return false
+}
+
+// ProductionVariant is one variant's share of an endpoint's traffic.
+type ProductionVariant struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// 1..63 characters, unique within the config.
+	VariantName string `protobuf:"bytes,1,opt,name=variant_name,json=variantName,proto3" json:"variant_name,omitempty"`
+	// 0..1e6; the weights of a config must not all be 0.
+	InitialVariantWeight float64 `protobuf:"fixed64,2,opt,name=initial_variant_weight,json=initialVariantWeight,proto3" json:"initial_variant_weight,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
+}
+
+func (x *ProductionVariant) Reset() {
+	*x = ProductionVariant{}
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProductionVariant) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProductionVariant) ProtoMessage() {}
+
+func (x *ProductionVariant) ProtoReflect() protoreflect.Message {
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProductionVariant.ProtoReflect.Descriptor instead.
+func (*ProductionVariant) Descriptor() ([]byte, []int) {
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *ProductionVariant) GetVariantName() string {
+	if x != nil {
+		return x.VariantName
+	}
+	return ""
+}
+
+func (x *ProductionVariant) GetInitialVariantWeight() float64 {
+	if x != nil {
+		return x.InitialVariantWeight
+	}
+	return 0
+}
+
 type SetRoutingConfigRequest struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Endpoint string                 `protobuf:"bytes,1,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
@@ -1183,7 +829,7 @@ type SetRoutingConfigRequest struct {
 
 func (x *SetRoutingConfigRequest) Reset() {
 	*x = SetRoutingConfigRequest{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[17]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1195,7 +841,7 @@ func (x *SetRoutingConfigRequest) String() string {
 func (*SetRoutingConfigRequest) ProtoMessage() {}
 
 func (x *SetRoutingConfigRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[17]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1208,7 +854,7 @@ func (x *SetRoutingConfigRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetRoutingConfigRequest.ProtoReflect.Descriptor instead.
 func (*SetRoutingConfigRequest) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{17}
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SetRoutingConfigRequest) GetEndpoint() string {
@@ -1235,7 +881,7 @@ type SetRoutingConfigResponse struct {
 
 func (x *SetRoutingConfigResponse) Reset() {
 	*x = SetRoutingConfigResponse{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[18]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1247,7 +893,7 @@ func (x *SetRoutingConfigResponse) String() string {
 func (*SetRoutingConfigResponse) ProtoMessage() {}
 
 func (x *SetRoutingConfigResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[18]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1260,7 +906,7 @@ func (x *SetRoutingConfigResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetRoutingConfigResponse.ProtoReflect.Descriptor instead.
 func (*SetRoutingConfigResponse) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{18}
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SetRoutingConfigResponse) GetConfig() *RoutingConfig {
@@ -1294,7 +940,7 @@ type ExplainRouteRequest struct {
 
 func (x *ExplainRouteRequest) Reset() {
 	*x = ExplainRouteRequest{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[19]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1306,7 +952,7 @@ func (x *ExplainRouteRequest) String() string {
 func (*ExplainRouteRequest) ProtoMessage() {}
 
 func (x *ExplainRouteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[19]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1319,7 +965,7 @@ func (x *ExplainRouteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExplainRouteRequest.ProtoReflect.Descriptor instead.
 func (*ExplainRouteRequest) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{19}
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ExplainRouteRequest) GetEndpoint() string {
@@ -1425,7 +1071,7 @@ type ExplainRouteResponse struct {
 
 func (x *ExplainRouteResponse) Reset() {
 	*x = ExplainRouteResponse{}
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[20]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1437,7 +1083,7 @@ func (x *ExplainRouteResponse) String() string {
 func (*ExplainRouteResponse) ProtoMessage() {}
 
 func (x *ExplainRouteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[20]
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1450,7 +1096,7 @@ func (x *ExplainRouteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExplainRouteResponse.ProtoReflect.Descriptor instead.
 func (*ExplainRouteResponse) Descriptor() ([]byte, []int) {
-	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{20}
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ExplainRouteResponse) GetEndpoint() string {
@@ -1537,42 +1183,365 @@ func (x *ExplainRouteResponse) GetVariant() string {
 	return ""
 }
 
+type ListAdaptersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Endpoint      string                 `protobuf:"bytes,1,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListAdaptersRequest) Reset() {
+	*x = ListAdaptersRequest{}
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListAdaptersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListAdaptersRequest) ProtoMessage() {}
+
+func (x *ListAdaptersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListAdaptersRequest.ProtoReflect.Descriptor instead.
+func (*ListAdaptersRequest) Descriptor() ([]byte, []int) {
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ListAdaptersRequest) GetEndpoint() string {
+	if x != nil {
+		return x.Endpoint
+	}
+	return ""
+}
+
+type ListAdaptersResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Sorted by name.
+	Adapters      []*Adapter `protobuf:"bytes,1,rep,name=adapters,proto3" json:"adapters,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListAdaptersResponse) Reset() {
+	*x = ListAdaptersResponse{}
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListAdaptersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListAdaptersResponse) ProtoMessage() {}
+
+func (x *ListAdaptersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListAdaptersResponse.ProtoReflect.Descriptor instead.
+func (*ListAdaptersResponse) Descriptor() ([]byte, []int) {
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ListAdaptersResponse) GetAdapters() []*Adapter {
+	if x != nil {
+		return x.Adapters
+	}
+	return nil
+}
+
+// Adapter is one catalogued LoRA adapter.
+type Adapter struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// What the model server loads it from (vLLM's lora_path).
+	Source string `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`
+	// Set size when cold, and the cap under load; 0 means the defaults (1, 3).
+	MinReplicas int32 `protobuf:"varint,3,opt,name=min_replicas,json=minReplicas,proto3" json:"min_replicas,omitempty"`
+	MaxReplicas int32 `protobuf:"varint,4,opt,name=max_replicas,json=maxReplicas,proto3" json:"max_replicas,omitempty"`
+	// Output only: the current target set size.
+	Replicas      int32 `protobuf:"varint,5,opt,name=replicas,proto3" json:"replicas,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Adapter) Reset() {
+	*x = Adapter{}
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Adapter) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Adapter) ProtoMessage() {}
+
+func (x *Adapter) ProtoReflect() protoreflect.Message {
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Adapter.ProtoReflect.Descriptor instead.
+func (*Adapter) Descriptor() ([]byte, []int) {
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *Adapter) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Adapter) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *Adapter) GetMinReplicas() int32 {
+	if x != nil {
+		return x.MinReplicas
+	}
+	return 0
+}
+
+func (x *Adapter) GetMaxReplicas() int32 {
+	if x != nil {
+		return x.MaxReplicas
+	}
+	return 0
+}
+
+func (x *Adapter) GetReplicas() int32 {
+	if x != nil {
+		return x.Replicas
+	}
+	return 0
+}
+
+type PutAdapterRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Endpoint      string                 `protobuf:"bytes,1,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	Adapter       *Adapter               `protobuf:"bytes,2,opt,name=adapter,proto3" json:"adapter,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutAdapterRequest) Reset() {
+	*x = PutAdapterRequest{}
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutAdapterRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutAdapterRequest) ProtoMessage() {}
+
+func (x *PutAdapterRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutAdapterRequest.ProtoReflect.Descriptor instead.
+func (*PutAdapterRequest) Descriptor() ([]byte, []int) {
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *PutAdapterRequest) GetEndpoint() string {
+	if x != nil {
+		return x.Endpoint
+	}
+	return ""
+}
+
+func (x *PutAdapterRequest) GetAdapter() *Adapter {
+	if x != nil {
+		return x.Adapter
+	}
+	return nil
+}
+
+type PutAdapterResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// What was written, defaults filled in.
+	Adapter       *Adapter `protobuf:"bytes,1,opt,name=adapter,proto3" json:"adapter,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutAdapterResponse) Reset() {
+	*x = PutAdapterResponse{}
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutAdapterResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutAdapterResponse) ProtoMessage() {}
+
+func (x *PutAdapterResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutAdapterResponse.ProtoReflect.Descriptor instead.
+func (*PutAdapterResponse) Descriptor() ([]byte, []int) {
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *PutAdapterResponse) GetAdapter() *Adapter {
+	if x != nil {
+		return x.Adapter
+	}
+	return nil
+}
+
+type DeleteAdapterRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Endpoint      string                 `protobuf:"bytes,1,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteAdapterRequest) Reset() {
+	*x = DeleteAdapterRequest{}
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteAdapterRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteAdapterRequest) ProtoMessage() {}
+
+func (x *DeleteAdapterRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteAdapterRequest.ProtoReflect.Descriptor instead.
+func (*DeleteAdapterRequest) Descriptor() ([]byte, []int) {
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *DeleteAdapterRequest) GetEndpoint() string {
+	if x != nil {
+		return x.Endpoint
+	}
+	return ""
+}
+
+func (x *DeleteAdapterRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type DeleteAdapterResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteAdapterResponse) Reset() {
+	*x = DeleteAdapterResponse{}
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteAdapterResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteAdapterResponse) ProtoMessage() {}
+
+func (x *DeleteAdapterResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_prefixrouter_admin_v1_admin_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteAdapterResponse.ProtoReflect.Descriptor instead.
+func (*DeleteAdapterResponse) Descriptor() ([]byte, []int) {
+	return file_prefixrouter_admin_v1_admin_proto_rawDescGZIP(), []int{20}
+}
+
 var File_prefixrouter_admin_v1_admin_proto protoreflect.FileDescriptor
 
 const file_prefixrouter_admin_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"!prefixrouter/admin/v1/admin.proto\x12\x15prefixrouter.admin.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x97\x01\n" +
-	"\aAdapter\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
-	"\x06source\x18\x02 \x01(\tR\x06source\x12!\n" +
-	"\fmin_replicas\x18\x03 \x01(\x05R\vminReplicas\x12!\n" +
-	"\fmax_replicas\x18\x04 \x01(\x05R\vmaxReplicas\x12\x1a\n" +
-	"\breplicas\x18\x05 \x01(\x05R\breplicas\"1\n" +
-	"\x13ListAdaptersRequest\x12\x1a\n" +
-	"\bendpoint\x18\x01 \x01(\tR\bendpoint\"R\n" +
-	"\x14ListAdaptersResponse\x12:\n" +
-	"\badapters\x18\x01 \x03(\v2\x1e.prefixrouter.admin.v1.AdapterR\badapters\"i\n" +
-	"\x11PutAdapterRequest\x12\x1a\n" +
-	"\bendpoint\x18\x01 \x01(\tR\bendpoint\x128\n" +
-	"\aadapter\x18\x02 \x01(\v2\x1e.prefixrouter.admin.v1.AdapterR\aadapter\"N\n" +
-	"\x12PutAdapterResponse\x128\n" +
-	"\aadapter\x18\x01 \x01(\v2\x1e.prefixrouter.admin.v1.AdapterR\aadapter\"F\n" +
-	"\x14DeleteAdapterRequest\x12\x1a\n" +
-	"\bendpoint\x18\x01 \x01(\tR\bendpoint\x12\x12\n" +
-	"\x04name\x18\x02 \x01(\tR\x04name\"\x17\n" +
-	"\x15DeleteAdapterResponse\"\xb4\x03\n" +
-	"\rRoutingConfig\x12\x1a\n" +
-	"\bstrategy\x18\x01 \x01(\tR\bstrategy\x12#\n" +
-	"\rprefix_length\x18\x02 \x01(\x05R\fprefixLength\x123\n" +
-	"\x15concurrency_threshold\x18\x03 \x01(\x05R\x14concurrencyThreshold\x12.\n" +
-	"\x13hot_key_replication\x18\x04 \x01(\bR\x11hotKeyReplication\x12*\n" +
-	"\x11tenant_cache_salt\x18\x05 \x01(\bR\x0ftenantCacheSalt\x12Y\n" +
-	"\x13production_variants\x18\x06 \x03(\v2(.prefixrouter.admin.v1.ProductionVariantR\x12productionVariants\x12J\n" +
-	"\"first_byte_timeout_in_milliseconds\x18\a \x01(\x05R\x1efirstByteTimeoutInMilliseconds\x12*\n" +
-	"\x11fixed_length_keys\x18\b \x01(\bR\x0ffixedLengthKeys\"l\n" +
-	"\x11ProductionVariant\x12!\n" +
-	"\fvariant_name\x18\x01 \x01(\tR\vvariantName\x124\n" +
-	"\x16initial_variant_weight\x18\x02 \x01(\x01R\x14initialVariantWeight\"-\n" +
+	"!prefixrouter/admin/v1/admin.proto\x12\x15prefixrouter.admin.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"-\n" +
 	"\x0fGetFleetRequest\x12\x1a\n" +
 	"\bendpoint\x18\x01 \x01(\tR\bendpoint\"\xed\x01\n" +
 	"\x10GetFleetResponse\x12\x1a\n" +
@@ -1615,7 +1584,19 @@ const file_prefixrouter_admin_v1_admin_proto_rawDesc = "" +
 	"\x18GetRoutingConfigResponse\x12<\n" +
 	"\x06config\x18\x01 \x01(\v2$.prefixrouter.admin.v1.RoutingConfigR\x06config\x12\x16\n" +
 	"\x06stored\x18\x02 \x01(\bR\x06stored\x12>\n" +
-	"\aapplied\x18\x03 \x01(\v2$.prefixrouter.admin.v1.RoutingConfigR\aapplied\"\xb5\x01\n" +
+	"\aapplied\x18\x03 \x01(\v2$.prefixrouter.admin.v1.RoutingConfigR\aapplied\"\xb4\x03\n" +
+	"\rRoutingConfig\x12\x1a\n" +
+	"\bstrategy\x18\x01 \x01(\tR\bstrategy\x12#\n" +
+	"\rprefix_length\x18\x02 \x01(\x05R\fprefixLength\x123\n" +
+	"\x15concurrency_threshold\x18\x03 \x01(\x05R\x14concurrencyThreshold\x12.\n" +
+	"\x13hot_key_replication\x18\x04 \x01(\bR\x11hotKeyReplication\x12*\n" +
+	"\x11tenant_cache_salt\x18\x05 \x01(\bR\x0ftenantCacheSalt\x12Y\n" +
+	"\x13production_variants\x18\x06 \x03(\v2(.prefixrouter.admin.v1.ProductionVariantR\x12productionVariants\x12J\n" +
+	"\"first_byte_timeout_in_milliseconds\x18\a \x01(\x05R\x1efirstByteTimeoutInMilliseconds\x12*\n" +
+	"\x11fixed_length_keys\x18\b \x01(\bR\x0ffixedLengthKeys\"l\n" +
+	"\x11ProductionVariant\x12!\n" +
+	"\fvariant_name\x18\x01 \x01(\tR\vvariantName\x124\n" +
+	"\x16initial_variant_weight\x18\x02 \x01(\x01R\x14initialVariantWeight\"\xb5\x01\n" +
 	"\x17SetRoutingConfigRequest\x12\x1a\n" +
 	"\bendpoint\x18\x01 \x01(\tR\bendpoint\x12<\n" +
 	"\x06config\x18\x05 \x01(\v2$.prefixrouter.admin.v1.RoutingConfigR\x06configJ\x04\b\x02\x10\x03J\x04\b\x03\x10\x04J\x04\b\x04\x10\x05R\bstrategyR\rprefix_lengthR\x15concurrency_threshold\"X\n" +
@@ -1648,7 +1629,26 @@ const file_prefixrouter_admin_v1_admin_proto_rawDesc = "" +
 	"\fhot_replicas\x18\n" +
 	" \x01(\x05R\vhotReplicas\x12\x1a\n" +
 	"\bdecision\x18\v \x01(\tR\bdecision\x12\x18\n" +
-	"\avariant\x18\f \x01(\tR\avariant*|\n" +
+	"\avariant\x18\f \x01(\tR\avariant\"1\n" +
+	"\x13ListAdaptersRequest\x12\x1a\n" +
+	"\bendpoint\x18\x01 \x01(\tR\bendpoint\"R\n" +
+	"\x14ListAdaptersResponse\x12:\n" +
+	"\badapters\x18\x01 \x03(\v2\x1e.prefixrouter.admin.v1.AdapterR\badapters\"\x97\x01\n" +
+	"\aAdapter\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
+	"\x06source\x18\x02 \x01(\tR\x06source\x12!\n" +
+	"\fmin_replicas\x18\x03 \x01(\x05R\vminReplicas\x12!\n" +
+	"\fmax_replicas\x18\x04 \x01(\x05R\vmaxReplicas\x12\x1a\n" +
+	"\breplicas\x18\x05 \x01(\x05R\breplicas\"i\n" +
+	"\x11PutAdapterRequest\x12\x1a\n" +
+	"\bendpoint\x18\x01 \x01(\tR\bendpoint\x128\n" +
+	"\aadapter\x18\x02 \x01(\v2\x1e.prefixrouter.admin.v1.AdapterR\aadapter\"N\n" +
+	"\x12PutAdapterResponse\x128\n" +
+	"\aadapter\x18\x01 \x01(\v2\x1e.prefixrouter.admin.v1.AdapterR\aadapter\"F\n" +
+	"\x14DeleteAdapterRequest\x12\x1a\n" +
+	"\bendpoint\x18\x01 \x01(\tR\bendpoint\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\"\x17\n" +
+	"\x15DeleteAdapterResponse*|\n" +
 	"\fBreakerState\x12\x1d\n" +
 	"\x19BREAKER_STATE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14BREAKER_STATE_CLOSED\x10\x01\x12\x1b\n" +
@@ -1680,66 +1680,66 @@ var file_prefixrouter_admin_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo
 var file_prefixrouter_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_prefixrouter_admin_v1_admin_proto_goTypes = []any{
 	(BreakerState)(0),                // 0: prefixrouter.admin.v1.BreakerState
-	(*Adapter)(nil),                  // 1: prefixrouter.admin.v1.Adapter
-	(*ListAdaptersRequest)(nil),      // 2: prefixrouter.admin.v1.ListAdaptersRequest
-	(*ListAdaptersResponse)(nil),     // 3: prefixrouter.admin.v1.ListAdaptersResponse
-	(*PutAdapterRequest)(nil),        // 4: prefixrouter.admin.v1.PutAdapterRequest
-	(*PutAdapterResponse)(nil),       // 5: prefixrouter.admin.v1.PutAdapterResponse
-	(*DeleteAdapterRequest)(nil),     // 6: prefixrouter.admin.v1.DeleteAdapterRequest
-	(*DeleteAdapterResponse)(nil),    // 7: prefixrouter.admin.v1.DeleteAdapterResponse
-	(*RoutingConfig)(nil),            // 8: prefixrouter.admin.v1.RoutingConfig
-	(*ProductionVariant)(nil),        // 9: prefixrouter.admin.v1.ProductionVariant
-	(*GetFleetRequest)(nil),          // 10: prefixrouter.admin.v1.GetFleetRequest
-	(*GetFleetResponse)(nil),         // 11: prefixrouter.admin.v1.GetFleetResponse
-	(*Endpoint)(nil),                 // 12: prefixrouter.admin.v1.Endpoint
-	(*Override)(nil),                 // 13: prefixrouter.admin.v1.Override
-	(*Instance)(nil),                 // 14: prefixrouter.admin.v1.Instance
-	(*InstanceState)(nil),            // 15: prefixrouter.admin.v1.InstanceState
-	(*GetRoutingConfigRequest)(nil),  // 16: prefixrouter.admin.v1.GetRoutingConfigRequest
-	(*GetRoutingConfigResponse)(nil), // 17: prefixrouter.admin.v1.GetRoutingConfigResponse
-	(*SetRoutingConfigRequest)(nil),  // 18: prefixrouter.admin.v1.SetRoutingConfigRequest
-	(*SetRoutingConfigResponse)(nil), // 19: prefixrouter.admin.v1.SetRoutingConfigResponse
-	(*ExplainRouteRequest)(nil),      // 20: prefixrouter.admin.v1.ExplainRouteRequest
-	(*ExplainRouteResponse)(nil),     // 21: prefixrouter.admin.v1.ExplainRouteResponse
+	(*GetFleetRequest)(nil),          // 1: prefixrouter.admin.v1.GetFleetRequest
+	(*GetFleetResponse)(nil),         // 2: prefixrouter.admin.v1.GetFleetResponse
+	(*Endpoint)(nil),                 // 3: prefixrouter.admin.v1.Endpoint
+	(*Override)(nil),                 // 4: prefixrouter.admin.v1.Override
+	(*Instance)(nil),                 // 5: prefixrouter.admin.v1.Instance
+	(*InstanceState)(nil),            // 6: prefixrouter.admin.v1.InstanceState
+	(*GetRoutingConfigRequest)(nil),  // 7: prefixrouter.admin.v1.GetRoutingConfigRequest
+	(*GetRoutingConfigResponse)(nil), // 8: prefixrouter.admin.v1.GetRoutingConfigResponse
+	(*RoutingConfig)(nil),            // 9: prefixrouter.admin.v1.RoutingConfig
+	(*ProductionVariant)(nil),        // 10: prefixrouter.admin.v1.ProductionVariant
+	(*SetRoutingConfigRequest)(nil),  // 11: prefixrouter.admin.v1.SetRoutingConfigRequest
+	(*SetRoutingConfigResponse)(nil), // 12: prefixrouter.admin.v1.SetRoutingConfigResponse
+	(*ExplainRouteRequest)(nil),      // 13: prefixrouter.admin.v1.ExplainRouteRequest
+	(*ExplainRouteResponse)(nil),     // 14: prefixrouter.admin.v1.ExplainRouteResponse
+	(*ListAdaptersRequest)(nil),      // 15: prefixrouter.admin.v1.ListAdaptersRequest
+	(*ListAdaptersResponse)(nil),     // 16: prefixrouter.admin.v1.ListAdaptersResponse
+	(*Adapter)(nil),                  // 17: prefixrouter.admin.v1.Adapter
+	(*PutAdapterRequest)(nil),        // 18: prefixrouter.admin.v1.PutAdapterRequest
+	(*PutAdapterResponse)(nil),       // 19: prefixrouter.admin.v1.PutAdapterResponse
+	(*DeleteAdapterRequest)(nil),     // 20: prefixrouter.admin.v1.DeleteAdapterRequest
+	(*DeleteAdapterResponse)(nil),    // 21: prefixrouter.admin.v1.DeleteAdapterResponse
 	nil,                              // 22: prefixrouter.admin.v1.Instance.LabelsEntry
 	nil,                              // 23: prefixrouter.admin.v1.ExplainRouteRequest.HeadersEntry
 	(*timestamppb.Timestamp)(nil),    // 24: google.protobuf.Timestamp
 	(*durationpb.Duration)(nil),      // 25: google.protobuf.Duration
 }
 var file_prefixrouter_admin_v1_admin_proto_depIdxs = []int32{
-	1,  // 0: prefixrouter.admin.v1.ListAdaptersResponse.adapters:type_name -> prefixrouter.admin.v1.Adapter
-	1,  // 1: prefixrouter.admin.v1.PutAdapterRequest.adapter:type_name -> prefixrouter.admin.v1.Adapter
-	1,  // 2: prefixrouter.admin.v1.PutAdapterResponse.adapter:type_name -> prefixrouter.admin.v1.Adapter
-	9,  // 3: prefixrouter.admin.v1.RoutingConfig.production_variants:type_name -> prefixrouter.admin.v1.ProductionVariant
-	24, // 4: prefixrouter.admin.v1.GetFleetResponse.built_at:type_name -> google.protobuf.Timestamp
-	25, // 5: prefixrouter.admin.v1.GetFleetResponse.age:type_name -> google.protobuf.Duration
-	12, // 6: prefixrouter.admin.v1.GetFleetResponse.endpoints:type_name -> prefixrouter.admin.v1.Endpoint
-	8,  // 7: prefixrouter.admin.v1.Endpoint.config:type_name -> prefixrouter.admin.v1.RoutingConfig
-	14, // 8: prefixrouter.admin.v1.Endpoint.instances:type_name -> prefixrouter.admin.v1.Instance
-	13, // 9: prefixrouter.admin.v1.Endpoint.overridden:type_name -> prefixrouter.admin.v1.Override
-	22, // 10: prefixrouter.admin.v1.Instance.labels:type_name -> prefixrouter.admin.v1.Instance.LabelsEntry
-	24, // 11: prefixrouter.admin.v1.Instance.registered_at:type_name -> google.protobuf.Timestamp
-	15, // 12: prefixrouter.admin.v1.Instance.state:type_name -> prefixrouter.admin.v1.InstanceState
-	0,  // 13: prefixrouter.admin.v1.InstanceState.breaker:type_name -> prefixrouter.admin.v1.BreakerState
-	8,  // 14: prefixrouter.admin.v1.GetRoutingConfigResponse.config:type_name -> prefixrouter.admin.v1.RoutingConfig
-	8,  // 15: prefixrouter.admin.v1.GetRoutingConfigResponse.applied:type_name -> prefixrouter.admin.v1.RoutingConfig
-	8,  // 16: prefixrouter.admin.v1.SetRoutingConfigRequest.config:type_name -> prefixrouter.admin.v1.RoutingConfig
-	8,  // 17: prefixrouter.admin.v1.SetRoutingConfigResponse.config:type_name -> prefixrouter.admin.v1.RoutingConfig
-	23, // 18: prefixrouter.admin.v1.ExplainRouteRequest.headers:type_name -> prefixrouter.admin.v1.ExplainRouteRequest.HeadersEntry
-	10, // 19: prefixrouter.admin.v1.Admin.GetFleet:input_type -> prefixrouter.admin.v1.GetFleetRequest
-	16, // 20: prefixrouter.admin.v1.Admin.GetRoutingConfig:input_type -> prefixrouter.admin.v1.GetRoutingConfigRequest
-	18, // 21: prefixrouter.admin.v1.Admin.SetRoutingConfig:input_type -> prefixrouter.admin.v1.SetRoutingConfigRequest
-	20, // 22: prefixrouter.admin.v1.Admin.ExplainRoute:input_type -> prefixrouter.admin.v1.ExplainRouteRequest
-	2,  // 23: prefixrouter.admin.v1.Admin.ListAdapters:input_type -> prefixrouter.admin.v1.ListAdaptersRequest
-	4,  // 24: prefixrouter.admin.v1.Admin.PutAdapter:input_type -> prefixrouter.admin.v1.PutAdapterRequest
-	6,  // 25: prefixrouter.admin.v1.Admin.DeleteAdapter:input_type -> prefixrouter.admin.v1.DeleteAdapterRequest
-	11, // 26: prefixrouter.admin.v1.Admin.GetFleet:output_type -> prefixrouter.admin.v1.GetFleetResponse
-	17, // 27: prefixrouter.admin.v1.Admin.GetRoutingConfig:output_type -> prefixrouter.admin.v1.GetRoutingConfigResponse
-	19, // 28: prefixrouter.admin.v1.Admin.SetRoutingConfig:output_type -> prefixrouter.admin.v1.SetRoutingConfigResponse
-	21, // 29: prefixrouter.admin.v1.Admin.ExplainRoute:output_type -> prefixrouter.admin.v1.ExplainRouteResponse
-	3,  // 30: prefixrouter.admin.v1.Admin.ListAdapters:output_type -> prefixrouter.admin.v1.ListAdaptersResponse
-	5,  // 31: prefixrouter.admin.v1.Admin.PutAdapter:output_type -> prefixrouter.admin.v1.PutAdapterResponse
-	7,  // 32: prefixrouter.admin.v1.Admin.DeleteAdapter:output_type -> prefixrouter.admin.v1.DeleteAdapterResponse
+	24, // 0: prefixrouter.admin.v1.GetFleetResponse.built_at:type_name -> google.protobuf.Timestamp
+	25, // 1: prefixrouter.admin.v1.GetFleetResponse.age:type_name -> google.protobuf.Duration
+	3,  // 2: prefixrouter.admin.v1.GetFleetResponse.endpoints:type_name -> prefixrouter.admin.v1.Endpoint
+	9,  // 3: prefixrouter.admin.v1.Endpoint.config:type_name -> prefixrouter.admin.v1.RoutingConfig
+	5,  // 4: prefixrouter.admin.v1.Endpoint.instances:type_name -> prefixrouter.admin.v1.Instance
+	4,  // 5: prefixrouter.admin.v1.Endpoint.overridden:type_name -> prefixrouter.admin.v1.Override
+	22, // 6: prefixrouter.admin.v1.Instance.labels:type_name -> prefixrouter.admin.v1.Instance.LabelsEntry
+	24, // 7: prefixrouter.admin.v1.Instance.registered_at:type_name -> google.protobuf.Timestamp
+	6,  // 8: prefixrouter.admin.v1.Instance.state:type_name -> prefixrouter.admin.v1.InstanceState
+	0,  // 9: prefixrouter.admin.v1.InstanceState.breaker:type_name -> prefixrouter.admin.v1.BreakerState
+	9,  // 10: prefixrouter.admin.v1.GetRoutingConfigResponse.config:type_name -> prefixrouter.admin.v1.RoutingConfig
+	9,  // 11: prefixrouter.admin.v1.GetRoutingConfigResponse.applied:type_name -> prefixrouter.admin.v1.RoutingConfig
+	10, // 12: prefixrouter.admin.v1.RoutingConfig.production_variants:type_name -> prefixrouter.admin.v1.ProductionVariant
+	9,  // 13: prefixrouter.admin.v1.SetRoutingConfigRequest.config:type_name -> prefixrouter.admin.v1.RoutingConfig
+	9,  // 14: prefixrouter.admin.v1.SetRoutingConfigResponse.config:type_name -> prefixrouter.admin.v1.RoutingConfig
+	23, // 15: prefixrouter.admin.v1.ExplainRouteRequest.headers:type_name -> prefixrouter.admin.v1.ExplainRouteRequest.HeadersEntry
+	17, // 16: prefixrouter.admin.v1.ListAdaptersResponse.adapters:type_name -> prefixrouter.admin.v1.Adapter
+	17, // 17: prefixrouter.admin.v1.PutAdapterRequest.adapter:type_name -> prefixrouter.admin.v1.Adapter
+	17, // 18: prefixrouter.admin.v1.PutAdapterResponse.adapter:type_name -> prefixrouter.admin.v1.Adapter
+	1,  // 19: prefixrouter.admin.v1.Admin.GetFleet:input_type -> prefixrouter.admin.v1.GetFleetRequest
+	7,  // 20: prefixrouter.admin.v1.Admin.GetRoutingConfig:input_type -> prefixrouter.admin.v1.GetRoutingConfigRequest
+	11, // 21: prefixrouter.admin.v1.Admin.SetRoutingConfig:input_type -> prefixrouter.admin.v1.SetRoutingConfigRequest
+	13, // 22: prefixrouter.admin.v1.Admin.ExplainRoute:input_type -> prefixrouter.admin.v1.ExplainRouteRequest
+	15, // 23: prefixrouter.admin.v1.Admin.ListAdapters:input_type -> prefixrouter.admin.v1.ListAdaptersRequest
+	18, // 24: prefixrouter.admin.v1.Admin.PutAdapter:input_type -> prefixrouter.admin.v1.PutAdapterRequest
+	20, // 25: prefixrouter.admin.v1.Admin.DeleteAdapter:input_type -> prefixrouter.admin.v1.DeleteAdapterRequest
+	2,  // 26: prefixrouter.admin.v1.Admin.GetFleet:output_type -> prefixrouter.admin.v1.GetFleetResponse
+	8,  // 27: prefixrouter.admin.v1.Admin.GetRoutingConfig:output_type -> prefixrouter.admin.v1.GetRoutingConfigResponse
+	12, // 28: prefixrouter.admin.v1.Admin.SetRoutingConfig:output_type -> prefixrouter.admin.v1.SetRoutingConfigResponse
+	14, // 29: prefixrouter.admin.v1.Admin.ExplainRoute:output_type -> prefixrouter.admin.v1.ExplainRouteResponse
+	16, // 30: prefixrouter.admin.v1.Admin.ListAdapters:output_type -> prefixrouter.admin.v1.ListAdaptersResponse
+	19, // 31: prefixrouter.admin.v1.Admin.PutAdapter:output_type -> prefixrouter.admin.v1.PutAdapterResponse
+	21, // 32: prefixrouter.admin.v1.Admin.DeleteAdapter:output_type -> prefixrouter.admin.v1.DeleteAdapterResponse
 	26, // [26:33] is the sub-list for method output_type
 	19, // [19:26] is the sub-list for method input_type
 	19, // [19:19] is the sub-list for extension type_name
@@ -1752,7 +1752,7 @@ func file_prefixrouter_admin_v1_admin_proto_init() {
 	if File_prefixrouter_admin_v1_admin_proto != nil {
 		return
 	}
-	file_prefixrouter_admin_v1_admin_proto_msgTypes[19].OneofWrappers = []any{
+	file_prefixrouter_admin_v1_admin_proto_msgTypes[12].OneofWrappers = []any{
 		(*ExplainRouteRequest_Body)(nil),
 		(*ExplainRouteRequest_BodyText)(nil),
 	}
