@@ -63,14 +63,20 @@ func (s *salter) withCacheSalt(body []byte, endpoint, tenant string) []byte {
 		start++ // leading whitespace
 	}
 	empty := len(bytes.TrimSpace(body[start+1:end])) == 0
-	out := make([]byte, 0, end+len(`,"cache_salt":""}`)+saltLen)
+	out := make([]byte, 0, end+saltRoom)
 	out = append(out, body[:end]...)
 	if !empty {
 		out = append(out, ',')
 	}
-	out = append(out, `"cache_salt":"`...)
-	out = s.salt(out, endpoint, tenant)
-	return append(out, `"}`...)
+	return s.member(out, endpoint, tenant)
+}
+
+// member appends the object's last member and its closing brace to dst:
+// `"cache_salt":"<salt>"}`.
+func (s *salter) member(dst []byte, endpoint, tenant string) []byte {
+	dst = append(dst, `"cache_salt":"`...)
+	dst = s.salt(dst, endpoint, tenant)
+	return append(dst, `"}`...)
 }
 
 // A salted body that streams (issue 19: salted endpoints read every body
@@ -99,10 +105,7 @@ type tailSalter struct {
 // streamed trims head of what a tailSalter must hold back and returns
 // the trimmed head and the tailSalter that sends the rest.
 func (s *salter) streamed(head []byte, endpoint, tenant string) ([]byte, *tailSalter) {
-	m := make([]byte, 0, len(`,"cache_salt":""}`)+saltLen)
-	m = append(m, `,"cache_salt":"`...)
-	m = s.salt(m, endpoint, tenant)
-	t := &tailSalter{member: append(m, `"}`...)}
+	t := &tailSalter{member: s.member(append(make([]byte, 0, saltRoom), ','), endpoint, tenant)}
 	i := lastNonSpace(head)
 	if i < 0 || head[i] != '}' || len(head)-i > maxTailSpace+1 {
 		return head, t
