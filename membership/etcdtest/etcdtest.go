@@ -48,3 +48,28 @@ func Client(t testing.TB, e *membership.Embedded) *clientv3.Client {
 	t.Cleanup(func() { cli.Close() })
 	return cli
 }
+
+// StartCluster starts an n-member etcd cluster in t.TempDir() on free
+// loopback ports, with short election timeouts, and closes it when the test
+// ends. Clients get every member (Endpoints).
+func StartCluster(t testing.TB, n int) *membership.EmbeddedCluster {
+	t.Helper()
+	c, err := membership.StartEmbeddedCluster(t.TempDir(), n, membership.WithFastTicks())
+	if err != nil {
+		t.Fatalf("etcdtest: %v", err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// ClusterClient returns a client of every member of c built by
+// membership.NewClient, closed when the test ends.
+func ClusterClient(t testing.TB, c *membership.EmbeddedCluster) *clientv3.Client {
+	t.Helper()
+	cli, err := membership.NewClient(membership.ClientOptions{Endpoints: c.Endpoints()})
+	if err != nil {
+		t.Fatalf("etcdtest: client: %v", err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}
