@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -346,5 +347,62 @@ func TestEtcdQuorumLost(t *testing.T) {
 		if a := c.invoke(r, []byte("after the recovery"), ""); !a.ok() {
 			t.Errorf("through %s after the recovery: %v", r.ID(), a)
 		}
+	}
+}
+
+// TestEtcdMemberPartitioned: each member in turn is cut off from the
+// routers and agents (their connections stay open and carry nothing, as
+// behind a firewall that drops packets), while the cluster itself stays
+// whole. Clients notice through gRPC keepalive (membership.NewClient) and
+// move to the other members: a scale event during each partition reaches
+// every replica within 20 s, no request fails and, with a TTL longer than
+// the detection (20 s by default), no registered instance vanishes or
+// changes lease. It takes about 45 s, so it runs only with
+// PREFIXROUTER_E2E_PARTITION=1 (make test-etcd-partition);
+// PREFIXROUTER_E2E_PARTITION_TTL sets the TTL (a shorter one shows the
+// leases lost and re-granted).
+func TestEtcdMemberPartitioned(t *testing.T) {
+	if os.Getenv("PREFIXROUTER_E2E_PARTITION") == "" {
+		t.Skip("about 45 s: set PREFIXROUTER_E2E_PARTITION=1 (make test-etcd-partition)")
+	}
+	ttl := 20 * time.Second
+	if v := os.Getenv("PREFIXROUTER_E2E_PARTITION_TTL"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < time.Second {
+			t.Fatalf("PREFIXROUTER_E2E_PARTITION_TTL=%q: want a duration of 1s or more", v)
+		}
+		ttl = d
+	}
+	c := newCluster(t, ttl, func(o *localfleet.Options) { o.EtcdMembers = 3 })
+	c.startReplicas(2)
+	bs, regs := fleetOf(t, c, 3)
+	e := c.f.Etcd()
+	keep := []string{bs[0].id, bs[1].id, bs[2].id}
+	before := leases(regs)
+	mon := c.monitor(keep...)
+	load := c.startLoad(4, 1<<20, 3*time.Minute, bodies(64))
+	defer load.stop()
+	for i := range e.Size() {
+		e.Partition(i)
+		nb := newBackend(t, fmt.Sprintf("during-partition-%d", i))
+		c.register(nb.instance())
+		keep = append(keep, nb.id)
+		took := testsupport.Eventually(t, 60*time.Second, "an instance registered during the partition on every replica", func() bool { return c.hasInstances(keep...) })
+		t.Logf("member-%d partitioned (leader: member-%d): an instance registered meanwhile on every replica %v later", i, e.Leader(), took.Round(time.Millisecond))
+		within(t, "instance registered during the partition on every replica", took, 20*time.Second)
+		e.Heal(i)
+	}
+	checks, violations := mon.stop()
+	ok, failed, errs := load.stop()
+	after := leases(regs)
+	t.Logf("TTL %v: %d requests ok, %d failed; %d snapshot checks, instances missing in %v; leases %v, then %v", ttl, ok, failed, checks, violations, before, after)
+	if failed != 0 || ok == 0 {
+		t.Errorf("%d requests ok, %d failed (first: %v); want none failed", ok, failed, errs)
+	}
+	if len(violations) > 0 {
+		t.Errorf("an instance vanished or doubled on a replica: %v", violations)
+	}
+	if after[0] != before[0] || after[1] != before[1] || after[2] != before[2] {
+		t.Errorf("leases %v became %v", before, after)
 	}
 }

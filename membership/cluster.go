@@ -3,7 +3,6 @@ package membership
 import (
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/url"
 	"path/filepath"
@@ -173,6 +172,26 @@ func (c *EmbeddedCluster) Kill(i int) error {
 	return e.Close()
 }
 
+// Partition cuts member i off from its clients without stopping it: their
+// connections stay open but carry nothing (new ones too), as when a
+// firewall drops the packets between the routers' hosts and the member's,
+// or the member's process hangs without its kernel closing its sockets.
+// The member stays in the cluster, its peers see it (a leader stays leader).
+// Clients notice only through their own timeouts. Heal ends it. A
+// single-member cluster cannot be partitioned.
+func (c *EmbeddedCluster) Partition(i int) {
+	if c.clients != nil {
+		c.clients[i].freeze()
+	}
+}
+
+// Heal ends Partition: what was held is delivered.
+func (c *EmbeddedCluster) Heal(i int) {
+	if c.clients != nil {
+		c.clients[i].thawOut()
+	}
+}
+
 func (c *EmbeddedCluster) cut(i int) {
 	if c.clients != nil {
 		c.clients[i].cut()
@@ -266,10 +285,13 @@ func (c *EmbeddedCluster) Close() error {
 type bridge struct {
 	ln net.Listener
 
-	mu     sync.Mutex // guards target, conns and down
+	mu     sync.Mutex // guards target, conns, down and thaw
 	target string     // host:port of the member
 	conns  map[net.Conn]struct{}
 	down   bool
+	// thaw is non-nil while the bridge is frozen: connections stay open
+	// but carry nothing until it is closed (by thawOut or cut).
+	thaw chan struct{}
 
 	wg sync.WaitGroup
 }
@@ -322,6 +344,7 @@ func (b *bridge) untrack(conn net.Conn) {
 func (b *bridge) forward(in net.Conn, target string) {
 	defer b.untrack(in)
 	defer in.Close()
+	b.waitThaw()
 	out, err := net.Dial("tcp", target)
 	if err != nil {
 		return
@@ -333,17 +356,60 @@ func (b *bridge) forward(in net.Conn, target string) {
 	defer b.untrack(out)
 	defer out.Close()
 	done := make(chan struct{}, 2)
-	pipe := func(dst, src net.Conn) {
-		_, _ = io.Copy(dst, src)
-		// Either side ending ends the pair, as one TCP connection would.
-		_ = dst.Close()
-		_ = src.Close()
-		done <- struct{}{}
+	go func() { b.pipe(out, in); done <- struct{}{} }()
+	go func() { b.pipe(in, out); done <- struct{}{} }()
+	<-done
+	<-done
+}
+
+// pipe copies src to dst, holding what it reads while the bridge is frozen.
+// Either side ending ends the pair, as one TCP connection would.
+func (b *bridge) pipe(dst, src net.Conn) {
+	defer dst.Close()
+	defer src.Close()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			b.waitThaw()
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
 	}
-	go pipe(out, in)
-	go pipe(in, out)
-	<-done
-	<-done
+}
+
+// waitThaw returns once the bridge is not frozen.
+func (b *bridge) waitThaw() {
+	b.mu.Lock()
+	ch := b.thaw
+	b.mu.Unlock()
+	if ch != nil {
+		<-ch
+	}
+}
+
+// freeze holds every byte until thawOut: connections stay open, as when a
+// firewall drops the packets or the peer's host hangs.
+func (b *bridge) freeze() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.thaw == nil {
+		b.thaw = make(chan struct{})
+	}
+}
+
+// thawOut delivers what was held and forwards again.
+func (b *bridge) thawOut() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.thaw != nil {
+		close(b.thaw)
+		b.thaw = nil
+	}
 }
 
 // cut drops every connection and refuses new ones until resume.
@@ -355,6 +421,10 @@ func (b *bridge) cut() {
 		_ = conn.Close()
 	}
 	clear(b.conns)
+	if b.thaw != nil {
+		close(b.thaw) // the held bytes go nowhere now
+		b.thaw = nil
+	}
 }
 
 // resume forwards new connections to target.
