@@ -245,7 +245,7 @@ func TestEtcdLeaderKilled(t *testing.T) {
 
 // TestEtcdLeaderStopped: the same with a graceful stop of the leader
 // (SIGTERM: it hands its leadership over, its client streams end after
-// etcd's request timeout), once: each stop takes that timeout (6 s).
+// etcd's request timeout at most), once.
 func TestEtcdLeaderStopped(t *testing.T) {
 	leaderLoss(t, "stopped", 1, (*membership.EmbeddedCluster).Stop)
 }
