@@ -40,6 +40,7 @@ type Metrics struct {
 	published  prometheus.Counter
 	build      prometheus.Histogram
 	regrants   prometheus.Counter
+	reopens    prometheus.Counter
 	held       *prometheus.GaugeVec
 	lastSyncNs atomic.Int64 // unix nanoseconds of the last sync; 0 = never
 	now        func() time.Time
@@ -53,6 +54,7 @@ type Metrics struct {
 //	prefixrouter_membership_snapshots_published_total
 //	prefixrouter_membership_snapshot_build_seconds (histogram)
 //	prefixrouter_membership_lease_regrants_total
+//	prefixrouter_membership_keepalive_reopens_total
 //	prefixrouter_membership_vanish_guard_held_instances{endpoint}
 //	prefixrouter_membership_last_sync_timestamp_seconds
 //	prefixrouter_snapshot_age_seconds
@@ -82,6 +84,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		regrants: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "prefixrouter_membership_lease_regrants_total",
 			Help: "Leases granted again after the previous one was lost (expired, revoked or unreachable).",
+		}),
+		reopens: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "prefixrouter_membership_keepalive_reopens_total",
+			Help: "Lease keepalives moved to a new stream because no answer came for half a TTL (the stream's etcd member stopped answering).",
 		}),
 		held: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "prefixrouter_membership_vanish_guard_held_instances",
@@ -113,7 +119,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.relists.WithLabelValues(r)
 	}
 	if reg != nil {
-		reg.MustRegister(m.invalid, m.relists, m.published, m.build, m.regrants, m.held, lastSync, age)
+		reg.MustRegister(m.invalid, m.relists, m.published, m.build, m.regrants, m.reopens, m.held, lastSync, age)
 	}
 	return m
 }
@@ -140,6 +146,12 @@ func (m *Metrics) snapshotPublished(build time.Duration) {
 func (m *Metrics) leaseRegranted() {
 	if m != nil {
 		m.regrants.Inc()
+	}
+}
+
+func (m *Metrics) keepaliveReopened() {
+	if m != nil {
+		m.reopens.Inc()
 	}
 }
 

@@ -374,6 +374,27 @@ func (r *Registration) grant(ctx context.Context) (activeLease, error) {
 	return activeLease{id: resp.ID, ka: ka, stop: stop}, nil
 }
 
+// reopenKeepAlive keeps l alive through a lessor of its own, whose stream
+// the client's balancer opens anew (on the next member in its rotation),
+// and stops l's keepalive. If the new keepalive cannot start, l is kept.
+// Only the owner calls it.
+func (r *Registration) reopenKeepAlive(l activeLease) activeLease {
+	lessor := clientv3.NewLease(r.cli)
+	kctx, cancel := context.WithCancel(r.ctx)
+	ka, err := lessor.KeepAlive(kctx, l.id)
+	if err != nil {
+		cancel()
+		_ = lessor.Close()
+		return l
+	}
+	l.stop()
+	r.metrics.keepaliveReopened()
+	return activeLease{id: l.id, ka: ka, stop: func() {
+		cancel()
+		_ = lessor.Close() // ends its stream, wherever it is stuck
+	}}
+}
+
 // resume restarts the keepalive of lease id if etcd still holds it (alive);
 // a lease that expired or was revoked is not alive. Only the owner calls it.
 func (r *Registration) resume(id clientv3.LeaseID) (l activeLease, alive bool, err error) {
@@ -450,6 +471,28 @@ func (r *Registration) run(lease activeLease, rev int64) {
 	var lost clientv3.LeaseID // a lease whose keepalive stream ended, until resumed or found gone
 	bo := retryBackoff{min: 100 * time.Millisecond, max: min(time.Duration(r.ttl)*time.Second/2, 2*time.Second)}
 	var retry <-chan time.Time
+	// etcd's client answers a keepalive every TTL/3 or so. Half a TTL
+	// without one means the stream's member has stopped answering while
+	// its connection stays open (a hung host, dropped packets): etcd's
+	// client keeps the stream there until gRPC keepalive gives up on the
+	// connection (13 s), and the lease would expire meanwhile.
+	quiet := time.Duration(r.ttl) * time.Second / 2
+	stalled := time.NewTimer(quiet)
+	defer stalled.Stop()
+	// The lease stalled watches, and when it was last answered (or held
+	// from): a whole TTL of silence counts as the keepalive ending, as
+	// etcd's client would say it had, had the stream not been reopened.
+	var stalledID clientv3.LeaseID
+	var answered time.Time
+	reopened := 0 // keepalives reopened since the last answer
+	endKeepAlive := func() {
+		r.log.Warn("membership: lease keepalive ended; resuming the lease if etcd still holds it, else granting a new one", "lease", fmt.Sprintf("%x", lease.id))
+		lease.stop()
+		lost = lease.id
+		lease = activeLease{}
+		r.leaseID.Store(0)
+		retry = nil
+	}
 	for {
 		if r.cli.Ctx().Err() != nil {
 			// The client was closed under us: nothing can be written any
@@ -476,20 +519,35 @@ func (r *Registration) run(lease activeLease, rev int64) {
 			}
 			r.answer(seq, err)
 		}
+		if lease.id != stalledID {
+			stalledID, answered, reopened = lease.id, time.Now(), 0
+			stalled.Reset(quiet)
+		}
 		select {
 		case <-r.ctx.Done():
 		case <-r.cli.Ctx().Done():
 		case <-r.notify:
 			retry = nil
+		case <-stalled.C:
+			switch {
+			case lease.id == 0:
+			case time.Since(answered) >= time.Duration(r.ttl)*time.Second:
+				endKeepAlive()
+			default:
+				if reopened == 0 { // once per silence: etcd may be down for long
+					r.log.Warn("membership: no lease keepalive answer for half a TTL; moving the keepalive to a new stream", "lease", fmt.Sprintf("%x", lease.id))
+				}
+				reopened++
+				lease = r.reopenKeepAlive(lease)
+			}
+			stalled.Reset(quiet)
 		case _, ok := <-lease.ka:
 			if !ok {
-				r.log.Warn("membership: lease keepalive ended; resuming the lease if etcd still holds it, else granting a new one", "lease", fmt.Sprintf("%x", lease.id))
-				lease.stop()
-				lost = lease.id
-				lease = activeLease{}
-				r.leaseID.Store(0)
-				retry = nil
+				endKeepAlive()
+				break
 			}
+			answered, reopened = time.Now(), 0
+			stalled.Reset(quiet)
 		case <-deleted:
 			if lease.id != 0 {
 				r.log.Warn("membership: registration deleted by someone else; writing it again")
