@@ -640,9 +640,6 @@ func (r *InstanceRegistration) Instance() fleet.Instance {
 	return cloneInstance(r.inst)
 }
 
-// Endpoint returns the endpoint the instance is registered under.
-func (r *InstanceRegistration) Endpoint() string { return r.endpoint }
-
 // Update applies fn to a copy of the record and writes it in place under
 // the same lease. The id cannot change. Instance reports the new record at
 // once. Like Registration.Put, Update does not lose the record when it
