@@ -1,4 +1,5 @@
-// Package etcdtest starts throwaway embedded etcd members for tests.
+// Package etcdtest starts throwaway embedded etcd members and clusters for
+// tests.
 package etcdtest
 
 import (
@@ -14,12 +15,7 @@ import (
 // closes it when the test ends.
 func Start(t testing.TB) *membership.Embedded {
 	t.Helper()
-	e, err := membership.StartEmbedded(t.TempDir(), "http://127.0.0.1:0", membership.WithFastTicks())
-	if err != nil {
-		t.Fatalf("etcdtest: %v", err)
-	}
-	t.Cleanup(func() { e.Close() })
-	return e
+	return StartCluster(t, 1).Member(0)
 }
 
 // Restart closes e (if it is still running) and starts a new member on the
@@ -41,12 +37,7 @@ func Restart(t testing.TB, e *membership.Embedded) *membership.Embedded {
 // the test ends.
 func Client(t testing.TB, e *membership.Embedded) *clientv3.Client {
 	t.Helper()
-	cli, err := membership.NewClient(membership.ClientOptions{Endpoints: e.Endpoints()})
-	if err != nil {
-		t.Fatalf("etcdtest: client: %v", err)
-	}
-	t.Cleanup(func() { cli.Close() })
-	return cli
+	return client(t, e.Endpoints())
 }
 
 // StartCluster starts an n-member etcd cluster in t.TempDir() on free
@@ -62,11 +53,9 @@ func StartCluster(t testing.TB, n int) *membership.EmbeddedCluster {
 	return c
 }
 
-// ClusterClient returns a client of every member of c built by
-// membership.NewClient, closed when the test ends.
-func ClusterClient(t testing.TB, c *membership.EmbeddedCluster) *clientv3.Client {
+func client(t testing.TB, endpoints []string) *clientv3.Client {
 	t.Helper()
-	cli, err := membership.NewClient(membership.ClientOptions{Endpoints: c.Endpoints()})
+	cli, err := membership.NewClient(membership.ClientOptions{Endpoints: endpoints})
 	if err != nil {
 		t.Fatalf("etcdtest: client: %v", err)
 	}

@@ -33,12 +33,22 @@ func TestRestartKeepsData(t *testing.T) {
 // writing, and the killed member rejoins with the writes it missed.
 func TestClusterSurvivesLeaderKill(t *testing.T) {
 	c := StartCluster(t, 3)
-	cli := ClusterClient(t, c)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if _, err := cli.Put(ctx, "k", "v1"); err != nil {
-		t.Fatal(err)
+	cli := client(t, c.Endpoints())
+	// A write that reaches a member while the survivors elect may be
+	// dropped (etcd answers it after its request timeout): each attempt
+	// gets a second.
+	put := func(v string) []error {
+		var errs []error
+		testsupport.Eventually(t, 10*time.Second, "put "+v, func() bool {
+			pctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			_, err := cli.Put(pctx, "k", v)
+			errs = append(errs, err)
+			return err == nil
+		})
+		return errs
 	}
+	put("v1")
 	old := leader(t, c)
 	start := time.Now()
 	if err := c.Kill(old); err != nil {
@@ -47,18 +57,7 @@ func TestClusterSurvivesLeaderKill(t *testing.T) {
 	if c.Running(old) {
 		t.Fatalf("member %d runs after Kill", old)
 	}
-	// A write that reaches a member while the survivors elect may be
-	// dropped (etcd answers it after its request timeout): each attempt
-	// gets a second.
-	var errs []error
-	testsupport.Eventually(t, 10*time.Second, "a put after killing the leader", func() bool {
-		pctx, cancel := context.WithTimeout(ctx, time.Second)
-		defer cancel()
-		_, err := cli.Put(pctx, "k", "v2")
-		errs = append(errs, err)
-		return err == nil
-	})
-	t.Logf("put attempts: %v", errs)
+	t.Logf("put attempts after the kill: %v", put("v2"))
 	now := leader(t, c)
 	t.Logf("leader %d killed; member %d leads, a put succeeded %v later", old, now, time.Since(start).Round(time.Millisecond))
 	if now == old {
@@ -73,6 +72,8 @@ func TestClusterSurvivesLeaderKill(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer one.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
 	resp, err := one.Get(ctx, "k")
 	if err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "v2" {
 		t.Fatalf("restarted member %d: %v %v, want v2", old, resp, err)
