@@ -41,6 +41,7 @@ type Metrics struct {
 	build      prometheus.Histogram
 	regrants   prometheus.Counter
 	reopens    prometheus.Counter
+	rewatches  prometheus.Counter
 	held       *prometheus.GaugeVec
 	lastSyncNs atomic.Int64 // unix nanoseconds of the last sync; 0 = never
 	now        func() time.Time
@@ -55,6 +56,7 @@ type Metrics struct {
 //	prefixrouter_membership_snapshot_build_seconds (histogram)
 //	prefixrouter_membership_lease_regrants_total
 //	prefixrouter_membership_keepalive_reopens_total
+//	prefixrouter_membership_watch_reopens_total
 //	prefixrouter_membership_vanish_guard_held_instances{endpoint}
 //	prefixrouter_membership_last_sync_timestamp_seconds
 //	prefixrouter_snapshot_age_seconds
@@ -87,7 +89,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		reopens: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "prefixrouter_membership_keepalive_reopens_total",
-			Help: "Lease keepalives moved to a new stream because no answer came for half a TTL (the stream's etcd member stopped answering).",
+			Help: "Lease keepalives opened on a new stream, beside the old one, because no answer came for half a TTL (at least TTL/3 + 1 s): the stream's etcd member stopped answering.",
+		}),
+		rewatches: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "prefixrouter_membership_watch_reopens_total",
+			Help: "Watches reopened on a new stream, from the revision reached, because nothing came for three progress intervals (the stream's etcd member stopped answering).",
 		}),
 		held: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "prefixrouter_membership_vanish_guard_held_instances",
@@ -119,7 +125,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.relists.WithLabelValues(r)
 	}
 	if reg != nil {
-		reg.MustRegister(m.invalid, m.relists, m.published, m.build, m.regrants, m.reopens, m.held, lastSync, age)
+		reg.MustRegister(m.invalid, m.relists, m.published, m.build, m.regrants, m.reopens, m.rewatches, m.held, lastSync, age)
 	}
 	return m
 }
@@ -152,6 +158,12 @@ func (m *Metrics) leaseRegranted() {
 func (m *Metrics) keepaliveReopened() {
 	if m != nil {
 		m.reopens.Inc()
+	}
+}
+
+func (m *Metrics) watchReopened() {
+	if m != nil {
+		m.rewatches.Inc()
 	}
 }
 
