@@ -313,8 +313,10 @@ func (w *Watcher) run() {
 		st = next
 		w.emit(st)
 		reason = w.watch(st)
-		for reason == watchStalled {
-			w.log.Warn("membership: no answer on the watch for three progress intervals; reopening it on a new stream", "revision", st.rev)
+		for n := 0; reason == watchStalled; n++ {
+			if n == 0 { // once: while etcd is down every reopen stalls too
+				w.log.Warn("membership: no answer on the watch for three progress intervals; reopening it on a new stream", "revision", st.rev)
+			}
 			w.metrics.watchReopened()
 			reason = w.watch(st)
 		}
