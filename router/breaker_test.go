@@ -6,9 +6,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -457,5 +460,68 @@ func TestEngineProfileDecidesServerErrors(t *testing.T) {
 					tc.engine, open, overload.DefaultConsecutiveFailures, first.instance, tc.opens)
 			}
 		})
+	}
+}
+
+// slowDialFailure fails the first try it sends, after d, as a dial that
+// timed out (a hung engine whose listen backlog is full: llama-server's
+// holds 5 connections), and passes every other try to next.
+type slowDialFailure struct {
+	next  http.RoundTripper
+	d     time.Duration
+	tries atomic.Int64
+}
+
+func (s *slowDialFailure) RoundTrip(req *http.Request) (*http.Response, error) {
+	if s.tries.Add(1) > 1 {
+		return s.next.RoundTrip(req)
+	}
+	if req.Body != nil {
+		req.Body.Close()
+	}
+	t := time.NewTimer(s.d) // the dial's wait, not the test's
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-req.Context().Done():
+		return nil, req.Context().Err()
+	}
+	return nil, &net.OpError{Op: "dial", Net: "tcp", Err: os.ErrDeadlineExceeded}
+}
+
+// TestFirstByteTimeoutPerTry: a streamed request whose first try ends in
+// a slow dial error is retried on another instance, which gets the whole
+// first-byte timeout: the dial's wait is not its silence (the e2e test of
+// a hung llama-server found the retry cut, and its instance's breaker
+// charged, because the timer ran on from the first try).
+func TestFirstByteTimeoutPerTry(t *testing.T) {
+	bs := make([]*backend, 2)
+	for i := range bs {
+		bs[i] = newBackend(t, fmt.Sprintf("i-%d", i))
+		bs[i].handler = func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			prefill := time.NewTimer(120 * time.Millisecond) // the engine's work before its first token
+			defer prefill.Stop()
+			select {
+			case <-prefill.C:
+			case <-r.Context().Done():
+				return
+			}
+			w.Header().Set("Content-Type", "text/event-stream")
+			fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\ndata: [DONE]\n\n")
+		}
+	}
+	slow := &slowDialFailure{d: 150 * time.Millisecond}
+	h := newHarness(t, hopts{cfg: prefixCfg(10), first: 200 * time.Millisecond,
+		breaker: overload.BreakerOptions{ConsecutiveFailures: 1, OpenTimeout: time.Hour, MaxEjectionPercent: 100},
+		wrap:    func(next http.RoundTripper) http.RoundTripper { slow.next = next; return slow }}, bs...)
+	body := chatRequest(strings.Repeat("retried ", 300), map[string]any{"max_tokens": 5, "stream": true})
+	res, err := h.do(t.Context(), "/v1/chat/completions", body, nil)
+	if err != nil || res.status != http.StatusOK {
+		t.Fatalf("streamed request retried after a slow dial error: %d, %v; want 200 (the retry's instance answers within its first-byte timeout)", res.status, err)
+	}
+	h.assertIdle()
+	if open := openBreakers(h); len(open) != 1 {
+		t.Fatalf("open breakers %v: want only the one whose dial failed", open)
 	}
 }

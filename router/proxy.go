@@ -437,6 +437,20 @@ func (a *attempt) stopFirstByte() {
 	}
 }
 
+// rearmFirstByte gives the instance of the next try the whole first-byte
+// timeout: the time the last try took to fail (a dial that timed out on a
+// hung engine whose listen backlog is full, as a stopped llama-server's
+// is within a few health probes) is not this instance's silence, and
+// must not cut its answer nor count against its breaker. A streamed body
+// that has not ended arms the timer when it does.
+func (a *attempt) rearmFirstByte() {
+	fb := a.firstByte
+	if fb == nil || fb.stopped.Load() || (a.streamed != nil && !a.streamed.ended.Load()) {
+		return
+	}
+	fb.t.Reset(a.ev.firstByte)
+}
+
 // clientBodyErr is the error of the client's streamed body (an abort, a
 // read timeout, the size limit), nil when there was none.
 func (a *attempt) clientBodyErr() error {
@@ -493,6 +507,7 @@ func (t retryTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 			if err := t.staleRetry(out.Context(), a); err != nil {
 				return nil, err
 			}
+			a.rearmFirstByte()
 			out = out.Clone(out.Context())
 			a.setTarget(out)
 			if out.Body, err = a.replayBody(); err != nil {
@@ -541,6 +556,7 @@ func (t retryTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 		a.cur = next
 		a.retries++
 		m.retries.WithLabelValues(a.endpoint).Inc()
+		a.rearmFirstByte()
 		out = out.Clone(out.Context())
 		a.setTarget(out)
 		out.Body = replay
