@@ -798,3 +798,140 @@ func (lf *llamaFleet) streamUntilCut(o lfOutcome, doc string, firstChunk chan<- 
 	o.end = time.Now()
 	return o
 }
+
+// TestLlamaCppHostileClients: clients that misbehave against a real
+// llama-server behind the router. A client that leaves mid-answer
+// (streamed or not) has its generation cancelled on the engine: the
+// router closes the upstream connection and llama-server, which polls
+// it (is_connection_closed, once a second or once a token), stops; its
+// requests_processing gauge falls back to 0. Requests llama-server
+// refuses, with 400 or with the 500 it answers to a body it cannot parse
+// into a task, reach the client as llama-server sent them and never open
+// the instance's breaker.
+func TestLlamaCppHostileClients(t *testing.T) {
+	lf := startLlamaFleet(t)
+	doc := document(200, 150)
+	o := lf.chatRaw(lf.ctx, lfOutcome{}, doc, "Hello?", 1)
+	if !o.ok() {
+		t.Fatalf("warm-up: %v", o)
+	}
+	s := lf.byID[o.instance]
+	// The engine's own gauge, polled fast for a stream (llama-server stops
+	// at the first token it cannot write); every 1.2 s for a plain answer:
+	// each scrape of /metrics is a task whose result wakes every handler
+	// waiting on llama-server's result queue, and a plain request's
+	// handler checks its connection only after a whole second without any
+	// result (server.cpp, recv_with_timeout and HTTP_POLLING_SECONDS), so
+	// faster polls would keep it from ever noticing.
+	idle := func(what string, every time.Duration) time.Duration {
+		start := time.Now()
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		for lf.processing(s) != 0 || lf.status(0, s.ID).InFlight != 0 {
+			if time.Since(start) > 20*time.Second {
+				t.Fatalf("not within 20s: %s", what)
+			}
+			<-tick.C
+		}
+		return time.Since(start)
+	}
+	idle("the engine idle before the test", 10*time.Millisecond)
+
+	for _, tc := range []struct {
+		stream bool
+		base   string // the router, or the engine itself to compare
+		poll   time.Duration
+	}{{true, lf.reps[0].URL(), 10 * time.Millisecond}, {false, lf.reps[0].URL(), 1200 * time.Millisecond}, {false, s.URL, 1200 * time.Millisecond}} {
+		stream := tc.stream
+		ctx, cancel := context.WithCancel(lf.ctx)
+		body, _ := json.Marshal(map[string]any{
+			"model": "tiny", "max_tokens": 4000, "stream": stream,
+			"messages": []map[string]string{{"role": "system", "content": doc}, {"role": "user", "content": "Go on forever."}},
+		})
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, tc.base+"/v1/chat/completions", bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		done := make(chan error, 1)
+		chunk := make(chan struct{}, 1)
+		go func() {
+			resp, err := lf.hc.Do(req)
+			if err != nil {
+				done <- err
+				return
+			}
+			defer resp.Body.Close()
+			br := bufio.NewReader(resp.Body)
+			for {
+				line, err := br.ReadString('\n')
+				if strings.HasPrefix(line, "data: ") {
+					select {
+					case chunk <- struct{}{}:
+					default:
+					}
+				}
+				if err != nil {
+					done <- err
+					return
+				}
+			}
+		}()
+		if stream {
+			select {
+			case <-chunk:
+			case err := <-done:
+				t.Fatalf("stream ended before its first chunk: %v", err)
+			}
+		} else {
+			testsupport.Eventually(t, 15*time.Second, "the engine generating the plain answer", func() bool { return lf.processing(s) > 0 })
+		}
+		cancel()
+		<-done
+		via := "the router"
+		if tc.base == s.URL {
+			via = "directly"
+		}
+		took := idle(fmt.Sprintf("the engine's requests_processing back to 0 after the client left (stream %v, %s)", stream, via), tc.poll)
+		t.Logf("client left mid-answer (stream %v, %s): %s idle within %v (polled every %v)", stream, via, s.ID, ms(took), tc.poll)
+	}
+
+	// Refused requests: one client's, repeated (one key), and another
+	// client's on many documents (many keys).
+	bad := []struct {
+		name   string
+		extra  map[string]any
+		status int
+		keys   int
+	}{
+		// "invalid adapter id": invalid_request_error, 400.
+		{"lora id 9", map[string]any{"lora": []map[string]any{{"id": 9, "scale": 1}}}, http.StatusBadRequest, 1},
+		{"lora id 9", map[string]any{"lora": []map[string]any{{"id": 9, "scale": 1}}}, http.StatusBadRequest, 8},
+		// "Only one completion choice is allowed": an exception, which
+		// llama-server answers 500 server_error.
+		{"n=2", map[string]any{"n": 2}, http.StatusInternalServerError, 1},
+		{"n=2", map[string]any{"n": 2}, http.StatusInternalServerError, 8},
+	}
+	for _, b := range bad {
+		keys := b.keys
+		for i := range 8 {
+			m := map[string]any{"model": "tiny", "max_tokens": 1,
+				"messages": []map[string]string{{"role": "system", "content": document(300+i%keys, 150)}, {"role": "user", "content": "Hi"}}}
+			for k, v := range b.extra {
+				m[k] = v
+			}
+			body, _ := json.Marshal(m)
+			resp, err := lf.hc.Post(lf.reps[0].URL()+"/v1/chat/completions", "application/json", bytes.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			msg, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != b.status {
+				t.Fatalf("%s (%d keys), request %d: %d %s, want llama-server's %d", b.name, keys, i, resp.StatusCode, msg, b.status)
+			}
+		}
+		for _, srv := range lf.servers {
+			if st := lf.status(0, srv.ID); st.Breaker != gobreaker.StateClosed || !st.Healthy {
+				t.Errorf("%s (%d keys): %s breaker %v, healthy %v after 8 refused requests; want closed", b.name, keys, srv.ID, st.Breaker, st.Healthy)
+			}
+		}
+	}
+}

@@ -427,37 +427,54 @@ func TestPanicRetriesDialErrorsAcrossTheSet(t *testing.T) {
 
 // TestEngineProfileDecidesServerErrors: the instance record's engine feeds
 // the rule. A 500 from vLLM proves a failure (its profile: Fault500), so
-// five of them to one key open its breaker; llama.cpp's do not (it answers
-// 500 to malformed requests), and neither do those of an engine of no
-// known profile (a record without one, or a name this build does not
-// know), whatever engine.Generic guesses for other purposes.
+// five of them to one key open its breaker; llama.cpp's never do, however
+// many prompts get one (it answers 500 to malformed requests and fails by
+// crashing or hanging: Client500); those of an engine of no known profile
+// (a record without one, or a name this build does not know) do once they
+// repeat across different keys, whatever engine.Generic guesses for other
+// purposes.
 func TestEngineProfileDecidesServerErrors(t *testing.T) {
 	for _, tc := range []struct {
 		engine string
+		keys   int // different prompts: 1, or one per request
 		opens  bool
 	}{
-		{"vllm", true},
-		{"sglang", true},
-		{"llamacpp", false},
-		{"", false},
-		{"some-new-engine", false},
+		{"vllm", 1, true},
+		{"sglang", 1, true},
+		{"llamacpp", 1, false},
+		{"", 1, false},
+		{"some-new-engine", 1, false},
+		{"llamacpp", 24, false},
+		{"", 24, true},
+		{"some-new-engine", 24, true},
 	} {
-		t.Run(cmp.Or(tc.engine, "none"), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%s/%d keys", cmp.Or(tc.engine, "none"), tc.keys), func(t *testing.T) {
 			bs := engineBackends(t, 2)
 			h := newHarness(t, hopts{cfg: prefixCfg(10)}, bs...)
 			for i := range h.ep.Instances {
 				h.ep.Instances[i].Engine = tc.engine
 			}
 			h.update()
-			body := chatRequest(strings.Repeat("one prompt ", 150), map[string]any{"n": 2})
-			first := h.mustDo("/v1/chat/completions", body, nil)
-			for range overload.DefaultConsecutiveFailures - 1 {
-				h.mustDo("/v1/chat/completions", body, nil)
+			n := overload.DefaultConsecutiveFailures
+			if tc.keys > 1 {
+				n = tc.keys
+			}
+			var first result
+			for i := range n {
+				body := chatRequest(fmt.Sprintf("prompt %d ", i%tc.keys)+strings.Repeat("one prompt ", 150), map[string]any{"n": 2})
+				res := h.mustDo("/v1/chat/completions", body, nil)
+				if res.status != http.StatusInternalServerError {
+					t.Fatalf("request %d: %d, want the engine's 500", i, res.status)
+				}
+				if i == 0 {
+					first = res
+				}
 			}
 			open := openBreakers(h)
-			if got := len(open) == 1 && open[0] == first.instance; got != tc.opens {
-				t.Fatalf("engine %q: open breakers %v after %d × 500 to one key from %s; want open %v",
-					tc.engine, open, overload.DefaultConsecutiveFailures, first.instance, tc.opens)
+			got := len(open) == 1 && (tc.keys > 1 || open[0] == first.instance)
+			if got != tc.opens {
+				t.Fatalf("engine %q: open breakers %v after %d × 500 to %d keys (the first from %s); want open %v",
+					tc.engine, open, n, tc.keys, first.instance, tc.opens)
 			}
 		})
 	}
