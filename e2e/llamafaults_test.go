@@ -95,7 +95,10 @@ func startLlamaFleet(t *testing.T) *llamaFleet {
 	}
 	lf.c = newCluster(t, 2*time.Second, func(o *localfleet.Options) {
 		o.Routing = fleet.RoutingConfig{RoutingStrategy: fleet.PrefixAware,
-			PrefixAwareRoutingConfig: &fleet.PrefixAwareConfig{PrefixLength: fleet.MinPrefixLength, ConcurrencyThreshold: 4}}
+			// A threshold the load never reaches: a hung engine's held
+			// plain requests would otherwise fill it, and spill the
+			// streams that time out on it (and open its breaker).
+			PrefixAwareRoutingConfig: &fleet.PrefixAwareConfig{PrefixLength: fleet.MinPrefixLength, ConcurrencyThreshold: 32}}
 		o.Replica.Router = router.Options{
 			HealthCheckInterval: lfHealthInterval, HealthCheckTimeout: lfHealthTimeout,
 			FirstByteTimeout: lfFirstByte, UpstreamIdleTimeout: lfIdle,
@@ -480,6 +483,13 @@ var lfReplicas = [2]string{"health checks", "breaker only"}
 // returns, per replica, how long after since it did and by what.
 func (lf *llamaFleet) outOfRotation(id string, since time.Time, within time.Duration) (after [2]time.Duration, by [2]string) {
 	lf.t.Helper()
+	defer func() {
+		if lf.t.Failed() {
+			for r := range lf.reps {
+				lf.t.Logf("replica %d: %+v", r, lf.status(r, id))
+			}
+		}
+	}()
 	testsupport.Eventually(lf.t, within, id+" out of rotation on both replicas", func() bool {
 		all := true
 		for r := range lf.reps {
