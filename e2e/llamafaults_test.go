@@ -636,6 +636,7 @@ func TestLlamaCppFaults(t *testing.T) {
 	// may have read it: not retried).
 	tGone := time.Now()
 	outAfter, outBy := lf.outOfRotation(killed.ID, tKill, 20*time.Second)
+	t.Logf("SIGKILL %s: process gone after %v", killed.ID, ms(tGone.Sub(tKill)))
 	for r := range lf.reps {
 		t.Logf("SIGKILL %s with %d requests in flight through replica %d (%s): out of rotation after %v, by %s",
 			killed.ID, inFlight[r], r, lfReplicas[r], ms(outAfter[r]), outBy[r])
