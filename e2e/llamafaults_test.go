@@ -584,6 +584,21 @@ func TestLlamaCppFaults(t *testing.T) {
 	}
 	killed, hung := lf.servers[0], lf.servers[1]
 	t.Logf("documents by instance: %v; killing %s, hanging %s", byInstance, killed.ID, hung.ID)
+	// A document of the killed instance that the load leaves alone: its
+	// cache warm before the kill, cold after the restart.
+	probe := ""
+	for i := 0; probe == "" && i < 30; i++ {
+		d := document(500+i, 150)
+		if o := lf.chatRaw(lf.ctx, lfOutcome{}, d, "Hello?", 1); o.ok() && o.instance == killed.ID {
+			probe = d
+		}
+	}
+	if probe == "" {
+		t.Fatalf("no document of %s among 30", killed.ID)
+	}
+	if o := lf.chatRaw(lf.ctx, lfOutcome{}, probe, "Again?", 1); !o.ok() || o.instance != killed.ID || o.evaluated > o.prompt/4 {
+		t.Fatalf("the probe document again before the kill: %v, evaluated %d of %d; want a warm cache on %s", o, o.evaluated, o.prompt, killed.ID)
+	}
 
 	load := lf.startLoad(6, 500, 2*time.Minute, docs)
 	defer load.stop()
@@ -675,20 +690,15 @@ func TestLlamaCppFaults(t *testing.T) {
 		t.Logf("restart of %s (healthy after %v): in rotation on replica %d (%s) after %v, first answer of its own keys %v after the restart",
 			killed.ID, ms(up), r, lfReplicas[r], ms(backAfter[r]), ms(first[r].end.Sub(tRestart)))
 	}
-	// Its cache is cold: the first raw answer on it after the restart
-	// evaluated its whole document.
-	var cold lfOutcome
-	testsupport.Eventually(t, 20*time.Second, "a raw answer from the restarted instance", func() bool {
-		for _, o := range load.outcomes() {
-			if o.ok() && !o.sdk && o.instance == killed.ID && o.start.After(tRestart) {
-				cold = o
-				return true
-			}
+	// Its cache is cold: the probe document, back on it, is evaluated
+	// whole, then served from the cache again.
+	for i, want := range []string{"cold", "warm"} {
+		o := lf.chatRaw(lf.ctx, lfOutcome{}, probe, fmt.Sprintf("After the restart %d?", i), 1)
+		cold := o.evaluated >= o.prompt/2
+		if !o.ok() || o.instance != killed.ID || cold != (want == "cold") {
+			t.Fatalf("the probe document after the restart (%s expected): %v, evaluated %d of %d", want, o, o.evaluated, o.prompt)
 		}
-		return false
-	})
-	if cold.evaluated < cold.prompt/2 {
-		t.Errorf("first raw answer after the restart evaluated %d of %d prompt tokens: want a cold cache", cold.evaluated, cold.prompt)
+		t.Logf("the probe document after the restart on %s: %d of %d prompt tokens evaluated (%s)", o.instance, o.evaluated, o.prompt, want)
 	}
 
 	// SIGSTOP: a hung engine. Its streams hit the first-byte and idle
