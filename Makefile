@@ -23,7 +23,7 @@ test: vet
 # tens of thousands of requests through the real router, too slow under -race
 # for make test's budget, so they run here, without it (a few minutes).
 test-models:
-	$(GO) test -count=1 -timeout 30m -run 'TestAdaptiveKeysIdle|TestAdaptiveDepth' -v ./internal/bench
+	$(GO) test -count=1 -timeout 30m -run 'TestAdaptiveKeysIdle|TestAdaptiveDepth|TestAdaptiveSeeds' -v ./internal/bench
 
 # The threshold shared by 32 router replicas, measured in real time (issue
 # 22 part 4; docs/concurrency.md): about 40 s alone under -race. Too

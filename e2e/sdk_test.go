@@ -56,16 +56,6 @@ func startSims(t testing.TB, n int, cfg sim.Options) *simFleet {
 	return f
 }
 
-// sim returns the simulator with the given instance id.
-func (f *simFleet) sim(id string) *sim.Server {
-	for _, s := range f.sims {
-		if s.ID() == id {
-			return s
-		}
-	}
-	return nil
-}
-
 // startStatic starts a replica over a static fleet, as
 // `serve --static-instances` does, with edit applied to its options.
 func startStatic(t testing.TB, insts []fleet.Instance, edit func(*replica.Options)) *replica.Replica {

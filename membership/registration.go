@@ -603,7 +603,6 @@ func (b *retryBackoff) reset() { b.cur = 0 }
 // endpoints/<endpoint>/instances/<id>, held by a Registration.
 type InstanceRegistration struct {
 	*Registration
-	endpoint string
 
 	mu   sync.Mutex // guards inst
 	inst fleet.Instance
@@ -630,7 +629,7 @@ func RegisterInstance(ctx context.Context, cli *clientv3.Client, endpoint string
 	if err != nil {
 		return nil, err
 	}
-	return &InstanceRegistration{Registration: reg, endpoint: endpoint, inst: in}, nil
+	return &InstanceRegistration{Registration: reg, inst: in}, nil
 }
 
 // Instance returns a copy of the record as last requested.
@@ -639,9 +638,6 @@ func (r *InstanceRegistration) Instance() fleet.Instance {
 	defer r.mu.Unlock()
 	return cloneInstance(r.inst)
 }
-
-// Endpoint returns the endpoint the instance is registered under.
-func (r *InstanceRegistration) Endpoint() string { return r.endpoint }
 
 // Update applies fn to a copy of the record and writes it in place under
 // the same lease. The id cannot change. Instance reports the new record at

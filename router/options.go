@@ -37,9 +37,6 @@ const MinCacheSaltKeyBytes = 16
 // a dial error (the upstream provably received nothing).
 const MaxRetries = 2
 
-// ErrNoInstance is returned by Choose when no instance can take the request.
-var ErrNoInstance = errors.New("router: no instance available")
-
 // Options configures a Router: the settings (each bound to one `serve` flag)
 // first, then the dependencies. The zero value of every setting is
 // documented; withDefaults fills them and Validate checks them, in this file

@@ -272,6 +272,36 @@ func TestAdaptiveKeysIdle(t *testing.T) {
 	}
 }
 
+// TestAdaptiveSeeds is docs/balance.md's 12-seed table for the session
+// presets: the load-free model of TestAdaptiveKeysIdle (two replicas, 7
+// instances, 200 + 1,000 requests) over stream seeds 1-12. It logs the mean
+// and worst largest-instance share and the mean hit rate, and fails when a
+// seed puts more than 1.5 fair shares on one instance.
+func TestAdaptiveSeeds(t *testing.T) {
+	if testing.Short() || raceEnabled {
+		t.Skip("routes 28,800 requests through LRU models: run without -short and -race (make test-models)")
+	}
+	t.Log("| preset | largest: mean / worst | seeds above 1.5 fair shares | hit rate: mean |")
+	for _, name := range []string{"agentic", "agent"} {
+		p, err := LookupPreset(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sum, worst, hits float64
+		over := 0
+		for seed := int64(1); seed <= 12; seed++ {
+			r := idleRunSeed(t, p, modeAdaptive, 2, seed)
+			largest := balanceOf(r.shares, 7).MaxShare
+			sum, hits, worst = sum+largest, hits+r.hit, max(worst, largest)
+			if largest > 1.5/7 {
+				over++
+				t.Errorf("%s seed %d: largest instance %.1f %% above 1.5 fair shares (21.4 %%)", name, seed, 100*largest)
+			}
+		}
+		t.Logf("| %s | %.1f %% / %.1f %% | %d | %.2f %% |", name, 100*sum/12, 100*worst, over, 100*hits/12)
+	}
+}
+
 // TestAdaptiveDepth measures what the deepest depth (PrefixLength) should
 // be once keys are adaptive (issue 21), load-free as TestAdaptiveKeysIdle:
 // the agent preset (a 10 KB tool prompt), the same with a 24 KB tool prompt,

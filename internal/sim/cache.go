@@ -41,8 +41,6 @@ func newKVCache(nblocks int) *kvCache {
 	return c
 }
 
-func (c *kvCache) numBlocks() int { return len(c.blocks) }
-
 // usage is vLLM's kv_cache_usage_perc: the share of blocks not in the free
 // queue (cached but unpinned blocks count as free, as in vLLM).
 func (c *kvCache) usage() float64 {
