@@ -23,7 +23,6 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/agent"
 	"github.com/prefixrouter/prefixrouter/fleet"
-	"github.com/prefixrouter/prefixrouter/internal/gguf"
 	"github.com/prefixrouter/prefixrouter/internal/llamacpp"
 	"github.com/prefixrouter/prefixrouter/internal/localfleet"
 	"github.com/prefixrouter/prefixrouter/internal/testsupport"
@@ -74,24 +73,9 @@ type llamaFleet struct {
 // the fault settings above (the second without health checks) and an
 // agent per server, and waits until the replicas route to all three.
 func startLlamaFleet(t *testing.T) *llamaFleet {
-	kit, err := llamacpp.FromEnv()
-	if errors.Is(err, llamacpp.ErrNoEngine) {
-		t.Skipf("no llama.cpp engine: %v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx := testsupport.Context(t, 4*time.Minute)
-	model, err := kit.ModelIn(t.TempDir(), gguf.Llama{Seed: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
 	lf := &llamaFleet{t: t, ctx: ctx, byID: map[string]*llamacpp.Server{}}
-	f, err := llamacpp.Start(ctx, llamacpp.Options{Kit: kit, Model: model, Instances: 3, Slots: 4, Context: 4096})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(f.Close)
+	f := startLlamaServers(t, ctx, llamacpp.Options{Instances: 3, Slots: 4, Context: 4096})
 	lf.servers = f.Servers()
 	for _, s := range lf.servers {
 		lf.byID[s.ID] = s
@@ -242,8 +226,9 @@ type lfOutcome struct {
 	status      int // 0: no answer
 	chunks      int // streamed data events before the end
 	done        bool
-	prompt      int // usage.prompt_tokens (raw requests)
-	evaluated   int // timings.prompt_n (raw requests)
+	prompt      int    // usage.prompt_tokens (raw requests)
+	evaluated   int    // timings.prompt_n (raw requests): the prompt tokens not served by the cache
+	finish      string // the last finish_reason (raw requests)
 	err         error
 }
 
@@ -271,20 +256,27 @@ const (
 	lfHeldTokens = 400
 )
 
-// chatRaw sends one chat request as a plain HTTP client and reads its
-// answer, without failing the test: the outcome says how it ended.
+// chatRaw sends one chat request through replica o.rep as a plain HTTP
+// client (chatLlama).
 func (lf *llamaFleet) chatRaw(ctx context.Context, o lfOutcome, system, user string, maxTokens int) lfOutcome {
+	return chatLlama(ctx, lf.hc, lf.reps[o.rep].URL(), o, system, user, maxTokens)
+}
+
+// chatLlama sends one chat request (streamed when o.stream) to base and
+// reads its answer into o, without failing the test: o says how it ended.
+// A streamed answer must be an event stream that ends with [DONE].
+func chatLlama(ctx context.Context, hc *http.Client, base string, o lfOutcome, system, user string, maxTokens int) lfOutcome {
 	body, _ := json.Marshal(map[string]any{
 		"model": "tiny", "max_tokens": maxTokens, "stream": o.stream,
 		"messages": []map[string]string{{"role": "system", "content": system}, {"role": "user", "content": user}},
 	})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, lf.reps[o.rep].URL()+"/v1/chat/completions", bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", bytes.NewReader(body))
 	if err != nil {
 		o.err = err
 		return o
 	}
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := lf.hc.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
 		o.err = err
 		return o
@@ -292,6 +284,9 @@ func (lf *llamaFleet) chatRaw(ctx context.Context, o lfOutcome, system, user str
 	defer resp.Body.Close()
 	o.status, o.instance, o.decision = resp.StatusCode, resp.Header.Get(router.HeaderInstance), resp.Header.Get(router.HeaderDecision)
 	var obj struct {
+		Choices []struct {
+			FinishReason *string `json:"finish_reason"`
+		} `json:"choices"`
 		Usage *struct {
 			PromptTokens int `json:"prompt_tokens"`
 		} `json:"usage"`
@@ -300,14 +295,21 @@ func (lf *llamaFleet) chatRaw(ctx context.Context, o lfOutcome, system, user str
 		} `json:"timings"`
 	}
 	take := func(b []byte) {
-		obj.Usage, obj.Timings = nil, nil
-		if json.Unmarshal(b, &obj) == nil {
-			if obj.Usage != nil {
-				o.prompt = obj.Usage.PromptTokens
+		obj.Usage, obj.Timings, obj.Choices = nil, nil, nil
+		if err := json.Unmarshal(b, &obj); err != nil {
+			o.err = fmt.Errorf("answer %q: %w", b, err)
+			return
+		}
+		for _, c := range obj.Choices {
+			if c.FinishReason != nil {
+				o.finish = *c.FinishReason
 			}
-			if obj.Timings != nil {
-				o.evaluated = obj.Timings.PromptN
-			}
+		}
+		if obj.Usage != nil {
+			o.prompt = obj.Usage.PromptTokens
+		}
+		if obj.Timings != nil {
+			o.evaluated = obj.Timings.PromptN
 		}
 	}
 	if !o.stream || resp.StatusCode != http.StatusOK {
@@ -320,9 +322,13 @@ func (lf *llamaFleet) chatRaw(ctx context.Context, o lfOutcome, system, user str
 		}
 		return o
 	}
+	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/event-stream") {
+		o.err = fmt.Errorf("streamed answer of type %q", ct)
+		return o
+	}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
+	for sc.Scan() && o.err == nil {
 		line, ok := strings.CutPrefix(sc.Text(), "data: ")
 		switch {
 		case !ok:
@@ -333,7 +339,9 @@ func (lf *llamaFleet) chatRaw(ctx context.Context, o lfOutcome, system, user str
 			take([]byte(line))
 		}
 	}
-	o.err = sc.Err()
+	if o.err == nil {
+		o.err = sc.Err()
+	}
 	if o.err == nil && !o.done {
 		o.err = fmt.Errorf("stream ended without [DONE] and without an error, after %d chunks", o.chunks)
 	}

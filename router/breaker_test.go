@@ -58,18 +58,26 @@ func newEngineBackend(t *testing.T, id string) *backend {
 			fmt.Fprint(w, "data: [DONE]\n\n")
 			return
 		}
-		// The generation: simulated work, not a wait for the test.
-		gen := time.NewTimer(time.Duration(req.MaxTokens) * time.Millisecond)
-		defer gen.Stop()
-		select {
-		case <-gen.C:
-		case <-r.Context().Done():
+		if !engineWork(r, time.Duration(req.MaxTokens)*time.Millisecond) { // the generation
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintf(w, `{"id":%q,"choices":[{"message":{"content":"x"}}]}`, id)
 	}
 	return b
+}
+
+// engineWork is a fake engine's work on r for d (simulated, not a wait
+// for the test); false when the client left first.
+func engineWork(r *http.Request, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-r.Context().Done():
+		return false
+	}
 }
 
 func engineBackends(t *testing.T, n int) []*backend {
@@ -517,11 +525,7 @@ func TestFirstByteTimeoutPerTry(t *testing.T) {
 		bs[i] = newBackend(t, fmt.Sprintf("i-%d", i))
 		bs[i].handler = func(w http.ResponseWriter, r *http.Request) {
 			_, _ = io.Copy(io.Discard, r.Body)
-			prefill := time.NewTimer(120 * time.Millisecond) // the engine's work before its first token
-			defer prefill.Stop()
-			select {
-			case <-prefill.C:
-			case <-r.Context().Done():
+			if !engineWork(r, 120*time.Millisecond) { // the prefill before the first token
 				return
 			}
 			w.Header().Set("Content-Type", "text/event-stream")
