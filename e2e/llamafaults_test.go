@@ -664,6 +664,10 @@ func TestLlamaCppFaults(t *testing.T) {
 		t.Logf("SIGKILL %s with %d requests in flight through replica %d (%s): out of rotation after %v, by %s",
 			killed.ID, inFlight[r], r, lfReplicas[r], ms(outAfter[r]), outBy[r])
 	}
+	// Membership plays no part: the agent holds its lease whatever its
+	// engine does (it probes the engine only until it registers).
+	_, recorded := lookup(lf.reps[0], killed.ID)
+	t.Logf("the killed instance's record still in the replicas' snapshot: %v", recorded)
 	c, h := <-cut, <-held
 	if c.err == nil || c.chunks == 0 || c.end.Sub(tKill) > 5*time.Second {
 		t.Errorf("the stream cut by the kill: %v; want an error the client sees after its first chunks, at once", c)
