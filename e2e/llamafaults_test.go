@@ -703,14 +703,13 @@ func TestLlamaCppFaults(t *testing.T) {
 			killed.ID, ms(up), r, lfReplicas[r], ms(backAfter[r]), ms(first[r].end.Sub(tRestart)))
 	}
 	// Its cache is cold: the probe document, back on it, is evaluated
-	// whole, then served from the cache again.
-	for i, want := range []string{"cold", "warm"} {
-		o := lf.chatRaw(lf.ctx, lfOutcome{}, probe, fmt.Sprintf("After the restart %d?", i), 1)
-		cold := o.evaluated >= o.prompt/2
-		if !o.ok() || o.instance != killed.ID || cold != (want == "cold") {
-			t.Fatalf("the probe document after the restart (%s expected): %v, evaluated %d of %d", want, o, o.evaluated, o.prompt)
-		}
-		t.Logf("the probe document after the restart on %s: %d of %d prompt tokens evaluated (%s)", o.instance, o.evaluated, o.prompt, want)
+	// whole. (Warm again afterwards only while no other prompt takes its
+	// slot: llama-server keeps one prompt per slot, and the load's reuse
+	// them.)
+	if o := lf.chatRaw(lf.ctx, lfOutcome{}, probe, "After the restart?", 1); !o.ok() || o.instance != killed.ID || o.evaluated < o.prompt/2 {
+		t.Fatalf("the probe document after the restart: %v, evaluated %d of %d; want a cold cache on %s", o, o.evaluated, o.prompt, killed.ID)
+	} else {
+		t.Logf("the probe document after the restart on %s: %d of %d prompt tokens evaluated (cold)", o.instance, o.evaluated, o.prompt)
 	}
 
 	// SIGSTOP: a hung engine. Its streams hit the first-byte and idle
