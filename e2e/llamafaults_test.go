@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -55,7 +56,7 @@ const (
 	lfFailures       = 3
 )
 
-// llamaFleet is 3 llama-servers behind one router replica over etcd.
+// llamaFleet is 3 llama-servers behind two router replicas over etcd.
 type llamaFleet struct {
 	t       *testing.T
 	ctx     context.Context
@@ -109,14 +110,8 @@ func startLlamaFleet(t *testing.T) *llamaFleet {
 	for _, s := range lf.servers {
 		lf.startAgent(s)
 	}
-	ids := slices.Sorted(func(yield func(string) bool) {
-		for id := range lf.byID {
-			if !yield(id) {
-				return
-			}
-		}
-	})
-	testsupport.Eventually(t, 20*time.Second, "the replica routes to the three llama-servers", func() bool { return lf.c.hasInstances(ids...) })
+	ids := slices.Sorted(maps.Keys(lf.byID))
+	testsupport.Eventually(t, 20*time.Second, "the replicas route to the three llama-servers", func() bool { return lf.c.hasInstances(ids...) })
 	tr := &http.Transport{MaxIdleConnsPerHost: 64, Proxy: nil}
 	t.Cleanup(tr.CloseIdleConnections)
 	lf.hc = &http.Client{Transport: tr, Timeout: 30 * time.Second}
@@ -174,32 +169,7 @@ func (lf *llamaFleet) out(r int, id string) (bool, string) {
 // counter sums replica r's counter name over the series whose labels
 // include want.
 func (lf *llamaFleet) counter(r int, name string, want map[string]string) float64 {
-	fams, err := lf.reps[r].Registry().Gather()
-	if err != nil {
-		lf.t.Fatal(err)
-	}
-	var sum float64
-	for _, fam := range fams {
-		if fam.GetName() != name {
-			continue
-		}
-	metric:
-		for _, m := range fam.GetMetric() {
-			for k, v := range want {
-				found := false
-				for _, lp := range m.GetLabel() {
-					if lp.GetName() == k && lp.GetValue() == v {
-						found = true
-					}
-				}
-				if !found {
-					continue metric
-				}
-			}
-			sum += m.GetCounter().GetValue()
-		}
-	}
-	return sum
+	return testsupport.Sum(lf.t, lf.reps[r].Registry(), name, want)
 }
 
 // processing is llama-server's own count of the requests it works on.
@@ -248,7 +218,7 @@ func (o lfOutcome) String() string {
 		o.start.Format("15:04:05.000"), o.end.Sub(o.start).Round(time.Millisecond), o.instance, o.status, o.chunks, o.done, o.err)
 }
 
-// lfMaxTokens: streams last long enough to be cut mid-way.
+// Answer lengths: streams last long enough to be cut mid-way.
 const (
 	lfStreamTokens = 48
 	lfPlainTokens  = 8
