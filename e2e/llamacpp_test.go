@@ -1,12 +1,9 @@
 package e2e
 
 import (
-	"bufio"
-	"bytes"
-	"encoding/json"
+	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net/http"
 	"strings"
@@ -32,81 +29,15 @@ type llamaAnswer struct {
 	finish             string
 }
 
-// llamaChat sends one chat request through base and reads the answer.
+// llamaChat sends one chat request through base and reads the answer; any
+// failure fails the test.
 func llamaChat(t *testing.T, hc *http.Client, base, system, user string, stream bool) llamaAnswer {
 	t.Helper()
-	body, _ := json.Marshal(map[string]any{
-		"model": "tiny", "max_tokens": 8, "stream": stream,
-		"messages": []map[string]string{{"role": "system", "content": system}, {"role": "user", "content": user}},
-	})
-	resp, err := hc.Post(base+"/v1/chat/completions", "application/json", bytes.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
+	o := chatLlama(t.Context(), hc, base, lfOutcome{stream: stream}, system, user, 8)
+	if !o.ok() {
+		t.Fatalf("chat answer: %v", o)
 	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(resp.Body)
-		t.Fatalf("status %d: %s", resp.StatusCode, b)
-	}
-	a := llamaAnswer{instance: resp.Header.Get(router.HeaderInstance), decision: resp.Header.Get(router.HeaderDecision)}
-	type choice struct {
-		FinishReason *string `json:"finish_reason"`
-	}
-	var obj struct {
-		Choices []choice `json:"choices"`
-		Usage   *struct {
-			PromptTokens int `json:"prompt_tokens"`
-		} `json:"usage"`
-		Timings *struct {
-			PromptN int `json:"prompt_n"`
-		} `json:"timings"`
-	}
-	take := func(b []byte) {
-		obj.Usage, obj.Timings, obj.Choices = nil, nil, nil
-		if err := json.Unmarshal(b, &obj); err != nil {
-			t.Fatalf("answer %q: %v", b, err)
-		}
-		for _, c := range obj.Choices {
-			if c.FinishReason != nil {
-				a.finish = *c.FinishReason
-			}
-		}
-		if obj.Usage != nil {
-			a.prompt = obj.Usage.PromptTokens
-		}
-		if obj.Timings != nil {
-			a.evaluated = obj.Timings.PromptN
-		}
-	}
-	if !stream {
-		b, err := io.ReadAll(resp.Body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		take(b)
-		return a
-	}
-	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/event-stream") {
-		t.Fatalf("streamed answer of type %q", ct)
-	}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	done := false
-	for sc.Scan() {
-		line, ok := strings.CutPrefix(sc.Text(), "data: ")
-		switch {
-		case !ok:
-		case line == "[DONE]":
-			done = true
-		default:
-			a.chunks++
-			take([]byte(line))
-		}
-	}
-	if err := sc.Err(); err != nil || !done {
-		t.Fatalf("stream ended without [DONE] after %d chunks: %v", a.chunks, err)
-	}
-	return a
+	return llamaAnswer{instance: o.instance, decision: o.decision, prompt: o.prompt, evaluated: o.evaluated, chunks: o.chunks, finish: o.finish}
 }
 
 // document is a system prompt of about n words of pseudo-English, opened
@@ -125,6 +56,31 @@ func document(i, n int) string {
 	return b.String()
 }
 
+// startLlamaServers starts the llama-servers of opts (its Kit and Model
+// from the environment: a random-weight model the test writes), stopped
+// when the test ends; it skips the test, saying why, when no engine is
+// set.
+func startLlamaServers(t *testing.T, ctx context.Context, opts llamacpp.Options) *llamacpp.Fleet {
+	t.Helper()
+	kit, err := llamacpp.FromEnv()
+	if errors.Is(err, llamacpp.ErrNoEngine) {
+		t.Skipf("no llama.cpp engine: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.Kit = kit
+	if opts.Model, err = kit.ModelIn(t.TempDir(), gguf.Llama{Seed: 1}); err != nil {
+		t.Fatal(err)
+	}
+	f, err := llamacpp.Start(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.Close)
+	return f
+}
+
 // TestLlamaCppBehindTheRouter is issue 20's real engine in CI: llama.cpp's
 // llama-server (3 instances, a random-weight model the test writes) behind
 // a router replica over a static fleet, as `serve --static-instances`
@@ -133,23 +89,8 @@ func document(i, n int) string {
 // says so in its answer's timings and in its /metrics, and the router
 // counts the cached tokens.
 func TestLlamaCppBehindTheRouter(t *testing.T) {
-	kit, err := llamacpp.FromEnv()
-	if errors.Is(err, llamacpp.ErrNoEngine) {
-		t.Skipf("no llama.cpp engine: %v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx := testsupport.Context(t, 3*time.Minute)
-	model, err := kit.ModelIn(t.TempDir(), gguf.Llama{Seed: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := llamacpp.Start(ctx, llamacpp.Options{Kit: kit, Model: model, Instances: 3, Slots: 2, Context: 4096})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(f.Close)
+	f := startLlamaServers(t, ctx, llamacpp.Options{Instances: 3, Slots: 2, Context: 4096})
 	byID := map[string]*llamacpp.Server{}
 	var insts []fleet.Instance
 	for _, s := range f.Servers() {

@@ -117,6 +117,16 @@ type Profile struct {
 	// requests (llama-server's JSON errors), so a 500 alone is the
 	// client's word against the engine's.
 	Fault500 bool
+	// Client500 reports that an HTTP 500 from this engine is its answer to
+	// a request it could not take, and never its own failure, which shows
+	// otherwise: llama-server answers 500 to every request its chat and
+	// completion paths cannot parse or fit ("Only one completion choice is
+	// allowed", "input is larger than the max context size"), while it
+	// fails by crashing (a reset, then refused connections), hanging
+	// (timeouts) or loading (503). Such 500s never count against a
+	// breaker, however many prompts get one: a client with many prompts
+	// must not eject the instance (issue 20, docs/operations.md).
+	Client500 bool
 
 	// Detection: the prefix of its metric names, the owned_by of its
 	// /v1/models entries, its Server header ("" when it has none).
@@ -159,6 +169,7 @@ var (
 		Cached:       CachedUsage | CachedTimings, // later builds fill OpenAI's field too
 		Adapters:     Adapters{List: ListIndexed, ListPath: "/lora-adapters", Select: ByIndex},
 		Fault500:     false,
+		Client500:    true, // examples/server/server.cpp at c392e50 (docs/engines.md)
 		metricPrefix: "llamacpp:", ownedBy: "llamacpp", server: "llama.cpp",
 	}
 	tgi = Profile{

@@ -48,6 +48,13 @@ func TestServerErrorIsEngineFault(t *testing.T) {
 			t.Errorf("%q: ServerErrorIsEngineFault(%d) = %v, want %v", tc.engine, tc.status, got, tc.want)
 		}
 	}
+	// Only llama-server's 500 is the client's whatever it is sent: the
+	// others fail with a 500 (or, unknown, may).
+	for _, name := range []string{engine.VLLM, engine.SGLang, engine.LlamaCpp, engine.TGI, ""} {
+		if p, _ := engine.Lookup(name); p.Client500 != (name == engine.LlamaCpp) || (p.Client500 && p.Fault500) {
+			t.Errorf("%q: Client500 %v, Fault500 %v", name, p.Client500, p.Fault500)
+		}
+	}
 	// The captured 500s are the client's fault: their bodies say so.
 	for _, f := range []string{"error-500-n2.json", "error-500-badjson.json"} {
 		var e struct {

@@ -20,15 +20,18 @@ import (
 //     request asked for what the server does not do); a client that went
 //     away or whose own deadline ended the request; a non-streamed
 //     generation that outlasted a response-header timeout (ErrNotJudged).
-//   - A 500 (and any 5xx not named above) is a server error: it counts
-//     when the instance's engine profile says its 500 means the engine
-//     failed (SetServerErrorIsFault), and otherwise only when it repeats
-//     across different requests: once ServerErrorKeys different routing
-//     keys got one from the instance within ServerErrorWindow. Engines
-//     such as llama.cpp's llama-server answer 500 to a malformed request,
-//     so one client repeating one bad request is one key and never trips
-//     the breaker; an engine that fails whatever it is sent fails for
-//     many keys.
+//   - A 500 (and any 5xx not named above) is a server error, judged by
+//     what the instance's engine profile says of it (SetServerErrors): it
+//     counts when the profile says a 500 means the engine failed (vLLM,
+//     SGLang, TGI); never when the profile says it is the engine's answer
+//     to a request it could not take and the engine fails otherwise
+//     (llama.cpp's llama-server: a malformed request, a prompt beyond its
+//     context; its own failures are crashes, hangs and 503s); and for an
+//     engine of no known profile only when it repeats across different
+//     requests: once ServerErrorKeys different routing keys got one from
+//     the instance within ServerErrorWindow. One client repeating one bad
+//     request is one key and never trips the breaker; an engine that
+//     fails whatever it is sent fails for many keys.
 
 // Verdict is what one outcome says about the instance that served it.
 type Verdict uint8

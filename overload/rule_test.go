@@ -68,7 +68,7 @@ func TestServerErrorRule(t *testing.T) {
 	})
 	t.Run("one key, engine whose 500 is a fault", func(t *testing.T) {
 		s := NewState("a", BreakerOptions{ConsecutiveFailures: 2, OpenTimeout: time.Hour})
-		s.SetServerErrorIsFault(true)
+		s.SetServerErrors(ServerErrorsFault)
 		fail(s, 500, 42)
 		fail(s, 500, 42)
 		if st := s.Status().Breaker; st != gobreaker.StateOpen {
@@ -86,6 +86,24 @@ func TestServerErrorRule(t *testing.T) {
 		fail(s, 500, 100)
 		if st := s.Status().Breaker; st != gobreaker.StateOpen {
 			t.Fatalf("breaker %v after two counted 500s, want open", st)
+		}
+	})
+	t.Run("different keys, engine whose 500 is the client's", func(t *testing.T) {
+		// llama.cpp: one client's malformed requests over many prompts
+		// (the e2e test against a real llama-server opened its breaker).
+		s := NewState("a", BreakerOptions{ConsecutiveFailures: 2, OpenTimeout: time.Hour})
+		s.SetServerErrors(ServerErrorsClient)
+		for key := range uint64(4 * DefaultServerErrorKeys) {
+			fail(s, 500, key)
+		}
+		if st := s.Status().Breaker; st != gobreaker.StateClosed {
+			t.Fatalf("breaker %v after 500s to %d keys from an engine whose 500 is the client's", st, 4*DefaultServerErrorKeys)
+		}
+		fail(s, 502, 1)
+		fail(s, 500, 1)
+		fail(s, 503, 2)
+		if st := s.Status().Breaker; st != gobreaker.StateOpen {
+			t.Fatalf("breaker %v after 502, 500, 503: its 500s must not hide its failures", st)
 		}
 	})
 	t.Run("ambiguous 500s neither count nor reset", func(t *testing.T) {

@@ -54,11 +54,11 @@ type State struct {
 	// opts are the breaker's settings, defaults applied (ServerErrorKeys
 	// and ServerErrorWindow are read by judge).
 	opts BreakerOptions
-	// serverErrorIsFault is the engine profile's word that a 500 from this
-	// instance means the engine failed (SetServerErrorIsFault); false
+	// serverErrorMeans is the engine profile's word on a 500 from this
+	// instance (SetServerErrors, a ServerErrors); ServerErrorsAmbiguous
 	// (unknown engines) leaves server errors to serverErrors.
-	serverErrorIsFault atomic.Bool
-	serverErrors       serverErrorKeys
+	serverErrorMeans atomic.Uint32
+	serverErrors     serverErrorKeys
 
 	// ej is the ejection cap of the instance's endpoint; nil for a State
 	// made by NewState, which has none. ejected (its breaker opened and
@@ -96,13 +96,30 @@ func (s *State) onBreakerChange(from, to gobreaker.State) {
 	}
 }
 
-// SetServerErrorIsFault records what the instance's engine profile says of
-// its HTTP 500: true when it means the engine failed (then each one counts
-// against the breaker), false when the engine also answers 500 to requests
-// it cannot take (then they count only when they repeat across different
-// routing keys; see Classify). The zero value is false: an engine of no
-// known profile cannot prove a fault with a 500.
-func (s *State) SetServerErrorIsFault(fault bool) { s.serverErrorIsFault.Store(fault) }
+// ServerErrors is what an HTTP 500 (or another unnamed 5xx) from an
+// instance says, by its engine's profile (see the rule in outcome.go).
+type ServerErrors uint32
+
+const (
+	// ServerErrorsAmbiguous: the engine may answer 500 to a request it
+	// cannot take, or fail: a 500 counts once it repeats across
+	// ServerErrorKeys routing keys within ServerErrorWindow (an engine of
+	// no known profile). The zero value.
+	ServerErrorsAmbiguous ServerErrors = iota
+	// ServerErrorsFault: a 500 means the engine failed (vLLM, SGLang,
+	// TGI); each one counts.
+	ServerErrorsFault
+	// ServerErrorsClient: a 500 is the engine's answer to a request it
+	// could not take, and its failures show otherwise (llama.cpp: a
+	// crash, a hang, 503 while it loads); none counts.
+	ServerErrorsClient
+)
+
+// SetServerErrors records what the instance's engine profile says of its
+// HTTP 500. Until it is called, ServerErrorsAmbiguous: an engine of no
+// known profile cannot prove a fault with a 500, nor be trusted never to
+// fail with one.
+func (s *State) SetServerErrors(v ServerErrors) { s.serverErrorMeans.Store(uint32(v)) }
 
 // judge turns an outcome into what the breaker records: nil for a
 // success, errUnjudged to ignore it, the failure itself otherwise.
@@ -113,8 +130,11 @@ func (s *State) judge(err error) error {
 	case Unjudged:
 		return errUnjudged
 	case ServerError:
-		if s.serverErrorIsFault.Load() {
+		switch ServerErrors(s.serverErrorMeans.Load()) {
+		case ServerErrorsFault:
 			return err
+		case ServerErrorsClient:
+			return errUnjudged
 		}
 		var se *StatusError
 		errors.As(err, &se)

@@ -6,9 +6,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -55,18 +58,26 @@ func newEngineBackend(t *testing.T, id string) *backend {
 			fmt.Fprint(w, "data: [DONE]\n\n")
 			return
 		}
-		// The generation: simulated work, not a wait for the test.
-		gen := time.NewTimer(time.Duration(req.MaxTokens) * time.Millisecond)
-		defer gen.Stop()
-		select {
-		case <-gen.C:
-		case <-r.Context().Done():
+		if !engineWork(r, time.Duration(req.MaxTokens)*time.Millisecond) { // the generation
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintf(w, `{"id":%q,"choices":[{"message":{"content":"x"}}]}`, id)
 	}
 	return b
+}
+
+// engineWork is a fake engine's work on r for d (simulated, not a wait
+// for the test); false when the client left first.
+func engineWork(r *http.Request, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-r.Context().Done():
+		return false
+	}
 }
 
 func engineBackends(t *testing.T, n int) []*backend {
@@ -424,38 +435,114 @@ func TestPanicRetriesDialErrorsAcrossTheSet(t *testing.T) {
 
 // TestEngineProfileDecidesServerErrors: the instance record's engine feeds
 // the rule. A 500 from vLLM proves a failure (its profile: Fault500), so
-// five of them to one key open its breaker; llama.cpp's do not (it answers
-// 500 to malformed requests), and neither do those of an engine of no
-// known profile (a record without one, or a name this build does not
-// know), whatever engine.Generic guesses for other purposes.
+// five of them to one key open its breaker; llama.cpp's never do, however
+// many prompts get one (it answers 500 to malformed requests and fails by
+// crashing or hanging: Client500); those of an engine of no known profile
+// (a record without one, or a name this build does not know) do once they
+// repeat across different keys, whatever engine.Generic guesses for other
+// purposes.
 func TestEngineProfileDecidesServerErrors(t *testing.T) {
 	for _, tc := range []struct {
 		engine string
+		keys   int // different prompts: 1, or one per request
 		opens  bool
 	}{
-		{"vllm", true},
-		{"sglang", true},
-		{"llamacpp", false},
-		{"", false},
-		{"some-new-engine", false},
+		{"vllm", 1, true},
+		{"sglang", 1, true},
+		{"llamacpp", 1, false},
+		{"", 1, false},
+		{"some-new-engine", 1, false},
+		{"llamacpp", 24, false},
+		{"", 24, true},
+		{"some-new-engine", 24, true},
 	} {
-		t.Run(cmp.Or(tc.engine, "none"), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%s/%d keys", cmp.Or(tc.engine, "none"), tc.keys), func(t *testing.T) {
 			bs := engineBackends(t, 2)
 			h := newHarness(t, hopts{cfg: prefixCfg(10)}, bs...)
 			for i := range h.ep.Instances {
 				h.ep.Instances[i].Engine = tc.engine
 			}
 			h.update()
-			body := chatRequest(strings.Repeat("one prompt ", 150), map[string]any{"n": 2})
-			first := h.mustDo("/v1/chat/completions", body, nil)
-			for range overload.DefaultConsecutiveFailures - 1 {
-				h.mustDo("/v1/chat/completions", body, nil)
+			n := overload.DefaultConsecutiveFailures
+			if tc.keys > 1 {
+				n = tc.keys
+			}
+			var first result
+			for i := range n {
+				body := chatRequest(fmt.Sprintf("prompt %d ", i%tc.keys)+strings.Repeat("one prompt ", 150), map[string]any{"n": 2})
+				res := h.mustDo("/v1/chat/completions", body, nil)
+				if res.status != http.StatusInternalServerError {
+					t.Fatalf("request %d: %d, want the engine's 500", i, res.status)
+				}
+				if i == 0 {
+					first = res
+				}
 			}
 			open := openBreakers(h)
-			if got := len(open) == 1 && open[0] == first.instance; got != tc.opens {
-				t.Fatalf("engine %q: open breakers %v after %d × 500 to one key from %s; want open %v",
-					tc.engine, open, overload.DefaultConsecutiveFailures, first.instance, tc.opens)
+			got := len(open) == 1 && (tc.keys > 1 || open[0] == first.instance)
+			if got != tc.opens {
+				t.Fatalf("engine %q: open breakers %v after %d × 500 to %d keys (the first from %s); want open %v",
+					tc.engine, open, n, tc.keys, first.instance, tc.opens)
 			}
 		})
+	}
+}
+
+// slowDialFailure fails the first try it sends, after d, as a dial that
+// timed out (a hung engine whose listen backlog is full: llama-server's
+// holds 5 connections), and passes every other try to next.
+type slowDialFailure struct {
+	next  http.RoundTripper
+	d     time.Duration
+	tries atomic.Int64
+}
+
+func (s *slowDialFailure) RoundTrip(req *http.Request) (*http.Response, error) {
+	if s.tries.Add(1) > 1 {
+		return s.next.RoundTrip(req)
+	}
+	if req.Body != nil {
+		req.Body.Close()
+	}
+	t := time.NewTimer(s.d) // the dial's wait, not the test's
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-req.Context().Done():
+		return nil, req.Context().Err()
+	}
+	return nil, &net.OpError{Op: "dial", Net: "tcp", Err: os.ErrDeadlineExceeded}
+}
+
+// TestFirstByteTimeoutPerTry: a streamed request whose first try ends in
+// a slow dial error is retried on another instance, which gets the whole
+// first-byte timeout: the dial's wait is not its silence (the e2e test of
+// a hung llama-server found the retry cut, and its instance's breaker
+// charged, because the timer ran on from the first try).
+func TestFirstByteTimeoutPerTry(t *testing.T) {
+	bs := make([]*backend, 2)
+	for i := range bs {
+		bs[i] = newBackend(t, fmt.Sprintf("i-%d", i))
+		bs[i].handler = func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			if !engineWork(r, 120*time.Millisecond) { // the prefill before the first token
+				return
+			}
+			w.Header().Set("Content-Type", "text/event-stream")
+			fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\ndata: [DONE]\n\n")
+		}
+	}
+	slow := &slowDialFailure{d: 150 * time.Millisecond}
+	h := newHarness(t, hopts{cfg: prefixCfg(10), first: 200 * time.Millisecond,
+		breaker: overload.BreakerOptions{ConsecutiveFailures: 1, OpenTimeout: time.Hour, MaxEjectionPercent: 100},
+		wrap:    func(next http.RoundTripper) http.RoundTripper { slow.next = next; return slow }}, bs...)
+	body := chatRequest(strings.Repeat("retried ", 300), map[string]any{"max_tokens": 5, "stream": true})
+	res, err := h.do(t.Context(), "/v1/chat/completions", body, nil)
+	if err != nil || res.status != http.StatusOK {
+		t.Fatalf("streamed request retried after a slow dial error: %d, %v; want 200 (the retry's instance answers within its first-byte timeout)", res.status, err)
+	}
+	h.assertIdle()
+	if open := openBreakers(h); len(open) != 1 {
+		t.Fatalf("open breakers %v: want only the one whose dial failed", open)
 	}
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/engine"
 	"github.com/prefixrouter/prefixrouter/fleet"
+	"github.com/prefixrouter/prefixrouter/overload"
 )
 
 // forEngine adapts one upstream call to the engine of the instance it goes
@@ -114,17 +115,24 @@ func (x *insertReader) Read(p []byte) (int, error) {
 
 func (x *insertReader) Close() error { return x.r.Close() }
 
-// serverErrorIsFault is what an HTTP 500 from in proves, for its breaker
-// (overload.State.SetServerErrorIsFault): a failure when the engine its
-// record names has a known profile that says so (engine.Profile.Fault500:
-// vLLM, SGLang, TGI); nothing by itself for llama.cpp, which answers 500 to
-// malformed requests, and for an engine of no known profile (a record
-// without one, a name this build does not know), which may do the same:
-// such 500s count only when they repeat across different routing keys
+// serverErrors is what an HTTP 500 from in says, for its breaker
+// (overload.State.SetServerErrors): a failure when the engine its record
+// names has a known profile that says so (engine.Profile.Fault500: vLLM,
+// SGLang, TGI); never a failure when the profile says the engine answers
+// 500 to requests it cannot take and fails otherwise (Client500:
+// llama.cpp); and for an engine of no known profile (a record without
+// one, a name this build does not know), which may do either, a failure
+// only when 500s repeat across different routing keys
 // (overload.Classify). engine.Generic's Fault500 is its guess for an
 // unknown engine; a guess cannot let a client's bad requests eject an
 // instance (issue 20).
-func serverErrorIsFault(in *fleet.Instance) bool {
-	p, _ := engine.Lookup(in.Engine) // Generic for an unknown engine: its 500s are not proof
-	return p.ServerErrorIsEngineFault(http.StatusInternalServerError)
+func serverErrors(in *fleet.Instance) overload.ServerErrors {
+	p, _ := engine.Lookup(in.Engine) // Generic for an unknown engine: neither
+	switch {
+	case p.Client500:
+		return overload.ServerErrorsClient
+	case p.ServerErrorIsEngineFault(http.StatusInternalServerError):
+		return overload.ServerErrorsFault
+	}
+	return overload.ServerErrorsAmbiguous
 }

@@ -52,11 +52,13 @@ type attempt struct {
 	upstreamPath string
 	streamed     *streamed // the body routed before it ended; nil when body is all of it
 	clientCtx    context.Context
-	upCtx        context.Context // the upstream call's; its cause tells a first-byte timeout
-	firstByte    *firstByte      // the first-byte timeout; nil when off or stopped
-	stream       bool            // frame the answer as an AWS event stream (…/invocations-response-stream)
-	streaming    bool            // the answer streams (stream, or an OpenAI "stream": true): the first-byte timeout applies
-	bodyAsync    bool            // a try went to a transport that may read body after answering (https)
+	upCtx        context.Context         // the upstream call's (every try's parent)
+	tryCtx       context.Context         // the current try's; its cause tells a first-byte timeout
+	firstByte    *firstByte              // the current try's first-byte timeout; nil when off or stopped
+	cancelTry    context.CancelCauseFunc // ends tryCtx; nil when no try had one
+	stream       bool                    // frame the answer as an AWS event stream (…/invocations-response-stream)
+	streaming    bool                    // the answer streams (stream, or an OpenAI "stream": true): the first-byte timeout applies
+	bodyAsync    bool                    // a try went to a transport that may read body after answering (https)
 
 	tried   bitset // set indexes already tried (and those the route excluded)
 	retries int
@@ -180,19 +182,6 @@ func (p *proxy) serve(w http.ResponseWriter, req *http.Request, a *attempt) {
 	clientCtx := req.Context()
 	a.clientCtx = clientCtx
 	upCtx := context.WithValue(clientCtx, attemptKey{}, a)
-	if d := a.ev.firstByte; d > 0 && a.streaming {
-		// An instance whose health check answers while its generations
-		// hang must trip its breaker (issue 12): no first body byte
-		// within d cancels the call, and the outcome counts against it.
-		// Only streamed answers: a non-streamed answer's first byte comes
-		// when the whole generation is done, whose length the client's
-		// max_tokens decides (issue 19); --max-stream-duration and the
-		// client's own deadline bound those, without blame.
-		var cancel context.CancelCauseFunc
-		upCtx, cancel = context.WithCancelCause(upCtx)
-		defer cancel(nil)
-		a.firstByte = startFirstByte(d, a.streamed, func() { cancel(errFirstByte) })
-	}
 	a.upCtx = upCtx
 	req = req.WithContext(upCtx)
 	defer func() {
@@ -255,6 +244,9 @@ func (a *attempt) finish(clientCtx context.Context, aborted bool) {
 		m.cachedTokens.WithLabelValues(a.endpoint, model, a.cur.iv.inst.ID, a.cur.decision).Add(float64(u.cached))
 	}
 	a.traceFinish(clientCtx)
+	if a.cancelTry != nil {
+		a.cancelTry(nil)
+	}
 }
 
 func (p *proxy) modifyResponse(resp *http.Response) error {
@@ -393,6 +385,36 @@ func (p *proxy) errorHandler(w http.ResponseWriter, req *http.Request, err error
 	writeError(w, a.kind, a.status, code, fmt.Sprintf("no instance answered after %d retries: %s", a.retries, publicError(err)))
 }
 
+// armFirstByte starts the first-byte timeout of one try, on a context of
+// its own that it cancels with errFirstByte, and returns out on it.
+//
+// An instance whose health check answers while its generations hang must
+// trip its breaker (issue 12): no first body byte within the timeout cuts
+// the call, and the outcome counts against it. Only streamed answers: a
+// non-streamed answer's first byte comes when the whole generation is
+// done, whose length the client's max_tokens decides (issue 19);
+// --max-stream-duration and the client's own deadline bound those,
+// without blame. Each try gets the whole timeout on a context of its own:
+// the time an earlier try took to fail (a dial that timed out on a hung
+// engine whose listen backlog is full, as a stopped llama-server's is
+// within a few health probes) is not this instance's silence, and a timer
+// of that try that fires as it fails cannot cut this one (the e2e test of
+// a hung llama-server found both).
+func (a *attempt) armFirstByte(out *http.Request, parent context.Context) *http.Request {
+	d := a.ev.firstByte
+	if d <= 0 || !a.streaming {
+		return out
+	}
+	a.stopFirstByte()
+	if a.cancelTry != nil {
+		a.cancelTry(nil)
+	}
+	ctx, cancel := context.WithCancelCause(parent)
+	a.tryCtx, a.cancelTry = ctx, cancel
+	a.firstByte = startFirstByte(d, a.streamed, func() { cancel(errFirstByte) })
+	return out.WithContext(ctx)
+}
+
 // errFirstByte is the outcome of a streamed call cut by
 // Options.FirstByteTimeout. It wraps context.DeadlineExceeded, so it counts
 // against the instance.
@@ -455,9 +477,9 @@ func (a *attempt) replayBody() (io.ReadCloser, error) {
 	return a.streamed.body()
 }
 
-// timedOut reports whether the first-byte timeout cut the call.
+// timedOut reports whether the first-byte timeout cut the current try.
 func (a *attempt) timedOut() bool {
-	return a.upCtx != nil && context.Cause(a.upCtx) == errFirstByte
+	return a.tryCtx != nil && context.Cause(a.tryCtx) == errFirstByte
 }
 
 // warnFailure logs an upstream failure at warn, at most a few lines per
@@ -480,9 +502,11 @@ func (p *proxy) warnFailure(a *attempt, err error) {
 type retryTransport struct{ p *proxy }
 
 func (t retryTransport) RoundTrip(out *http.Request) (*http.Response, error) {
-	a := attemptFrom(out.Context())
+	parent := out.Context() // each try's context derives from it (armFirstByte)
+	a := attemptFrom(parent)
 	m := t.p.r.metrics
 	for {
+		out = a.armFirstByte(out, parent)
 		resp, err := t.p.base.RoundTrip(a.forEngine(out))
 		if err == nil {
 			if a.pinned() || !a.staleAdapter(resp) {
@@ -490,10 +514,10 @@ func (t retryTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 			}
 			// The instance refused the adapter: it saw the request but
 			// did no work, so re-sending is safe (issue 11).
-			if err := t.staleRetry(out.Context(), a); err != nil {
+			if err := t.staleRetry(parent, a); err != nil {
 				return nil, err
 			}
-			out = out.Clone(out.Context())
+			out = out.Clone(parent)
 			a.setTarget(out)
 			if out.Body, err = a.replayBody(); err != nil {
 				return nil, err
@@ -501,7 +525,10 @@ func (t retryTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 			continue
 		}
 		if out.Context().Err() != nil || a.clientBodyErr() != nil {
-			return nil, err // the client went away or its body failed; not the instance's fault
+			// The client went away or its body failed (not the
+			// instance's fault), or the first-byte timeout cut this
+			// try as it failed (the instance's).
+			return nil, err
 		}
 		kind := errorKind(err)
 		m.upstreamErrors.WithLabelValues(a.endpoint, kind).Inc()
@@ -531,7 +558,7 @@ func (t retryTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 			a.failed.add(failedIn)
 			werr := a.countWait()
 			if werr == nil {
-				werr = t.awaitHolder(out.Context(), a)
+				werr = t.awaitHolder(parent, a)
 			}
 			if werr != nil {
 				return nil, fmt.Errorf("%w (after %w)", werr, err)
@@ -541,7 +568,7 @@ func (t retryTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 		a.cur = next
 		a.retries++
 		m.retries.WithLabelValues(a.endpoint).Inc()
-		out = out.Clone(out.Context())
+		out = out.Clone(parent)
 		a.setTarget(out)
 		out.Body = replay
 	}

@@ -285,7 +285,7 @@ func (r *Router) Update(s *fleet.Snapshot) {
 				u = nil
 			}
 			iv := &instanceView{inst: in, target: u, state: states[in.ID]}
-			iv.state.SetServerErrorIsFault(serverErrorIsFault(in)) // the breaker rule's input (issue 20)
+			iv.state.SetServerErrors(serverErrors(in)) // the breaker rule's input (issue 20)
 			if u != nil {
 				iv.hostPort = hostPort(u)
 			}

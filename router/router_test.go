@@ -91,13 +91,19 @@ type hopts struct {
 	first    time.Duration   // FirstByteTimeout
 	idle     time.Duration   // UpstreamIdleTimeout
 	header   time.Duration   // the transport's response-header timeout
+	// wrap, when set, wraps the upstream transport (a fault of one try).
+	wrap func(http.RoundTripper) http.RoundTripper
 }
 
 func newHarness(t *testing.T, o hopts, backends ...*backend) *harness {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	tr := NewTransport(o.header)
-	r, err := newRouter(Options{DefaultEndpoint: "ep", Registry: reg, Transport: tr, Breaker: o.breaker, MaxBodyBytes: o.maxBody, BalanceFactor: o.balance, HealthCheckInterval: o.health, HealthCheckTimeout: o.hTimeout, HideInstanceID: o.hide, FirstByteTimeout: o.first, UpstreamIdleTimeout: o.idle, ThresholdShare: o.share, ReplicaID: o.self}, o.clock)
+	var up http.RoundTripper = tr
+	if o.wrap != nil {
+		up = o.wrap(tr)
+	}
+	r, err := newRouter(Options{DefaultEndpoint: "ep", Registry: reg, Transport: up, Breaker: o.breaker, MaxBodyBytes: o.maxBody, BalanceFactor: o.balance, HealthCheckInterval: o.health, HealthCheckTimeout: o.hTimeout, HideInstanceID: o.hide, FirstByteTimeout: o.first, UpstreamIdleTimeout: o.idle, ThresholdShare: o.share, ReplicaID: o.self}, o.clock)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,6 +29,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -152,6 +153,7 @@ type Server struct {
 	ID  string
 	URL string // http://127.0.0.1:PORT
 
+	opts Options // Start's, for Restart
 	proc *subprocess.Process
 	out  *output
 }
@@ -199,8 +201,19 @@ func (f *Fleet) Close() {
 var listening = regexp.MustCompile(`server is listening on (http://[0-9.]+:[0-9]+)[^0-9]`)
 
 func start(ctx context.Context, opts Options, id string) (*Server, error) {
+	s := &Server{ID: id, opts: opts}
+	if err := s.run(ctx, "0"); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// run starts the process on port ("0": the kernel's choice) and returns
+// once it answers /health with 200.
+func (s *Server) run(ctx context.Context, port string) error {
+	opts, id := s.opts, s.ID
 	args := []string{
-		"-m", opts.Model, "--host", "127.0.0.1", "--port", "0",
+		"-m", opts.Model, "--host", "127.0.0.1", "--port", port,
 		"-t", strconv.Itoa(opts.Threads), "-np", strconv.Itoa(opts.Slots), "-c", strconv.Itoa(opts.Context),
 		"--metrics", "--alias", opts.Alias, "--no-webui",
 	}
@@ -214,11 +227,11 @@ func start(ctx context.Context, opts Options, id string) (*Server, error) {
 		cmd.Env = append(cmd.Env, "LD_LIBRARY_PATH="+lib)
 	}
 	setParentDeathSignal(cmd)
-	s := &Server{ID: id, out: newOutput()}
+	s.out = newOutput()
 	cmd.Stdout, cmd.Stderr = s.out, s.out
 	var err error
 	if s.proc, err = subprocess.Start(cmd); err != nil {
-		return nil, fmt.Errorf("llamacpp: starting %s: %w", id, err)
+		return fmt.Errorf("llamacpp: starting %s: %w", id, err)
 	}
 	// Wait for the line that names the address, then poll /health.
 	timer := time.NewTimer(opts.StartTimeout)
@@ -229,7 +242,7 @@ func start(ctx context.Context, opts Options, id string) (*Server, error) {
 		var poll <-chan time.Time
 		if s.URL != "" {
 			if healthy(hc, s.URL) {
-				return s, nil
+				return nil
 			}
 			poll = time.After(50 * time.Millisecond)
 		}
@@ -237,13 +250,13 @@ func start(ctx context.Context, opts Options, id string) (*Server, error) {
 		case s.URL = <-s.out.url:
 		case <-poll:
 		case <-s.proc.Exited():
-			return nil, fmt.Errorf("llamacpp: %s exited at start (%v); its output ends:\n%s", id, s.proc.Err(), s.out.tail())
+			return fmt.Errorf("llamacpp: %s exited at start (%v); its output ends:\n%s", id, s.proc.Err(), s.out.tail())
 		case <-timer.C:
 			s.stop()
-			return nil, fmt.Errorf("llamacpp: %s not ready within %v; its output ends:\n%s", id, opts.StartTimeout, s.out.tail())
+			return fmt.Errorf("llamacpp: %s not ready within %v; its output ends:\n%s", id, opts.StartTimeout, s.out.tail())
 		case <-ctx.Done():
 			s.stop()
-			return nil, ctx.Err()
+			return ctx.Err()
 		}
 	}
 }
@@ -259,6 +272,39 @@ func healthy(hc *http.Client, base string) bool {
 
 // stop ends the process and waits for it.
 func (s *Server) stop() { s.proc.Stop(10 * time.Second) }
+
+// Signal sends sig to the server's process: the fault tests' SIGKILL (a
+// crash), SIGSTOP (a hung engine) and SIGCONT. Close still stops a
+// stopped server (subprocess.Stop continues it first).
+func (s *Server) Signal(sig os.Signal) error { return s.proc.Signal(sig) }
+
+// Exited is closed once the process has exited (after a SIGKILL, say).
+func (s *Server) Exited() <-chan struct{} { return s.proc.Exited() }
+
+// Restart starts the server again on the port it listened on, after its
+// process exited (a test killed it), and returns once it answers /health
+// with 200: a restarted engine with the same address and a cold cache.
+// It must not run concurrently with the server's other methods.
+func (s *Server) Restart(ctx context.Context) error {
+	select {
+	case <-s.proc.Exited():
+	default:
+		return fmt.Errorf("llamacpp: %s is still running", s.ID)
+	}
+	u, err := url.Parse(s.URL)
+	if err != nil {
+		return err
+	}
+	want := s.URL
+	if err := s.run(ctx, u.Port()); err != nil {
+		return err
+	}
+	if s.URL != want {
+		s.stop()
+		return fmt.Errorf("llamacpp: %s restarted on %s, not %s", s.ID, s.URL, want)
+	}
+	return nil
+}
 
 // Output returns the server's last lines of output (for a failing test's
 // log).

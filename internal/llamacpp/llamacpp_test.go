@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -112,6 +113,22 @@ func TestStartServesAndStops(t *testing.T) {
 	defer hc.CloseIdleConnections()
 	if n, err := s.PromptProcessed(t.Context(), hc); err != nil || n != 0 {
 		t.Fatalf("prompt tokens before any request: %v, %v", n, err)
+	}
+	// Killed, it restarts on its port; a running one does not; a stopped
+	// (SIGSTOP) one still closes.
+	if err := s.Restart(t.Context()); err == nil {
+		t.Fatal("Restart of a running server: no error")
+	}
+	url := s.URL
+	if err := s.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-s.Exited()
+	if err := s.Restart(t.Context()); err != nil || s.URL != url || !healthy(hc, s.URL) {
+		t.Fatalf("restart: %v, at %s (was %s)", err, s.URL, url)
+	}
+	if err := s.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
 	}
 	f.Close()
 	select {

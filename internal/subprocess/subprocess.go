@@ -5,6 +5,7 @@
 package subprocess
 
 import (
+	"os"
 	"os/exec"
 	"syscall"
 	"time"
@@ -40,7 +41,19 @@ func (p *Process) Exited() <-chan struct{} { return p.exited }
 // is closed.
 func (p *Process) Err() error { return p.err }
 
-// Stop sends SIGTERM, waits up to grace, then kills the process, and
+// Signal sends sig to the process (a fault test's SIGKILL, SIGSTOP,
+// SIGCONT); an exited process is left alone.
+func (p *Process) Signal(sig os.Signal) error {
+	select {
+	case <-p.exited:
+		return os.ErrProcessDone
+	default:
+	}
+	return p.cmd.Process.Signal(sig)
+}
+
+// Stop sends SIGCONT (a stopped process could not act on what follows),
+// then SIGTERM, waits up to grace, then kills the process, and
 // returns once it has exited. Stopping an exited process does nothing.
 func (p *Process) Stop(grace time.Duration) {
 	select {
@@ -48,6 +61,7 @@ func (p *Process) Stop(grace time.Duration) {
 		return
 	default:
 	}
+	_ = p.cmd.Process.Signal(syscall.SIGCONT)
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	t := time.NewTimer(grace)
 	defer t.Stop()
