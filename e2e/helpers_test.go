@@ -454,17 +454,18 @@ func leaderOf(t *testing.T, e *membership.EmbeddedCluster) int {
 // twice (nothing duplicated).
 type fleetMonitor struct {
 	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	done   chan struct{} // closed when its goroutine has returned
 
-	mu         sync.Mutex // guards violations
-	violations []string
+	mu         sync.Mutex // guards checks and violations
 	checks     int
+	violations []string
 }
 
 func (c *cluster) monitor(ids ...string) *fleetMonitor {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	m := &fleetMonitor{cancel: cancel}
-	m.wg.Go(func() {
+	m := &fleetMonitor{cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(m.done)
 		t := time.NewTicker(2 * time.Millisecond)
 		defer t.Stop()
 		for {
@@ -477,7 +478,7 @@ func (c *cluster) monitor(ids ...string) *fleetMonitor {
 			case <-t.C:
 			}
 		}
-	})
+	}()
 	return m
 }
 
@@ -504,7 +505,7 @@ func (m *fleetMonitor) check(r *replica.Replica, ids []string) {
 // stop ends the monitor and returns what it saw.
 func (m *fleetMonitor) stop() (checks int, violations []string) {
 	m.cancel()
-	m.wg.Wait()
+	<-m.done
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.checks, m.violations

@@ -391,7 +391,7 @@ func (r *Registration) reopenKeepAlive(id clientv3.LeaseID) (l activeLease, ok b
 		_ = lessor.Close()
 		return activeLease{}, false
 	}
-	r.metrics.keepaliveReopened()
+	r.metrics.reopenStream(streamKeepalive)
 	return activeLease{id: id, ka: ka, stop: func() {
 		cancel()
 		_ = lessor.Close() // ends its stream, wherever it is stuck
@@ -494,7 +494,11 @@ func (r *Registration) run(lease activeLease, rev int64) {
 	// etcd's client would say it had, had the stream not been reopened.
 	var stalledID clientv3.LeaseID
 	var answered time.Time
-	reopened := 0 // keepalives reopened since the last answer
+	reopened := 0     // keepalives reopened since the last answer
+	heard := func() { // an answer on either stream
+		answered, reopened = time.Now(), 0
+		stalled.Reset(quiet)
+	}
 	dropHedge := func() {
 		if hedge.stop != nil {
 			hedge.stop()
@@ -570,19 +574,17 @@ func (r *Registration) run(lease activeLease, rev int64) {
 			}
 			stalled.Reset(next)
 		case _, ok := <-lease.ka:
-			if !ok {
+			if ok {
+				heard()
+			} else {
 				endKeepAlive()
-				break
 			}
-			answered, reopened = time.Now(), 0
-			stalled.Reset(quiet)
 		case _, ok := <-hedge.ka:
-			if !ok {
+			if ok {
+				heard()
+			} else {
 				dropHedge()
-				break
 			}
-			answered, reopened = time.Now(), 0
-			stalled.Reset(quiet)
 		case <-deleted:
 			if lease.id != 0 {
 				r.log.Warn("membership: registration deleted by someone else; writing it again")

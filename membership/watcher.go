@@ -317,7 +317,7 @@ func (w *Watcher) run() {
 			if n == 0 { // once: while etcd is down every reopen stalls too
 				w.log.Warn("membership: no answer on the watch for three progress intervals; reopening it on a new stream", "revision", st.rev)
 			}
-			w.metrics.watchReopened()
+			w.metrics.reopenStream(streamWatch)
 			reason = w.watch(st)
 		}
 		if reason == "" {
