@@ -39,6 +39,9 @@ const DefaultProgressInterval = 2 * time.Second
 // A new stream goes to the next member of the client's rotation.
 const stallProgresses = 3
 
+// watchOpenTimeout bounds the wait for a member to confirm a new watch.
+const watchOpenTimeout = time.Second
+
 // watchStalled is watch's reason to reopen the watch without a list.
 const watchStalled = "stalled"
 
@@ -380,11 +383,12 @@ func (w *Watcher) watch(st *state) string {
 	md = metadata.AppendToOutgoingContext(md, "prefixrouter-watch", strconv.Itoa(w.watches))
 	ctx, cancel := context.WithCancel(md)
 	defer cancel()
-	// Watch returns once etcd's client has opened the stream, which waits
-	// as long as a silent member holds the connection it picked: give up
-	// on it as on a silent watch.
+	// Watch returns once the member has confirmed the watch, which waits
+	// as long as a silent member holds the connection the stream went to
+	// (the client's balancer still counts it ready): give up on it soon
+	// (a member confirms within milliseconds) and try the next.
 	stall := stallProgresses * w.progress
-	opening := w.clock.AfterFunc(stall, cancel)
+	opening := w.clock.AfterFunc(min(stall, watchOpenTimeout), cancel)
 	wch := w.cli.Watch(ctx, w.layout.Root(), clientv3.WithPrefix(), clientv3.WithRev(st.rev+1), clientv3.WithProgressNotify())
 	if !opening.Stop() && w.ctx.Err() == nil {
 		return watchStalled
