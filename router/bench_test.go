@@ -336,6 +336,11 @@ func BenchmarkRequestPath(b *testing.B) {
 			benchRequests(b, Options{}, 4, func(int) string { return up.URL }, tc.path, tc.body)
 		})
 	}
+	// A streamed call under --upstream-first-byte-timeout: its try's own
+	// context and timer.
+	b.Run("chat=16KiB,first-byte=5s", func(b *testing.B) {
+		benchRequests(b, Options{FirstByteTimeout: 5 * time.Second}, 4, func(int) string { return up.URL }, "/v1/chat/completions", chat)
+	})
 }
 
 // BenchmarkUpdate is what a snapshot costs the router: a full one (new
