@@ -34,7 +34,8 @@ test-threshold:
 
 # Each member of a 3-member etcd cut off from the fleet's clients in turn,
 # connections open and silent (docs/operations.md, "Losing etcd members"):
-# clients wait out gRPC keepalive (10 s least) each time, about 45 s in all.
+# the watchers wait three progress intervals (6 s) before they move, so a
+# run takes 15 to 45 s.
 test-etcd-partition:
 	PREFIXROUTER_E2E_PARTITION=1 $(GO) test -race -count=1 -timeout 10m -run 'TestEtcdMemberPartitioned' -v ./e2e
 

@@ -538,12 +538,12 @@ func TestEtcdQuorumLost(t *testing.T) {
 // unanswered for half a TTL keeps its lease alive on a new stream too, so
 // at the default TTL (5 s) no registered instance vanishes or changes
 // lease; no request fails.
-// It takes about 45 s, so it runs only with PREFIXROUTER_E2E_PARTITION=1
+// It takes 15 to 45 s, so it runs only with PREFIXROUTER_E2E_PARTITION=1
 // (make test-etcd-partition); PREFIXROUTER_E2E_PARTITION_TTL sets another
 // TTL (at 2 s the new stream does not always come in time).
 func TestEtcdMemberPartitioned(t *testing.T) {
 	if os.Getenv("PREFIXROUTER_E2E_PARTITION") == "" {
-		t.Skip("about 45 s: set PREFIXROUTER_E2E_PARTITION=1 (make test-etcd-partition)")
+		t.Skip("15 to 45 s: set PREFIXROUTER_E2E_PARTITION=1 (make test-etcd-partition)")
 	}
 	ttl := membership.DefaultTTL
 	if v := os.Getenv("PREFIXROUTER_E2E_PARTITION_TTL"); v != "" {
