@@ -5,7 +5,7 @@ BIN     ?= bin/prefixrouter
 # The full test run must stay under 15 minutes on a 2-core machine.
 TEST_TIMEOUT ?= 14m
 
-.PHONY: all build test test-models test-threshold test-short vet bench fuzz demo chaos chaos-long matrix proxybench swarm llamacpp-kit test-llamacpp bench-llamacpp clean
+.PHONY: all build test test-models test-threshold test-etcd-partition test-short vet bench fuzz demo chaos chaos-long matrix proxybench swarm llamacpp-kit test-llamacpp bench-llamacpp clean
 
 all: build
 
@@ -31,6 +31,13 @@ test-models:
 # packages, so it runs here, alone.
 test-threshold:
 	PREFIXROUTER_E2E_THRESHOLD=1 $(GO) test -race -count=1 -timeout 10m -run 'TestThresholdAtManyReplicas' -v ./e2e
+
+# Each member of a 3-member etcd cut off from the fleet's clients in turn,
+# connections open and silent (docs/operations.md, "Losing etcd members"):
+# the watchers wait three progress intervals (6 s) before they move, so a
+# run takes 15 to 45 s.
+test-etcd-partition:
+	PREFIXROUTER_E2E_PARTITION=1 $(GO) test -race -count=1 -timeout 10m -run 'TestEtcdMemberPartitioned' -v ./e2e
 
 test-short:
 	$(GO) test -short -count=1 $(PKGS)

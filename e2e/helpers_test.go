@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -438,4 +439,171 @@ func bodies(n int) [][]byte {
 		out[i] = []byte(fmt.Sprintf("conversation %d: system prompt and the user's question", i))
 	}
 	return out
+}
+
+// leaderOf waits until the running members have a leader and returns it.
+func leaderOf(t *testing.T, e *membership.EmbeddedCluster) int {
+	t.Helper()
+	i := -1
+	testsupport.Eventually(t, 10*time.Second, "an etcd leader", func() bool { i = e.Leader(); return i >= 0 })
+	return i
+}
+
+// fleetMonitor checks every replica's snapshot every few milliseconds while
+// it runs: each must hold the ids it watches (nothing lost) and no id
+// twice (nothing duplicated).
+type fleetMonitor struct {
+	cancel context.CancelFunc
+	done   chan struct{} // closed when its goroutine has returned
+
+	mu         sync.Mutex // guards checks and violations
+	checks     int
+	violations []string
+}
+
+func (c *cluster) monitor(ids ...string) *fleetMonitor {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	m := &fleetMonitor{cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(m.done)
+		t := time.NewTicker(2 * time.Millisecond)
+		defer t.Stop()
+		for {
+			for _, r := range c.replicas {
+				m.check(r, ids)
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return m
+}
+
+func (m *fleetMonitor) check(r *replica.Replica, ids []string) {
+	seen := map[string]int{}
+	if e := r.Router().Snapshot().Endpoint(ep); e != nil {
+		for _, in := range e.Instances {
+			seen[in.ID]++
+		}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.checks++
+	if len(m.violations) >= 5 {
+		return
+	}
+	for _, id := range ids {
+		if seen[id] != 1 {
+			m.violations = append(m.violations, fmt.Sprintf("%s: %s listed %d times at %s", r.ID(), id, seen[id], time.Now().Format("15:04:05.000")))
+		}
+	}
+}
+
+// stop ends the monitor and returns what it saw.
+func (m *fleetMonitor) stop() (checks int, violations []string) {
+	m.cancel()
+	<-m.done
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.checks, m.violations
+}
+
+// leases returns the registrations' current leases.
+func leases(regs []*membership.InstanceRegistration) []clientv3.LeaseID {
+	out := make([]clientv3.LeaseID, len(regs))
+	for i, r := range regs {
+		out[i] = r.LeaseID()
+	}
+	return out
+}
+
+// regrants is the sum over the replicas of
+// prefixrouter_membership_lease_regrants_total: leases of their own router
+// records granted anew because the old one was lost.
+func (c *cluster) regrants(t *testing.T) float64 {
+	total := 0.0
+	for _, r := range c.replicas {
+		total += testsupport.Sum(t, r.Registry(), "prefixrouter_membership_lease_regrants_total", nil)
+	}
+	return total
+}
+
+// revisions returns each replica's snapshot revision.
+func (c *cluster) revisions() []int64 {
+	out := make([]int64, len(c.replicas))
+	for i, r := range c.replicas {
+		out[i] = r.Router().Snapshot().Revision
+	}
+	return out
+}
+
+// readyEverywhere reports whether every replica answers /readyz with 200.
+func (c *cluster) readyEverywhere(t *testing.T) bool {
+	t.Helper()
+	for _, r := range c.replicas {
+		resp, err := c.http.Get(r.URL() + "/readyz")
+		if err != nil {
+			t.Logf("readyz of %s: %v", r.ID(), err)
+			return false
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Logf("readyz of %s: %d", r.ID(), resp.StatusCode)
+			return false
+		}
+	}
+	return true
+}
+
+// fault watches the fleet through one failure: a monitor of the replicas'
+// snapshots, a load loop, and what the registrations, the replicas' router
+// leases and their revisions were before it. end checks them together.
+type fault struct {
+	c        *cluster
+	regs     []*membership.InstanceRegistration
+	before   []clientv3.LeaseID
+	revs     []int64
+	regrants float64
+	mon      *fleetMonitor
+	load     *loadLoop
+}
+
+// watchFault starts watching: ids must stay on every replica, regs keep
+// their leases.
+func (c *cluster) watchFault(t *testing.T, regs []*membership.InstanceRegistration, ids ...string) *fault {
+	t.Helper()
+	f := &fault{c: c, regs: regs, before: leases(regs), revs: c.revisions(), regrants: c.regrants(t), mon: c.monitor(ids...)}
+	f.load = c.startLoad(4, 1<<20, 3*time.Minute, bodies(64))
+	t.Cleanup(func() { f.mon.stop(); f.load.stop() })
+	return f
+}
+
+// end stops the monitor and the load and checks: no failed request, no
+// instance missing or doubled, the same leases, no router lease re-granted
+// and, with moved, every replica past its revision from before.
+func (f *fault) end(t *testing.T, what string, moved bool) {
+	t.Helper()
+	checks, violations := f.mon.stop()
+	ok, failed, errs := f.load.stop()
+	t.Logf("%s: %d requests ok, %d failed; %d snapshot checks", what, ok, failed, checks)
+	if failed != 0 || ok == 0 {
+		t.Errorf("%d requests ok, %d failed (first: %v); want none failed", ok, failed, errs)
+	}
+	if len(violations) > 0 {
+		t.Errorf("an instance vanished or doubled on a replica: %v", violations)
+	}
+	if after := leases(f.regs); !slices.Equal(after, f.before) {
+		t.Errorf("leases %v became %v: registrations lost theirs", f.before, after)
+	}
+	if n := f.c.regrants(t) - f.regrants; n != 0 {
+		t.Errorf("the replicas re-granted %v router leases", n)
+	}
+	for i, rev := range f.c.revisions() {
+		if moved && rev <= f.revs[i] {
+			t.Errorf("replica %d at revision %d, %d before", i, rev, f.revs[i])
+		}
+	}
 }

@@ -28,6 +28,22 @@ const DefaultDialTimeout = 5 * time.Second
 // suggest (2 s). At 2 s (2.4 s) agents lost their records after a restart.
 const reconnectMaxDelay = time.Second
 
+// keepaliveTime and keepaliveTimeout are the gRPC keepalive of the
+// connection to each etcd member: after keepaliveTime without a byte from a
+// member the client pings it, and closes the connection if no answer comes
+// within keepaliveTimeout. Without them a member that stops answering
+// without closing its connections (a firewall dropping packets, a hung
+// host) holds the watch and lease-keepalive streams that run on it forever:
+// the watcher never sees another change, and leases whose keepalives go to
+// it expire (TestEtcdMemberPartitioned in e2e). Closing the connection
+// fails those streams, and etcd's client reopens them on another member.
+// 10 s is gRPC's least (grpc-go raises shorter times to it); etcd accepts
+// pings every 5 s (its --grpc-keepalive-min-time), while streams are open.
+const (
+	keepaliveTime    = 10 * time.Second
+	keepaliveTimeout = 3 * time.Second
+)
+
 // ClientOptions says how to reach and authenticate to etcd. Only Endpoints is
 // required.
 type ClientOptions struct {
@@ -144,11 +160,13 @@ func NewClient(cfg ClientOptions) (*clientv3.Client, error) {
 	bo.BaseDelay = 100 * time.Millisecond
 	bo.MaxDelay = reconnectMaxDelay
 	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:   cfg.Endpoints,
-		TLS:         tc,
-		Username:    cfg.Username,
-		Password:    cfg.Password,
-		DialTimeout: timeout,
+		Endpoints:            cfg.Endpoints,
+		TLS:                  tc,
+		Username:             cfg.Username,
+		Password:             cfg.Password,
+		DialTimeout:          timeout,
+		DialKeepAliveTime:    keepaliveTime,
+		DialKeepAliveTimeout: keepaliveTimeout,
 		// Our own slog lines report what matters; the client's zap logger
 		// would repeat every retry.
 		Logger:      zap.NewNop(),

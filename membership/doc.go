@@ -41,13 +41,20 @@
 // Registrations hold their key under a lease (DefaultTTL 5 s) and always
 // drain the keepalive channel; when the lease is lost (it expired while etcd
 // was unreachable, or someone revoked it) they grant a new one and put the
-// latest record again, retrying with jittered backoff. The watcher lists the
+// latest record again, retrying with jittered backoff; keepalives
+// unanswered for half a TTL are opened on a new stream as well (an etcd
+// member that went silent holds the old one). The watcher lists the
 // prefix at revision R (in pages of 1,000 keys, all at R), watches from R+1
-// (WithRequireLeader, progress notifications) and lists again on
-// ErrCompacted or a closed watch. One goroutine owns the state and publishes
+// (WithRequireLeader, progress notifications), lists again on
+// ErrCompacted or a closed watch, and reopens a watch that heard nothing
+// for three progress intervals on a new stream, from where it was. One goroutine owns the state and publishes
 // a full snapshot after each list and each watch response that carried
 // events. Records that do not parse or validate are skipped and counted; an
 // invalid config keeps the endpoint's previous valid one. While etcd is
 // unreachable nothing is published: the last snapshot stays (static
 // stability) and SnapshotAge grows.
+//
+// StartEmbedded runs a single etcd member in the process (the demo, a single
+// box, tests); StartEmbeddedCluster runs several, each of which a test can
+// stop, kill, restart or silence (docs/operations.md, "Losing etcd members").
 package membership

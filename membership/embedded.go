@@ -31,6 +31,7 @@ type Embedded struct {
 	closeOnce sync.Once
 	dir       string
 	clientURL string
+	peerAddr  string // host:port the member listens on for peers
 	opts      embeddedOptions
 }
 
@@ -41,6 +42,7 @@ type embeddedOptions struct {
 	tickMs  uint
 	electMs uint
 	tls     *clientTLS
+	member  *clusterMember // nil: a single member
 }
 
 // embeddedPeerURL binds an ephemeral loopback port so that several embedded
@@ -82,6 +84,20 @@ func StartEmbedded(dir, clientURL string, opts ...EmbeddedOption) (*Embedded, er
 	for _, opt := range opts {
 		opt(&o)
 	}
+	e, err := launchEmbedded(dir, clientURL, o)
+	if err != nil {
+		return nil, err
+	}
+	if err := e.waitReady(); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// launchEmbedded starts a member and returns without waiting for it to be
+// ready: the members of a cluster become ready only together, once a
+// quorum of them runs.
+func launchEmbedded(dir, clientURL string, o embeddedOptions) (*Embedded, error) {
 	if clientURL == "" {
 		clientURL = DefaultClientURL
 	}
@@ -121,6 +137,16 @@ func StartEmbedded(dir, clientURL string, opts ...EmbeddedOption) (*Embedded, er
 	cfg.ListenPeerUrls = []url.URL{*pu}
 	cfg.AdvertisePeerUrls = []url.URL{*pu}
 	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	if m := o.member; m != nil {
+		// A member of an EmbeddedCluster: peers and clients reach it
+		// through its bridges. On a restart the data dir already holds
+		// the membership and etcd ignores the initial cluster.
+		cfg.Name = m.name
+		cfg.AdvertisePeerUrls = []url.URL{m.peerURL}
+		cfg.AdvertiseClientUrls = []url.URL{m.clientURL}
+		cfg.InitialCluster = m.initialCluster
+		cfg.InitialClusterToken = m.token
+	}
 	closing := new(atomic.Bool)
 	// Errors only, so that the embedding process stays quiet.
 	cfg.LogLevel = "error"
@@ -147,22 +173,32 @@ func StartEmbedded(dir, clientURL string, opts ...EmbeddedOption) (*Embedded, er
 	if err != nil {
 		return nil, fmt.Errorf("membership: start embedded etcd: %w", err)
 	}
-	select {
-	case <-e.Server.ReadyNotify():
-	case err := <-e.Err():
-		e.Close()
-		return nil, fmt.Errorf("membership: embedded etcd failed: %w", err)
-	case <-time.After(embeddedStartTimeout):
-		e.Server.Stop()
-		e.Close()
-		return nil, fmt.Errorf("membership: embedded etcd not ready after %v", embeddedStartTimeout)
-	}
 	// With port 0 the listener chose the port: report the real address.
 	actual := *cu
 	if len(e.Clients) > 0 {
 		actual.Host = e.Clients[0].Addr().String()
 	}
-	return &Embedded{etcd: e, closing: closing, dir: dir, clientURL: actual.String(), opts: o}, nil
+	em := &Embedded{etcd: e, closing: closing, dir: dir, clientURL: actual.String(), opts: o}
+	if len(e.Peers) > 0 {
+		em.peerAddr = e.Peers[0].Addr().String()
+	}
+	return em, nil
+}
+
+// waitReady waits until the member serves requests (it has a leader and has
+// applied its first entries); on failure it stops the member.
+func (e *Embedded) waitReady() error {
+	select {
+	case <-e.etcd.Server.ReadyNotify():
+		return nil
+	case err := <-e.etcd.Err():
+		e.Close()
+		return fmt.Errorf("membership: embedded etcd failed: %w", err)
+	case <-time.After(embeddedStartTimeout):
+		e.etcd.Server.Stop()
+		e.Close()
+		return fmt.Errorf("membership: embedded etcd not ready after %v", embeddedStartTimeout)
+	}
 }
 
 // ClientURL returns the URL clients reach the member at, with the real port.

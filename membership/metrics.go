@@ -40,6 +40,7 @@ type Metrics struct {
 	published  prometheus.Counter
 	build      prometheus.Histogram
 	regrants   prometheus.Counter
+	reopens    *prometheus.CounterVec
 	held       *prometheus.GaugeVec
 	lastSyncNs atomic.Int64 // unix nanoseconds of the last sync; 0 = never
 	now        func() time.Time
@@ -53,6 +54,7 @@ type Metrics struct {
 //	prefixrouter_membership_snapshots_published_total
 //	prefixrouter_membership_snapshot_build_seconds (histogram)
 //	prefixrouter_membership_lease_regrants_total
+//	prefixrouter_membership_stream_reopens_total{stream="watch|keepalive"}
 //	prefixrouter_membership_vanish_guard_held_instances{endpoint}
 //	prefixrouter_membership_last_sync_timestamp_seconds
 //	prefixrouter_snapshot_age_seconds
@@ -83,6 +85,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "prefixrouter_membership_lease_regrants_total",
 			Help: "Leases granted again after the previous one was lost (expired, revoked or unreachable).",
 		}),
+		reopens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prefixrouter_membership_stream_reopens_total",
+			Help: "etcd streams opened anew because their member stopped answering: watches (nothing for three progress intervals; reopened from the revision reached) and lease keepalives (no answer for half a TTL, at least TTL/3 + 1 s; the old stream kept beside the new).",
+		}, []string{"stream"}),
 		held: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "prefixrouter_membership_vanish_guard_held_instances",
 			Help: "Instances whose keys vanished with more than half of their endpoint's within one TTL and that the watcher keeps routing to for the grace period.",
@@ -112,8 +118,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, r := range []string{relistStart, relistCompacted, relistWatchClosed, relistWatchError, relistRevisionRegressed} {
 		m.relists.WithLabelValues(r)
 	}
+	for _, r := range []string{streamWatch, streamKeepalive} {
+		m.reopens.WithLabelValues(r)
+	}
 	if reg != nil {
-		reg.MustRegister(m.invalid, m.relists, m.published, m.build, m.regrants, m.held, lastSync, age)
+		reg.MustRegister(m.invalid, m.relists, m.published, m.build, m.regrants, m.reopens, m.held, lastSync, age)
 	}
 	return m
 }
@@ -140,6 +149,19 @@ func (m *Metrics) snapshotPublished(build time.Duration) {
 func (m *Metrics) leaseRegranted() {
 	if m != nil {
 		m.regrants.Inc()
+	}
+}
+
+// Streams reopenStream counts, the values of
+// prefixrouter_membership_stream_reopens_total's stream label.
+const (
+	streamWatch     = "watch"
+	streamKeepalive = "keepalive"
+)
+
+func (m *Metrics) reopenStream(stream string) {
+	if m != nil {
+		m.reopens.WithLabelValues(stream).Inc()
 	}
 }
 

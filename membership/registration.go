@@ -211,6 +211,11 @@ func Register(ctx context.Context, cli *clientv3.Client, key string, value []byt
 	return r, nil
 }
 
+// reopenRetry is how soon a registration whose reopened keepalive stream
+// is not answered either opens another: the first answer on a healthy
+// stream comes within etcd's client's send period (500 ms) plus a round trip.
+const reopenRetry = time.Second
+
 // takenRetry paces Register's wait for a key held under another lease.
 const takenRetry = 200 * time.Millisecond
 
@@ -374,6 +379,25 @@ func (r *Registration) grant(ctx context.Context) (activeLease, error) {
 	return activeLease{id: resp.ID, ka: ka, stop: stop}, nil
 }
 
+// reopenKeepAlive starts a keepalive of lease id through a lessor of its
+// own, whose stream the client's balancer opens anew (on the next member in
+// its rotation); ok is false if it cannot start. Only the owner calls it.
+func (r *Registration) reopenKeepAlive(id clientv3.LeaseID) (l activeLease, ok bool) {
+	lessor := clientv3.NewLease(r.cli)
+	kctx, cancel := context.WithCancel(r.ctx)
+	ka, err := lessor.KeepAlive(kctx, id)
+	if err != nil {
+		cancel()
+		_ = lessor.Close()
+		return activeLease{}, false
+	}
+	r.metrics.reopenStream(streamKeepalive)
+	return activeLease{id: id, ka: ka, stop: func() {
+		cancel()
+		_ = lessor.Close() // ends its stream, wherever it is stuck
+	}}, true
+}
+
 // resume restarts the keepalive of lease id if etcd still holds it (alive);
 // a lease that expired or was revoked is not alive. Only the owner calls it.
 func (r *Registration) resume(id clientv3.LeaseID) (l activeLease, alive bool, err error) {
@@ -440,9 +464,14 @@ func (r *Registration) run(lease activeLease, rev int64) {
 	deleted := make(chan struct{}, 1)
 	r.watchWG.Add(1)
 	go r.watchDeletes(rev, deleted)
+	// hedge is the keepalive the last reopen replaced, kept running in case
+	// its stream answers again (a slow member rather than a silent one).
+	var hedge activeLease
 	defer func() {
-		if lease.stop != nil {
-			lease.stop()
+		for _, l := range []activeLease{lease, hedge} {
+			if l.stop != nil {
+				l.stop()
+			}
 		}
 	}()
 	var written uint64        // seq of the value last written under the current lease
@@ -450,6 +479,41 @@ func (r *Registration) run(lease activeLease, rev int64) {
 	var lost clientv3.LeaseID // a lease whose keepalive stream ended, until resumed or found gone
 	bo := retryBackoff{min: 100 * time.Millisecond, max: min(time.Duration(r.ttl)*time.Second/2, 2*time.Second)}
 	var retry <-chan time.Time
+	// etcd's client sends a keepalive TTL/3 after the last answer, on its
+	// next 500 ms tick. Silence well past that (half a TTL, and at least
+	// TTL/3 plus a second) means the stream's member has stopped answering
+	// while its connection stays open (a hung host, dropped packets):
+	// etcd's client keeps the stream there until gRPC keepalive gives up
+	// on the connection (13 s), and the lease would expire meanwhile.
+	ttl := time.Duration(r.ttl) * time.Second
+	quiet := max(ttl/2, ttl/3+time.Second)
+	stalled := time.NewTimer(quiet)
+	defer stalled.Stop()
+	// The lease stalled watches, and when it was last answered (or held
+	// from): a whole TTL of silence counts as the keepalive ending, as
+	// etcd's client would say it had, had the stream not been reopened.
+	var stalledID clientv3.LeaseID
+	var answered time.Time
+	reopened := 0     // keepalives reopened since the last answer
+	heard := func() { // an answer on either stream
+		answered, reopened = time.Now(), 0
+		stalled.Reset(quiet)
+	}
+	dropHedge := func() {
+		if hedge.stop != nil {
+			hedge.stop()
+		}
+		hedge = activeLease{}
+	}
+	endKeepAlive := func() {
+		r.log.Warn("membership: lease keepalive ended; resuming the lease if etcd still holds it, else granting a new one", "lease", fmt.Sprintf("%x", lease.id))
+		dropHedge()
+		lease.stop()
+		lost = lease.id
+		lease = activeLease{}
+		r.leaseID.Store(0)
+		retry = nil
+	}
 	for {
 		if r.cli.Ctx().Err() != nil {
 			// The client was closed under us: nothing can be written any
@@ -476,19 +540,50 @@ func (r *Registration) run(lease activeLease, rev int64) {
 			}
 			r.answer(seq, err)
 		}
+		if lease.id != stalledID {
+			stalledID, answered, reopened = lease.id, time.Now(), 0
+			stalled.Reset(quiet)
+		}
+		if hedge.id != lease.id {
+			dropHedge() // step replaced the lease it kept alive
+		}
 		select {
 		case <-r.ctx.Done():
 		case <-r.cli.Ctx().Done():
 		case <-r.notify:
 			retry = nil
+		case <-stalled.C:
+			next := quiet
+			switch {
+			case lease.id == 0:
+			case time.Since(answered) >= ttl:
+				endKeepAlive()
+			default:
+				if reopened == 0 { // once per silence: etcd may be down for long
+					r.log.Warn("membership: no lease keepalive answer for half a TTL; keeping the lease alive on a new stream too", "lease", fmt.Sprintf("%x", lease.id))
+				}
+				if l, ok := r.reopenKeepAlive(lease.id); ok {
+					reopened++
+					dropHedge()
+					hedge, lease = lease, l
+				}
+				// The new stream may have gone to the silent member
+				// too (the client's balancer still counts it ready):
+				// try the next sooner than half a TTL.
+				next = min(quiet, reopenRetry)
+			}
+			stalled.Reset(next)
 		case _, ok := <-lease.ka:
-			if !ok {
-				r.log.Warn("membership: lease keepalive ended; resuming the lease if etcd still holds it, else granting a new one", "lease", fmt.Sprintf("%x", lease.id))
-				lease.stop()
-				lost = lease.id
-				lease = activeLease{}
-				r.leaseID.Store(0)
-				retry = nil
+			if ok {
+				heard()
+			} else {
+				endKeepAlive()
+			}
+		case _, ok := <-hedge.ka:
+			if ok {
+				heard()
+			} else {
+				dropHedge()
 			}
 		case <-deleted:
 			if lease.id != 0 {

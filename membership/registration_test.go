@@ -327,3 +327,46 @@ func TestLeaseResumedAfterOutage(t *testing.T) {
 		t.Errorf("lease %x at the end, want %x", int64(got), int64(old))
 	}
 }
+
+// TestWatcherReopensASilentWatch: each member of a 3-member cluster in turn
+// stops answering the watcher's client while its connections stay open
+// (etcdtest's Partition). A watcher that hears nothing for three progress
+// intervals reopens its watch on a new stream, so a record written through
+// the other members reaches it within a second or so; etcd's client alone
+// would hold the watch on the silent member until gRPC keepalive gave up on
+// the connection (13 s).
+func TestWatcherReopensASilentWatch(t *testing.T) {
+	c := etcdtest.StartCluster(t, 3)
+	cli, err := membership.NewClient(membership.ClientOptions{Endpoints: c.Endpoints()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	const progress = 100 * time.Millisecond
+	w := membership.StartWatcher(cli, membership.WatcherOptions{Options: membership.Options{Logger: discard}, ProgressInterval: progress}, nil)
+	defer w.Close()
+	testsupport.Eventually(t, 10*time.Second, "first snapshot", func() bool { return w.Snapshot() != nil })
+	ctx := testsupport.Context(t, 30*time.Second)
+	for i := range c.Size() {
+		c.Partition(i)
+		// Written through a member that answers.
+		other, err := membership.NewClient(membership.ClientOptions{Endpoints: []string{c.Endpoints()[(i+1)%c.Size()]}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := fmt.Sprintf("i-%d", i)
+		if _, err := other.Put(ctx, membership.Layout{}.InstanceKey("ep", id), fmt.Sprintf(`{"id":%q,"addr":"http://127.0.0.1:9"}`, id)); err != nil {
+			t.Fatal(err)
+		}
+		_ = other.Close()
+		took := testsupport.Eventually(t, 10*time.Second, id+" in the watcher's snapshot", func() bool {
+			ep := w.Snapshot().Endpoint("ep")
+			return ep != nil && len(ep.Instances) == i+1
+		})
+		t.Logf("member-%d silent: a record written meanwhile reached the watcher in %v", i, took.Round(time.Millisecond))
+		if bound := 20 * progress; took > bound {
+			t.Errorf("member-%d silent: the record reached the watcher in %v, want within %v", i, took, bound)
+		}
+		c.Heal(i)
+	}
+}

@@ -19,6 +19,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/prefixrouter/prefixrouter/fleet"
 )
@@ -28,6 +29,21 @@ import (
 // refreshes the time of the last sync, so SnapshotAge stays below about this interval while
 // etcd is healthy and grows while it is not.
 const DefaultProgressInterval = 2 * time.Second
+
+// stallProgresses is how many progress intervals without any answer on the
+// watch (event or progress notification) make the watcher reopen it on a
+// new stream, from the revision it had reached. etcd's client keeps a watch
+// on the member it opened on; a member that stops answering while its
+// connection stays open (a hung host, dropped packets) holds it there
+// until gRPC keepalive gives up on the connection (13 s, membership.NewClient).
+// A new stream goes to the next member of the client's rotation.
+const stallProgresses = 3
+
+// watchOpenTimeout bounds the wait for a member to confirm a new watch.
+const watchOpenTimeout = time.Second
+
+// watchStalled is watch's reason to reopen the watch without a list.
+const watchStalled = "stalled"
 
 // listTimeout bounds one page of a list of the prefix.
 const listTimeout = 5 * time.Second
@@ -104,8 +120,10 @@ type Watcher struct {
 	window   time.Duration // one TTL
 	page     int64         // keys per list request
 
-	// Owned by the run goroutine: instances whose keys were deleted while
+	// Owned by the run goroutine: how many watches it opened (each gets
+	// its own stream), instances whose keys were deleted while
 	// serving, and until when each endpoint's vanish guard holds them.
+	watches    int
 	vanished   map[string]map[string]vanishedInstance
 	guardUntil map[string]time.Time
 
@@ -298,6 +316,13 @@ func (w *Watcher) run() {
 		st = next
 		w.emit(st)
 		reason = w.watch(st)
+		for n := 0; reason == watchStalled; n++ {
+			if n == 0 { // once: while etcd is down every reopen stalls too
+				w.log.Warn("membership: no answer on the watch for three progress intervals; reopening it on a new stream", "revision", st.rev)
+			}
+			w.metrics.reopenStream(streamWatch)
+			reason = w.watch(st)
+		}
 		if reason == "" {
 			return
 		}
@@ -341,25 +366,50 @@ func (w *Watcher) list(prev *state, reason string) (*state, error) {
 }
 
 // watch follows the prefix from st.rev+1, applying events to st, until the
-// watch must be restarted (it returns the reason) or the watcher closes
-// (it returns "").
+// watch must be restarted (it returns the reason: watchStalled to reopen it
+// from st.rev+1, any other to list again) or the watcher closes (it
+// returns "").
 func (w *Watcher) watch(st *state) string {
 	// WithRequireLeader: a member cut off from its quorum cancels the watch
 	// instead of silently serving stale history; the relist then goes to a
 	// member that has a leader.
-	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(w.ctx))
+	//
+	// etcd's client shares one stream among the watches whose contexts
+	// carry the same metadata: a number of its own gives each watch a
+	// stream of its own, so that a reopened watch never joins the stalled
+	// stream it leaves.
+	w.watches++
+	md := clientv3.WithRequireLeader(w.ctx)
+	md = metadata.AppendToOutgoingContext(md, "prefixrouter-watch", strconv.Itoa(w.watches))
+	ctx, cancel := context.WithCancel(md)
 	defer cancel()
+	// Watch returns once the member has confirmed the watch, which waits
+	// as long as a silent member holds the connection the stream went to
+	// (the client's balancer still counts it ready): give up on it soon
+	// (a member confirms within milliseconds) and try the next.
+	stall := stallProgresses * w.progress
+	opening := w.clock.AfterFunc(min(stall, watchOpenTimeout), cancel)
 	wch := w.cli.Watch(ctx, w.layout.Root(), clientv3.WithPrefix(), clientv3.WithRev(st.rev+1), clientv3.WithProgressNotify())
+	if !opening.Stop() && w.ctx.Err() == nil {
+		return watchStalled
+	}
 	tick := w.clock.NewTicker(w.progress)
 	defer tick.Stop()
+	heard := w.clock.Now()
 	for {
 		select {
 		case <-w.ctx.Done():
 			return ""
 		case <-tick.Chan():
-			// Same ctx as the watch, so the request goes on its stream.
+			if w.clock.Since(heard) >= stall {
+				return watchStalled
+			}
+			// Same metadata as the watch, so the request goes on its
+			// stream; bounded, since a stream still opening blocks it.
 			// Errors mean the stream is down; the age then grows.
-			_ = w.cli.RequestProgress(ctx)
+			pctx, pcancel := context.WithTimeout(ctx, w.progress)
+			_ = w.cli.RequestProgress(pctx)
+			pcancel()
 			if w.pruneVanished() {
 				w.emit(st)
 			}
@@ -386,6 +436,7 @@ func (w *Watcher) watch(st *state) string {
 				return relistRevisionRegressed
 			}
 			w.markSynced()
+			heard = w.clock.Now()
 			if len(resp.Events) == 0 {
 				continue // progress notification
 			}

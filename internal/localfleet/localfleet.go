@@ -58,6 +58,11 @@ type Options struct {
 	// lease TTL drops from 2 s to 1 s, so that tests waiting for a lease to
 	// expire wait the least. The demo and chaos keep etcd's defaults.
 	FastEtcd bool
+	// EtcdMembers is the size of the embedded etcd cluster (default 1):
+	// with 3, every client (agents, replicas, the fleet's own) gets all
+	// three client URLs, as docs/operations.md tells operators to, and
+	// tests stop, kill and restart single members through Etcd.
+	EtcdMembers int
 	// Routing is written to etcd before the replicas start; the zero value
 	// writes no config key (replicas then use the default config).
 	Routing fleet.RoutingConfig
@@ -88,8 +93,9 @@ type Fleet struct {
 	tempDir string
 	client  *clientv3.Client
 
-	mu        sync.Mutex // guards etcd, instances, crashed, replicas, next, nextReplica
-	etcd      *membership.Embedded
+	etcd *membership.EmbeddedCluster
+
+	mu        sync.Mutex // guards instances, crashed, replicas, next, nextReplica
 	instances []*Instance
 	crashed   []*Instance // agents still stopping after CrashInstance
 	replicas  []*fleetReplica
@@ -229,7 +235,11 @@ func Start(ctx context.Context, cfg Options) (f *Fleet, err error) {
 	if cfg.FastEtcd {
 		eopts = append(eopts, membership.WithFastTicks())
 	}
-	e, err := membership.StartEmbedded(dir, "http://127.0.0.1:0", eopts...)
+	if cfg.EtcdMembers == 0 {
+		cfg.EtcdMembers = 1
+		f.cfg.EtcdMembers = 1
+	}
+	e, err := membership.StartEmbeddedCluster(dir, cfg.EtcdMembers, eopts...)
 	if err != nil {
 		return nil, fmt.Errorf("localfleet: etcd: %w", err)
 	}
@@ -333,38 +343,36 @@ func (f *Fleet) StopReplica(ctx context.Context, r *replica.Replica) error {
 }
 
 func (f *Fleet) newClient() (*clientv3.Client, error) {
-	return membership.NewClient(membership.ClientOptions{Endpoints: f.Etcd().Endpoints()})
+	return membership.NewClient(membership.ClientOptions{Endpoints: f.etcd.Endpoints()})
 }
 
 // Client is an etcd client of the fleet's etcd (owned by the fleet).
 func (f *Fleet) Client() *clientv3.Client { return f.client }
 
-// Etcd is the embedded etcd (a new value after RestartEtcd).
-func (f *Fleet) Etcd() *membership.Embedded {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.etcd
-}
+// Etcd is the embedded etcd cluster (one member unless
+// Options.EtcdMembers), through which tests stop, kill and restart members.
+func (f *Fleet) Etcd() *membership.EmbeddedCluster { return f.etcd }
 
-// StopEtcd stops the embedded etcd, as an outage of the whole etcd cluster
+// StopEtcd stops every etcd member, as an outage of the whole etcd cluster
 // would: every client (agents, replicas, the fleet's own) loses it until
 // RestartEtcd. Calls that need etcd (AddInstance, SetRouting) block or fail
 // meanwhile.
-func (f *Fleet) StopEtcd() error { return f.Etcd().Close() }
-
-// RestartEtcd stops etcd if it still runs and starts it again on the same
-// data directory and client URL, so that every client reconnects by itself
-// and the keys are intact (leases included: etcd renews them when its member
-// becomes leader again).
-func (f *Fleet) RestartEtcd() error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	_ = f.etcd.Close() // idempotent
-	e, err := f.etcd.Restart()
-	if err != nil {
-		return fmt.Errorf("localfleet: restart etcd: %w", err)
+func (f *Fleet) StopEtcd() error {
+	var errs []error
+	for i := range f.etcd.Size() {
+		errs = append(errs, f.etcd.Stop(i))
 	}
-	f.etcd = e
+	return errors.Join(errs...)
+}
+
+// RestartEtcd starts every stopped etcd member again on its data directory
+// and client URL, so that every client reconnects by itself and the keys
+// are intact (leases included: etcd renews them when a member becomes
+// leader).
+func (f *Fleet) RestartEtcd() error {
+	if err := f.etcd.Restart(f.etcd.All()...); err != nil {
+		return fmt.Errorf("localfleet: %w", err)
+	}
 	return nil
 }
 
@@ -719,10 +727,8 @@ func (f *Fleet) Close() {
 	if f.client != nil {
 		_ = f.client.Close()
 	}
-	if e := f.Etcd(); e != nil {
-		if err := e.Close(); err != nil && !errors.Is(err, context.Canceled) {
-			f.log.Warn("localfleet: closing etcd", "err", err)
-		}
+	if f.etcd != nil {
+		_ = f.etcd.Close()
 	}
 	if f.tempDir != "" {
 		_ = os.RemoveAll(f.tempDir)

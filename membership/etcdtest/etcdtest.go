@@ -1,4 +1,5 @@
-// Package etcdtest starts throwaway embedded etcd members for tests.
+// Package etcdtest starts throwaway embedded etcd members and clusters for
+// tests.
 package etcdtest
 
 import (
@@ -14,12 +15,7 @@ import (
 // closes it when the test ends.
 func Start(t testing.TB) *membership.Embedded {
 	t.Helper()
-	e, err := membership.StartEmbedded(t.TempDir(), "http://127.0.0.1:0", membership.WithFastTicks())
-	if err != nil {
-		t.Fatalf("etcdtest: %v", err)
-	}
-	t.Cleanup(func() { e.Close() })
-	return e
+	return StartCluster(t, 1).Member(0)
 }
 
 // Restart closes e (if it is still running) and starts a new member on the
@@ -41,7 +37,25 @@ func Restart(t testing.TB, e *membership.Embedded) *membership.Embedded {
 // the test ends.
 func Client(t testing.TB, e *membership.Embedded) *clientv3.Client {
 	t.Helper()
-	cli, err := membership.NewClient(membership.ClientOptions{Endpoints: e.Endpoints()})
+	return client(t, e.Endpoints())
+}
+
+// StartCluster starts an n-member etcd cluster in t.TempDir() on free
+// loopback ports, with short election timeouts, and closes it when the test
+// ends. Clients get every member (Endpoints).
+func StartCluster(t testing.TB, n int) *membership.EmbeddedCluster {
+	t.Helper()
+	c, err := membership.StartEmbeddedCluster(t.TempDir(), n, membership.WithFastTicks())
+	if err != nil {
+		t.Fatalf("etcdtest: %v", err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func client(t testing.TB, endpoints []string) *clientv3.Client {
+	t.Helper()
+	cli, err := membership.NewClient(membership.ClientOptions{Endpoints: endpoints})
 	if err != nil {
 		t.Fatalf("etcdtest: client: %v", err)
 	}
