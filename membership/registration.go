@@ -464,56 +464,13 @@ func (r *Registration) run(lease activeLease, rev int64) {
 	deleted := make(chan struct{}, 1)
 	r.watchWG.Add(1)
 	go r.watchDeletes(rev, deleted)
-	// hedge is the keepalive the last reopen replaced, kept running in case
-	// its stream answers again (a slow member rather than a silent one).
-	var hedge activeLease
-	defer func() {
-		for _, l := range []activeLease{lease, hedge} {
-			if l.stop != nil {
-				l.stop()
-			}
-		}
-	}()
+	k := newKeepalives(r, lease)
+	defer k.stop()
 	var written uint64        // seq of the value last written under the current lease
 	dirty := false            // the current lease holds no value yet (granted, put failed)
 	var lost clientv3.LeaseID // a lease whose keepalive stream ended, until resumed or found gone
 	bo := retryBackoff{min: 100 * time.Millisecond, max: min(time.Duration(r.ttl)*time.Second/2, 2*time.Second)}
 	var retry <-chan time.Time
-	// etcd's client sends a keepalive TTL/3 after the last answer, on its
-	// next 500 ms tick. Silence well past that (half a TTL, and at least
-	// TTL/3 plus a second) means the stream's member has stopped answering
-	// while its connection stays open (a hung host, dropped packets):
-	// etcd's client keeps the stream there until gRPC keepalive gives up
-	// on the connection (13 s), and the lease would expire meanwhile.
-	ttl := time.Duration(r.ttl) * time.Second
-	quiet := max(ttl/2, ttl/3+time.Second)
-	stalled := time.NewTimer(quiet)
-	defer stalled.Stop()
-	// The lease stalled watches, and when it was last answered (or held
-	// from): a whole TTL of silence counts as the keepalive ending, as
-	// etcd's client would say it had, had the stream not been reopened.
-	var stalledID clientv3.LeaseID
-	var answered time.Time
-	reopened := 0     // keepalives reopened since the last answer
-	heard := func() { // an answer on either stream
-		answered, reopened = time.Now(), 0
-		stalled.Reset(quiet)
-	}
-	dropHedge := func() {
-		if hedge.stop != nil {
-			hedge.stop()
-		}
-		hedge = activeLease{}
-	}
-	endKeepAlive := func() {
-		r.log.Warn("membership: lease keepalive ended; resuming the lease if etcd still holds it, else granting a new one", "lease", fmt.Sprintf("%x", lease.id))
-		dropHedge()
-		lease.stop()
-		lost = lease.id
-		lease = activeLease{}
-		r.leaseID.Store(0)
-		retry = nil
-	}
 	for {
 		if r.cli.Ctx().Err() != nil {
 			// The client was closed under us: nothing can be written any
@@ -526,8 +483,8 @@ func (r *Registration) run(lease activeLease, rev int64) {
 			return
 		}
 		value, seq := r.latest()
-		if (lease.id == 0 || dirty || seq != written) && retry == nil {
-			err := r.step(&lease, &lost, value, &dirty)
+		if (k.lease.id == 0 || dirty || seq != written) && retry == nil {
+			err := r.step(&k.lease, &lost, value, &dirty)
 			if err != nil && (r.cli.Ctx().Err() != nil || r.ctx.Err() != nil) {
 				continue // the checks above answer the waiters
 			}
@@ -540,59 +497,141 @@ func (r *Registration) run(lease activeLease, rev int64) {
 			}
 			r.answer(seq, err)
 		}
-		if lease.id != stalledID {
-			stalledID, answered, reopened = lease.id, time.Now(), 0
-			stalled.Reset(quiet)
-		}
-		if hedge.id != lease.id {
-			dropHedge() // step replaced the lease it kept alive
-		}
+		k.follow()
+		ended := false
 		select {
 		case <-r.ctx.Done():
 		case <-r.cli.Ctx().Done():
 		case <-r.notify:
 			retry = nil
-		case <-stalled.C:
-			next := quiet
-			switch {
-			case lease.id == 0:
-			case time.Since(answered) >= ttl:
-				endKeepAlive()
-			default:
-				if reopened == 0 { // once per silence: etcd may be down for long
-					r.log.Warn("membership: no lease keepalive answer for half a TTL; keeping the lease alive on a new stream too", "lease", fmt.Sprintf("%x", lease.id))
-				}
-				if l, ok := r.reopenKeepAlive(lease.id); ok {
-					reopened++
-					dropHedge()
-					hedge, lease = lease, l
-				}
-				// The new stream may have gone to the silent member
-				// too (the client's balancer still counts it ready):
-				// try the next sooner than half a TTL.
-				next = min(quiet, reopenRetry)
-			}
-			stalled.Reset(next)
-		case _, ok := <-lease.ka:
+		case <-k.stalled.C:
+			ended = k.silence()
+		case _, ok := <-k.lease.ka:
+			ended = !ok
 			if ok {
-				heard()
-			} else {
-				endKeepAlive()
+				k.heard()
 			}
-		case _, ok := <-hedge.ka:
+		case _, ok := <-k.hedge.ka:
 			if ok {
-				heard()
+				k.heard()
 			} else {
-				dropHedge()
+				k.dropHedge()
 			}
 		case <-deleted:
-			if lease.id != 0 {
+			if k.lease.id != 0 {
 				r.log.Warn("membership: registration deleted by someone else; writing it again")
 				dirty = true
 				retry = nil
 			}
 		case <-retry:
 			retry = nil
+		}
+		if ended {
+			lost = k.end()
+			retry = nil
+		}
+	}
+}
+
+// keepalives are a registration's lease keepalive streams, owned by its
+// run goroutine: the current one and the hedge, the one the last reopen
+// replaced, kept running in case its stream answers again (a slow member
+// rather than a silent one), with the watch over their silence.
+//
+// etcd's client sends a keepalive TTL/3 after the last answer, on its next
+// 500 ms tick. Silence well past that (half a TTL, and at least TTL/3 plus
+// a second) means the stream's member has stopped answering while its
+// connection stays open (a hung host, dropped packets): etcd's client keeps
+// the stream there until gRPC keepalive gives up on the connection (13 s),
+// and the lease would expire meanwhile. A whole TTL of silence counts as the
+// keepalive ending, as etcd's client would say it had, had the stream not
+// been reopened.
+type keepalives struct {
+	r            *Registration
+	lease, hedge activeLease
+	ttl, quiet   time.Duration
+	stalled      *time.Timer
+	watched      clientv3.LeaseID // the lease stalled watches
+	answered     time.Time        // when it was last answered (or held from)
+	reopened     int              // keepalives reopened since the last answer
+}
+
+func newKeepalives(r *Registration, lease activeLease) *keepalives {
+	ttl := time.Duration(r.ttl) * time.Second
+	quiet := max(ttl/2, ttl/3+time.Second)
+	return &keepalives{r: r, lease: lease, ttl: ttl, quiet: quiet, stalled: time.NewTimer(quiet)}
+}
+
+// follow restarts the silence watch when the lease changed (step granted
+// or resumed one), and drops a hedge of a lease no longer held.
+func (k *keepalives) follow() {
+	if k.lease.id != k.watched {
+		k.watched, k.answered, k.reopened = k.lease.id, time.Now(), 0
+		k.stalled.Reset(k.quiet)
+	}
+	if k.hedge.id != k.lease.id {
+		k.dropHedge()
+	}
+}
+
+// heard notes an answer on either stream.
+func (k *keepalives) heard() {
+	k.answered, k.reopened = time.Now(), 0
+	k.stalled.Reset(k.quiet)
+}
+
+// silence handles the silence watch firing: a whole TTL without an answer
+// ends the keepalive (it returns true); less keeps the lease alive on a
+// new stream too.
+func (k *keepalives) silence() (ended bool) {
+	next := k.quiet
+	switch {
+	case k.lease.id == 0:
+	case time.Since(k.answered) >= k.ttl:
+		return true
+	default:
+		if k.reopened == 0 { // once per silence: etcd may be down for long
+			k.r.log.Warn("membership: no lease keepalive answer for half a TTL; keeping the lease alive on a new stream too", "lease", fmt.Sprintf("%x", k.lease.id))
+		}
+		if l, ok := k.r.reopenKeepAlive(k.lease.id); ok {
+			k.reopened++
+			k.dropHedge()
+			k.hedge, k.lease = k.lease, l
+		}
+		// The new stream may have gone to the silent member too (the
+		// client's balancer still counts it ready): try the next sooner
+		// than half a TTL.
+		next = min(k.quiet, reopenRetry)
+	}
+	k.stalled.Reset(next)
+	return false
+}
+
+// end stops the keepalive of the current lease and returns the lease, for
+// the owner to resume if etcd still holds it.
+func (k *keepalives) end() clientv3.LeaseID {
+	k.r.log.Warn("membership: lease keepalive ended; resuming the lease if etcd still holds it, else granting a new one", "lease", fmt.Sprintf("%x", k.lease.id))
+	k.dropHedge()
+	k.lease.stop()
+	lost := k.lease.id
+	k.lease = activeLease{}
+	k.r.leaseID.Store(0)
+	return lost
+}
+
+func (k *keepalives) dropHedge() {
+	if k.hedge.stop != nil {
+		k.hedge.stop()
+	}
+	k.hedge = activeLease{}
+}
+
+// stop ends both streams and the silence watch.
+func (k *keepalives) stop() {
+	k.stalled.Stop()
+	for _, l := range []activeLease{k.lease, k.hedge} {
+		if l.stop != nil {
+			l.stop()
 		}
 	}
 }
