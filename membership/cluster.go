@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 )
 
 // EmbeddedCluster is an etcd cluster of one or more embedded members in this
@@ -185,6 +187,16 @@ func (c *EmbeddedCluster) Partition(i int) {
 	}
 }
 
+// Delay holds every chunk member i sends to its clients for d before
+// passing it on, as a slow link or an overloaded member would (requests
+// reach it at once); 0 ends it. A single-member cluster has no bridge to
+// delay.
+func (c *EmbeddedCluster) Delay(i int, d time.Duration) {
+	if c.clients != nil {
+		c.clients[i].lag.Store(int64(d))
+	}
+}
+
 // Heal ends Partition: what was held is delivered.
 func (c *EmbeddedCluster) Heal(i int) {
 	if c.clients != nil {
@@ -292,6 +304,8 @@ type bridge struct {
 	// thaw is non-nil while the bridge is frozen: connections stay open
 	// but carry nothing until it is closed (by thawOut or cut).
 	thaw chan struct{}
+	// lag delays what the member sends back (Delay), in nanoseconds.
+	lag atomic.Int64
 
 	wg sync.WaitGroup
 }
@@ -356,15 +370,16 @@ func (b *bridge) forward(in net.Conn, target string) {
 	defer b.untrack(out)
 	defer out.Close()
 	done := make(chan struct{}, 2)
-	go func() { b.pipe(out, in); done <- struct{}{} }()
-	go func() { b.pipe(in, out); done <- struct{}{} }()
+	go func() { b.pipe(out, in, false); done <- struct{}{} }()
+	go func() { b.pipe(in, out, true); done <- struct{}{} }()
 	<-done
 	<-done
 }
 
-// pipe copies src to dst, holding what it reads while the bridge is frozen.
-// Either side ending ends the pair, as one TCP connection would.
-func (b *bridge) pipe(dst, src net.Conn) {
+// pipe copies src to dst, holding what it reads while the bridge is frozen,
+// and for the bridge's lag when lagged (the member's side). Either side
+// ending ends the pair, as one TCP connection would.
+func (b *bridge) pipe(dst, src net.Conn, lagged bool) {
 	defer dst.Close()
 	defer src.Close()
 	buf := make([]byte, 32<<10)
@@ -372,6 +387,9 @@ func (b *bridge) pipe(dst, src net.Conn) {
 		n, err := src.Read(buf)
 		if n > 0 {
 			b.waitThaw()
+			if d := time.Duration(b.lag.Load()); lagged && d > 0 {
+				time.Sleep(d)
+			}
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				return
 			}

@@ -370,3 +370,40 @@ func TestWatcherReopensASilentWatch(t *testing.T) {
 		c.Heal(i)
 	}
 }
+
+// TestWatcherOpensOnASlowCluster: a member that takes longer than the first
+// open timeout (1 s) to confirm every watch (an overloaded etcd, a slow
+// link) still gets the watch opened, since each unconfirmed open lets the
+// next wait twice as long; with a fixed timeout every open was cancelled
+// and the watcher never saw another change.
+func TestWatcherOpensOnASlowCluster(t *testing.T) {
+	c := etcdtest.StartCluster(t, 3)
+	cli, err := membership.NewClient(membership.ClientOptions{Endpoints: c.Endpoints()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	for i := range c.Size() {
+		c.Delay(i, 1500*time.Millisecond)
+	}
+	w := membership.StartWatcher(cli, membership.WatcherOptions{Options: membership.Options{Logger: discard}, ProgressInterval: time.Second}, nil)
+	defer w.Close()
+	testsupport.Eventually(t, 20*time.Second, "first snapshot", func() bool { return w.Snapshot() != nil })
+	other, err := membership.NewClient(membership.ClientOptions{Endpoints: c.Endpoints()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	ctx := testsupport.Context(t, 30*time.Second)
+	if _, err := other.Put(ctx, membership.Layout{}.InstanceKey("ep", "i-0"), `{"id":"i-0","addr":"http://127.0.0.1:9"}`); err != nil {
+		t.Fatal(err)
+	}
+	took := testsupport.Eventually(t, 20*time.Second, "the record in the watcher's snapshot", func() bool {
+		ep := w.Snapshot().Endpoint("ep")
+		return ep != nil && len(ep.Instances) == 1
+	})
+	t.Logf("answers 1.5 s late: a record written after the start reached the watcher in %v", took.Round(time.Millisecond))
+	for i := range c.Size() {
+		c.Delay(i, 0)
+	}
+}

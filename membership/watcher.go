@@ -1,6 +1,7 @@
 package membership
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -39,7 +40,8 @@ const DefaultProgressInterval = 2 * time.Second
 // A new stream goes to the next member of the client's rotation.
 const stallProgresses = 3
 
-// watchOpenTimeout bounds the wait for a member to confirm a new watch.
+// watchOpenTimeout bounds the wait for a member to confirm a new watch; it
+// doubles, up to three progress intervals, while watches go unconfirmed.
 const watchOpenTimeout = time.Second
 
 // watchStalled is watch's reason to reopen the watch without a list.
@@ -124,6 +126,7 @@ type Watcher struct {
 	// its own stream), instances whose keys were deleted while
 	// serving, and until when each endpoint's vanish guard holds them.
 	watches    int
+	openWait   time.Duration // how long the next watch may take to be confirmed; 0: watchOpenTimeout
 	vanished   map[string]map[string]vanishedInstance
 	guardUntil map[string]time.Time
 
@@ -318,7 +321,7 @@ func (w *Watcher) run() {
 		reason = w.watch(st)
 		for n := 0; reason == watchStalled; n++ {
 			if n == 0 { // once: while etcd is down every reopen stalls too
-				w.log.Warn("membership: no answer on the watch for three progress intervals; reopening it on a new stream", "revision", st.rev)
+				w.log.Warn("membership: no answer on the watch for three progress intervals, or no member confirmed it in time; reopening it on a new stream", "revision", st.rev)
 			}
 			w.metrics.reopenStream(streamWatch)
 			reason = w.watch(st)
@@ -388,11 +391,17 @@ func (w *Watcher) watch(st *state) string {
 	// (the client's balancer still counts it ready): give up on it soon
 	// (a member confirms within milliseconds) and try the next.
 	stall := stallProgresses * w.progress
-	opening := w.clock.AfterFunc(min(stall, watchOpenTimeout), cancel)
+	wait := min(stall, cmp.Or(w.openWait, watchOpenTimeout))
+	opening := w.clock.AfterFunc(wait, cancel)
 	wch := w.cli.Watch(ctx, w.layout.Root(), clientv3.WithPrefix(), clientv3.WithRev(st.rev+1), clientv3.WithProgressNotify())
 	if !opening.Stop() && w.ctx.Err() == nil {
+		// The next stream may wait twice as long: an etcd too busy to
+		// confirm a watch within a second (many replicas starting at
+		// once) must still get one opened, not a reopen every second.
+		w.openWait = min(2*wait, stall)
 		return watchStalled
 	}
+	w.openWait = 0
 	tick := w.clock.NewTicker(w.progress)
 	defer tick.Stop()
 	heard := w.clock.Now()
