@@ -337,11 +337,7 @@ func TestLeaseResumedAfterOutage(t *testing.T) {
 // the connection (13 s).
 func TestWatcherReopensASilentWatch(t *testing.T) {
 	c := etcdtest.StartCluster(t, 3)
-	cli, err := membership.NewClient(membership.ClientOptions{Endpoints: c.Endpoints()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := etcdtest.ClusterClient(t, c)
 	const progress = 100 * time.Millisecond
 	w := membership.StartWatcher(cli, membership.WatcherOptions{Options: membership.Options{Logger: discard}, ProgressInterval: progress}, nil)
 	defer w.Close()
@@ -378,22 +374,14 @@ func TestWatcherReopensASilentWatch(t *testing.T) {
 // and the watcher never saw another change.
 func TestWatcherOpensOnASlowCluster(t *testing.T) {
 	c := etcdtest.StartCluster(t, 3)
-	cli, err := membership.NewClient(membership.ClientOptions{Endpoints: c.Endpoints()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := etcdtest.ClusterClient(t, c)
 	for i := range c.Size() {
 		c.Delay(i, 1500*time.Millisecond)
 	}
 	w := membership.StartWatcher(cli, membership.WatcherOptions{Options: membership.Options{Logger: discard}, ProgressInterval: time.Second}, nil)
 	defer w.Close()
 	testsupport.Eventually(t, 20*time.Second, "first snapshot", func() bool { return w.Snapshot() != nil })
-	other, err := membership.NewClient(membership.ClientOptions{Endpoints: c.Endpoints()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
+	other := etcdtest.ClusterClient(t, c)
 	ctx := testsupport.Context(t, 30*time.Second)
 	if _, err := other.Put(ctx, membership.Layout{}.InstanceKey("ep", "i-0"), `{"id":"i-0","addr":"http://127.0.0.1:9"}`); err != nil {
 		t.Fatal(err)

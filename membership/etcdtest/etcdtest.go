@@ -53,6 +53,13 @@ func StartCluster(t testing.TB, n int) *membership.EmbeddedCluster {
 	return c
 }
 
+// ClusterClient returns a client of every member of c built by
+// membership.NewClient, closed when the test ends.
+func ClusterClient(t testing.TB, c *membership.EmbeddedCluster) *clientv3.Client {
+	t.Helper()
+	return client(t, c.Endpoints())
+}
+
 func client(t testing.TB, endpoints []string) *clientv3.Client {
 	t.Helper()
 	cli, err := membership.NewClient(membership.ClientOptions{Endpoints: endpoints})
