@@ -91,6 +91,28 @@ type Adapters struct {
 	Select               Selector
 }
 
+// Server500 is what an HTTP 500 from an engine proves, for its breaker.
+type Server500 int
+
+const (
+	// Unclear500: the engine may answer 500 to a request it cannot take
+	// or fail with one; a 500 counts only when 500s repeat across
+	// different requests (overload's rule). Generic's, and the zero value.
+	Unclear500 Server500 = iota
+	// Fault500: a 500 means the engine failed (vLLM, SGLang, TGI).
+	Fault500
+	// Client500: a 500 is the engine's answer to a request it could not
+	// take, never its own failure, which shows otherwise: llama-server
+	// answers 500 to every request its chat and completion paths cannot
+	// parse or fit ("Only one completion choice is allowed", "input is
+	// larger than the max context size"), while it fails by crashing (a
+	// reset, then refused connections), hanging (timeouts) or loading
+	// (503). Such 500s never count against a breaker, however many prompts
+	// get one: a client with many prompts must not eject the instance
+	// (issue 20, docs/operations.md).
+	Client500
+)
+
 // RuntimeLoading reports whether adapters can be loaded and unloaded while
 // the server runs.
 func (a Adapters) RuntimeLoading() bool { return a.LoadPath != "" && a.UnloadPath != "" }
@@ -112,21 +134,9 @@ type Profile struct {
 	// cache served (router/usage.go reads them).
 	Cached   Cached
 	Adapters Adapters
-	// Fault500 reports whether an HTTP 500 from this engine proves the
-	// engine failed. False when the engine answers 500 to some malformed
-	// requests (llama-server's JSON errors), so a 500 alone is the
-	// client's word against the engine's.
-	Fault500 bool
-	// Client500 reports that an HTTP 500 from this engine is its answer to
-	// a request it could not take, and never its own failure, which shows
-	// otherwise: llama-server answers 500 to every request its chat and
-	// completion paths cannot parse or fit ("Only one completion choice is
-	// allowed", "input is larger than the max context size"), while it
-	// fails by crashing (a reset, then refused connections), hanging
-	// (timeouts) or loading (503). Such 500s never count against a
-	// breaker, however many prompts get one: a client with many prompts
-	// must not eject the instance (issue 20, docs/operations.md).
-	Client500 bool
+	// Server500 is what an HTTP 500 from this engine proves (the other
+	// 5xx follow it but 502-504; see ServerErrorIsEngineFault).
+	Server500 Server500
 
 	// Detection: the prefix of its metric names, the owned_by of its
 	// /v1/models entries, its Server header ("" when it has none).
@@ -147,7 +157,7 @@ var (
 		KVCacheUsage: []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"},
 		Cached:       CachedUsage, // with --enable-prompt-tokens-details
 		Adapters:     vllmAdapters,
-		Fault500:     true,
+		Server500:    Fault500,
 		metricPrefix: "vllm:", ownedBy: "vllm",
 	}
 	sglang = Profile{
@@ -158,7 +168,7 @@ var (
 		Cached:       CachedUsage, // with --enable-cache-report
 		Adapters: Adapters{List: ListModels, ListPath: "/v1/models",
 			LoadPath: "/load_lora_adapter", UnloadPath: "/unload_lora_adapter", Select: ByLoRAPath},
-		Fault500:     true,
+		Server500:    Fault500,
 		metricPrefix: "sglang:", ownedBy: "sglang",
 	}
 	llamaCpp = Profile{
@@ -168,8 +178,7 @@ var (
 		KVCacheUsage: []string{"llamacpp:kv_cache_usage_ratio"},
 		Cached:       CachedUsage | CachedTimings, // later builds fill OpenAI's field too
 		Adapters:     Adapters{List: ListIndexed, ListPath: "/lora-adapters", Select: ByIndex},
-		Fault500:     false,
-		Client500:    true, // examples/server/server.cpp at c392e50 (docs/engines.md)
+		Server500:    Client500, // examples/server/server.cpp at c392e50 (docs/engines.md)
 		metricPrefix: "llamacpp:", ownedBy: "llamacpp", server: "llama.cpp",
 	}
 	tgi = Profile{
@@ -178,7 +187,7 @@ var (
 		Waiting:      []string{"tgi_queue_size"},
 		Cached:       CachedUsage, // TGI reports none; OpenAI's field if it ever does
 		Adapters:     Adapters{List: ListNone, Select: ByModel},
-		Fault500:     true,
+		Server500:    Fault500,
 		metricPrefix: "tgi_",
 	}
 	// known lists the engine profiles in detection order.
@@ -196,7 +205,6 @@ var Generic = Profile{
 	Name:     "",
 	Cached:   CachedUsage | CachedTimings,
 	Adapters: vllmAdapters,
-	Fault500: false,
 }
 
 // Profiles returns the known engines' profiles (Generic excluded), in
@@ -236,7 +244,7 @@ func ValidateName(name string) error {
 // status proves the instance failed, for the circuit breaker: 502, 503
 // and 504 do (the engine or something in front of it could not serve), a
 // status below 500 and 501 never do (the request's fault, or a feature the
-// engine lacks), and 500 and the other 5xx do when Fault500 is set. An
+// engine lacks), and 500 and the other 5xx do when Server500 is Fault500. An
 // engine that answers 500 to malformed requests (llama-server) leaves that
 // judgement to the caller: a 500 that repeats across different requests is
 // the engine's, one that follows a request is the request's.
@@ -247,7 +255,7 @@ func (p Profile) ServerErrorIsEngineFault(status int) bool {
 	case status == 502 || status == 503 || status == 504:
 		return true
 	}
-	return p.Fault500
+	return p.Server500 == Fault500
 }
 
 // LoadMetrics returns the alternative names of the running and waiting

@@ -51,8 +51,8 @@ func TestServerErrorIsEngineFault(t *testing.T) {
 	// Only llama-server's 500 is the client's whatever it is sent: the
 	// others fail with a 500 (or, unknown, may).
 	for _, name := range []string{engine.VLLM, engine.SGLang, engine.LlamaCpp, engine.TGI, ""} {
-		if p, _ := engine.Lookup(name); p.Client500 != (name == engine.LlamaCpp) || (p.Client500 && p.Fault500) {
-			t.Errorf("%q: Client500 %v, Fault500 %v", name, p.Client500, p.Fault500)
+		if p, _ := engine.Lookup(name); (p.Server500 == engine.Client500) != (name == engine.LlamaCpp) {
+			t.Errorf("%q: Server500 %v", name, p.Server500)
 		}
 	}
 	// The captured 500s are the client's fault: their bodies say so.
@@ -79,7 +79,7 @@ func TestLookupAndValidateName(t *testing.T) {
 			t.Errorf("ValidateName(%q): %v", name, err)
 		}
 	}
-	if p, ok := engine.Lookup(""); !ok || p.Name != "" || p.Fault500 {
+	if p, ok := engine.Lookup(""); !ok || p.Name != "" || p.Server500 != engine.Unclear500 {
 		t.Errorf(`Lookup("") = %+v, %v; want Generic`, p, ok)
 	}
 	if p, ok := engine.Lookup("tgi-next"); ok || p.Name != "" {

@@ -7,6 +7,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/prefixrouter/prefixrouter/engine"
 	"github.com/sony/gobreaker/v2"
 )
 
@@ -68,7 +69,7 @@ func TestServerErrorRule(t *testing.T) {
 	})
 	t.Run("one key, engine whose 500 is a fault", func(t *testing.T) {
 		s := NewState("a", BreakerOptions{ConsecutiveFailures: 2, OpenTimeout: time.Hour})
-		s.SetServerErrors(ServerErrorsFault)
+		s.SetServerErrors(engine.Fault500)
 		fail(s, 500, 42)
 		fail(s, 500, 42)
 		if st := s.Status().Breaker; st != gobreaker.StateOpen {
@@ -92,7 +93,7 @@ func TestServerErrorRule(t *testing.T) {
 		// llama.cpp: one client's malformed requests over many prompts
 		// (the e2e test against a real llama-server opened its breaker).
 		s := NewState("a", BreakerOptions{ConsecutiveFailures: 2, OpenTimeout: time.Hour})
-		s.SetServerErrors(ServerErrorsClient)
+		s.SetServerErrors(engine.Client500)
 		for key := range uint64(4 * DefaultServerErrorKeys) {
 			fail(s, 500, key)
 		}

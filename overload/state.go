@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/sony/gobreaker/v2"
+
+	"github.com/prefixrouter/prefixrouter/engine"
 )
 
 // Done reports the outcome of an admitted request and releases its in-flight
@@ -55,9 +57,9 @@ type State struct {
 	// and ServerErrorWindow are read by judge).
 	opts BreakerOptions
 	// serverErrorMeans is the engine profile's word on a 500 from this
-	// instance (SetServerErrors, a ServerErrors); ServerErrorsAmbiguous
+	// instance (SetServerErrors, an engine.Server500); engine.Unclear500
 	// (unknown engines) leaves server errors to serverErrors.
-	serverErrorMeans atomic.Uint32
+	serverErrorMeans atomic.Int32
 	serverErrors     serverErrorKeys
 
 	// ej is the ejection cap of the instance's endpoint; nil for a State
@@ -96,30 +98,14 @@ func (s *State) onBreakerChange(from, to gobreaker.State) {
 	}
 }
 
-// ServerErrors is what an HTTP 500 (or another unnamed 5xx) from an
-// instance says, by its engine's profile (see the rule in outcome.go).
-type ServerErrors uint32
-
-const (
-	// ServerErrorsAmbiguous: the engine may answer 500 to a request it
-	// cannot take, or fail: a 500 counts once it repeats across
-	// ServerErrorKeys routing keys within ServerErrorWindow (an engine of
-	// no known profile). The zero value.
-	ServerErrorsAmbiguous ServerErrors = iota
-	// ServerErrorsFault: a 500 means the engine failed (vLLM, SGLang,
-	// TGI); each one counts.
-	ServerErrorsFault
-	// ServerErrorsClient: a 500 is the engine's answer to a request it
-	// could not take, and its failures show otherwise (llama.cpp: a
-	// crash, a hang, 503 while it loads); none counts.
-	ServerErrorsClient
-)
-
-// SetServerErrors records what the instance's engine profile says of its
-// HTTP 500. Until it is called, ServerErrorsAmbiguous: an engine of no
-// known profile cannot prove a fault with a 500, nor be trusted never to
-// fail with one.
-func (s *State) SetServerErrors(v ServerErrors) { s.serverErrorMeans.Store(uint32(v)) }
+// SetServerErrors records what the instance's engine profile says an HTTP
+// 500 (or another unnamed 5xx) from it proves (see the rule in
+// outcome.go): engine.Fault500, each counts; engine.Client500, none does;
+// engine.Unclear500, until it is called too (an engine of no known profile
+// can neither prove a fault with a 500 nor be trusted never to fail with
+// one), a 500 counts once 500s repeat across ServerErrorKeys routing keys
+// within ServerErrorWindow.
+func (s *State) SetServerErrors(v engine.Server500) { s.serverErrorMeans.Store(int32(v)) }
 
 // judge turns an outcome into what the breaker records: nil for a
 // success, errUnjudged to ignore it, the failure itself otherwise.
@@ -130,10 +116,10 @@ func (s *State) judge(err error) error {
 	case Unjudged:
 		return errUnjudged
 	case ServerError:
-		switch ServerErrors(s.serverErrorMeans.Load()) {
-		case ServerErrorsFault:
+		switch engine.Server500(s.serverErrorMeans.Load()) {
+		case engine.Fault500:
 			return err
-		case ServerErrorsClient:
+		case engine.Client500:
 			return errUnjudged
 		}
 		var se *StatusError

@@ -7,7 +7,6 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/engine"
 	"github.com/prefixrouter/prefixrouter/fleet"
-	"github.com/prefixrouter/prefixrouter/overload"
 )
 
 // forEngine adapts one upstream call to the engine of the instance it goes
@@ -117,22 +116,16 @@ func (x *insertReader) Close() error { return x.r.Close() }
 
 // serverErrors is what an HTTP 500 from in says, for its breaker
 // (overload.State.SetServerErrors): a failure when the engine its record
-// names has a known profile that says so (engine.Profile.Fault500: vLLM,
+// names has a known profile that says so (engine.Fault500: vLLM,
 // SGLang, TGI); never a failure when the profile says the engine answers
-// 500 to requests it cannot take and fails otherwise (Client500:
+// 500 to requests it cannot take and fails otherwise (engine.Client500:
 // llama.cpp); and for an engine of no known profile (a record without
 // one, a name this build does not know), which may do either, a failure
 // only when 500s repeat across different routing keys
-// (overload.Classify). engine.Generic's Fault500 is its guess for an
+// (overload.Classify). engine.Generic's Unclear500 is its guess for an
 // unknown engine; a guess cannot let a client's bad requests eject an
 // instance (issue 20).
-func serverErrors(in *fleet.Instance) overload.ServerErrors {
-	p, _ := engine.Lookup(in.Engine) // Generic for an unknown engine: neither
-	switch {
-	case p.Client500:
-		return overload.ServerErrorsClient
-	case p.ServerErrorIsEngineFault(http.StatusInternalServerError):
-		return overload.ServerErrorsFault
-	}
-	return overload.ServerErrorsAmbiguous
+func serverErrors(in *fleet.Instance) engine.Server500 {
+	p, _ := engine.Lookup(in.Engine) // Generic for an unknown engine: Unclear500
+	return p.Server500
 }
